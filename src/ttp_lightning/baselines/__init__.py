@@ -1,0 +1,1 @@
+"""Baselines the paper compares Alg 1 against."""

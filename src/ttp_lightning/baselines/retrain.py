@@ -1,0 +1,13 @@
+"""Exact unlearning baseline: A(D_r), a fresh model trained on the retain set with the pretraining settings."""
+
+from torch import nn
+
+from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.pretraining import train_erm
+from ttp_lightning.training import RunContext
+
+
+def run_retrain(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> tuple:
+    net = make_net()
+    wall = train_erm(ctx, net, datamodule, "retain")
+    return net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs)}, []

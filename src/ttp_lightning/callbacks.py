@@ -1,0 +1,92 @@
+"""Callbacks: the paper's constrained early stopping, per-epoch history and training-step timing."""
+
+import math
+import time
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+class ConstrainedBestModel(Callback):
+    """App. "Hyperparameter Details": an epoch qualifies when the forget confidence distance is below
+    `conf_dist_below` and the retain accuracy is at least `retain_acc_at_least`; keep the qualifying
+    weights with the lowest confidence distance, restore them when training ends. Training runs to the
+    last epoch unless `patience` epochs pass without a better qualifying epoch. When no epoch qualifies,
+    the last weights stay and `constraint_met` is False.
+
+    Acts in `on_validation_end`, after the module's `on_validation_epoch_end` has logged the metrics.
+    """
+
+    def __init__(self, conf_dist_below: float = math.inf, retain_acc_at_least: float = 0.0,
+                 patience: int | None = None, conf_dist_key: str = "val/forget_conf_dist",
+                 retain_acc_key: str = "val/retain_acc"):
+        self.conf_dist_below, self.retain_acc_at_least, self.patience = conf_dist_below, retain_acc_at_least, patience
+        self.conf_dist_key, self.retain_acc_key = conf_dist_key, retain_acc_key
+        self.best_conf_dist: float | None = None
+        self.best_epoch: int | None = None
+        self.best_state: dict | None = None
+        self.last_epoch = 0
+        self._stale_epochs = 0
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        metrics = trainer.callback_metrics
+        conf_dist, retain_acc = float(metrics[self.conf_dist_key]), float(metrics[self.retain_acc_key])
+        self.last_epoch = trainer.current_epoch + 1
+        qualifies = conf_dist < self.conf_dist_below and retain_acc >= self.retain_acc_at_least
+        if qualifies and (self.best_conf_dist is None or conf_dist < self.best_conf_dist):
+            self.best_conf_dist, self.best_epoch = conf_dist, self.last_epoch
+            self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
+            self._stale_epochs = 0
+        elif self.best_epoch is not None:
+            self._stale_epochs += 1
+            if self.patience is not None and self._stale_epochs >= self.patience:
+                trainer.should_stop = True
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.best_state is not None:
+            pl_module.load_state_dict(self.best_state)
+
+    def summary(self) -> dict:
+        met = self.best_epoch is not None
+        return {"best_epoch": self.best_epoch if met else self.last_epoch, "constraint_met": met}
+
+
+class EpochHistory(Callback):
+    """Records every validation epoch's val/* metrics with the wall time since fit start."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+        self._start = time.perf_counter()
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._start = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        row = {"epoch": trainer.current_epoch + 1, "elapsed_s": round(time.perf_counter() - self._start, 3)}
+        for key, value in trainer.callback_metrics.items():
+            if key.startswith("val/"):
+                row[key[4:]] = float(value)
+        self.rows.append(row)
+
+
+class StepTimer(Callback):
+    """Wall time spent inside training steps only, for a steps-per-second figure free of monitoring."""
+
+    def __init__(self):
+        self.seconds, self.steps = 0.0, 0
+        self._t0 = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        self.seconds += time.perf_counter() - self._t0
+        self.steps += 1
+

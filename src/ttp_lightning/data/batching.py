@@ -1,0 +1,100 @@
+"""Whole-batch indexing of in-memory images and a DDP-aware batch sampler (no per-item collate)."""
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+def random_crop_flip(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
+    """Standard small-image augmentation on a batch: random crop after zero padding, then a horizontal flip."""
+    n, _, height, width = images.shape
+    padded = torch.nn.functional.pad(images, (padding,) * 4)
+    offsets = torch.randint(0, 2 * padding + 1, (n, 2), generator=generator)
+    flips = torch.rand(n, generator=generator) < 0.5
+    out = torch.empty_like(images)
+    for i in range(n):
+        top, left = offsets[i].tolist()
+        crop = padded[i, :, top : top + height, left : left + width]
+        out[i] = crop.flip(-1) if flips[i] else crop
+    return out
+
+
+AUGMENTATIONS = {"none": None, "crop_flip": random_crop_flip}
+
+
+class ImageBatchDataset(Dataset):
+    """uint8 images + labels, indexed by a list of positions; returns float images in [0, 1]."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, augment: str = "none", seed: int = 0):
+        self.images, self.labels = images, labels
+        self.augment = AUGMENTATIONS[augment]
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(positions, dtype=torch.long)
+        images = self.images[index].float().div_(255.0)
+        if self.augment is not None:
+            images = self.augment(images, self.generator)
+        return images, self.labels[index]
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+class ShardedBatchSampler(Sampler[list[int]]):
+    """Batches of positions, shuffled per epoch from a seed; under DDP each rank takes its own shard.
+
+    Training shards are cut to equal length so all ranks take the same number of steps; evaluation
+    shards (`equal_shards=False`) are disjoint and complete, so summed metrics count every instance once.
+    """
+
+    def __init__(self, size: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int = 0,
+                 equal_shards: bool = True):
+        self.size, self.batch_size = size, batch_size
+        self.shuffle, self.drop_last, self.seed, self.equal_shards = shuffle, drop_last, seed, equal_shards
+        self.epoch = 0
+
+    def _shard(self) -> torch.Tensor:
+        rank, world = _rank_and_world()
+        if self.shuffle:
+            order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        else:
+            order = torch.arange(self.size)
+        shard = order[rank::world]
+        if self.equal_shards:
+            shard = shard[: self.size // world]
+        return shard
+
+    def __iter__(self):
+        shard = self._shard()
+        self.epoch += 1
+        stop = len(shard) - len(shard) % self.batch_size if self.drop_last else len(shard)
+        for start in range(0, stop, self.batch_size):
+            yield shard[start : start + self.batch_size].tolist()
+
+    def __len__(self) -> int:
+        _, world = _rank_and_world()
+        n = self.size // world if self.equal_shards else -(-self.size // world)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+def batch_loader(dataset: ImageBatchDataset, batch_size: int, shuffle: bool = False, drop_last: bool = False,
+                 seed: int = 0, training: bool = True, num_workers: int = 0) -> DataLoader:
+    """A DataLoader that fetches whole batches by fancy indexing."""
+    batch_size = max(1, min(batch_size, len(dataset)))
+    sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, equal_shards=training)
+    return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
+                      persistent_workers=num_workers > 0)
+
+
+def iterate_shard(dataset: ImageBatchDataset, chunk_size: int):
+    """This rank's complete, disjoint share of `dataset` in chunks (the full set on a single process)."""
+    sampler = ShardedBatchSampler(len(dataset), chunk_size, shuffle=False, drop_last=False, equal_shards=False)
+    for positions in sampler:
+        yield dataset[positions]

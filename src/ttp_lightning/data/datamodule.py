@@ -1,0 +1,130 @@
+"""One LightningDataModule for every registered data set: split, forget/retain selection, loaders."""
+
+from dataclasses import dataclass, replace
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+from ttp_lightning.data.batching import ImageBatchDataset, batch_loader
+from ttp_lightning.data.forget import fingerprint, select_forget
+from ttp_lightning.data.sources import DatasetInfo, load_source
+from ttp_lightning.errors import TTPUserError
+
+SPLITS = ("official", "paper")
+
+
+@dataclass
+class ForgetConfig:
+    size: int | None = 100
+    seed: int = 0
+    indices_file: str | None = None
+
+
+class TTPDataModule(L.LightningDataModule):
+    """Training set D (= retain D_r + forget D_f) and test set, held in memory as uint8 tensors.
+
+    `split="official"` keeps the data set's own train/test partition; `split="paper"` pools all images
+    and draws `train_fraction` of them for training (the paper's 70/30), by `split_seed`.
+    `train_dataloader()` serves D for pretraining; `pareto_dataloader()` serves retain + forget pairs.
+    Evaluation views never augment. `normalize=False` makes the model's input normalisation the identity
+    (the authors' code feeds raw [0, 1] pixels on the MNIST family).
+    """
+
+    def __init__(self, name: str, root: str = "data", download: bool = False, split: str = "official",
+                 train_fraction: float = 0.7, split_seed: int = 0, forget: dict | None = None,
+                 batch_size: int = 128, forget_batch_size: int = 10, eval_batch_size: int = 1024,
+                 augment: str = "none", normalize: bool = True, max_train_size: int | None = None, max_test_size: int | None = None,
+                 num_workers: int = 0, seed: int = 0):
+        super().__init__()
+        if split not in SPLITS:
+            raise TTPUserError(f"data.split={split!r} is not allowed; choose one of: {', '.join(SPLITS)}")
+        if not 0.0 < train_fraction < 1.0:
+            raise TTPUserError(f"data.train_fraction={train_fraction} is not allowed; choose a value in (0, 1)")
+        if augment not in ("none", "crop_flip"):
+            raise TTPUserError(f"data.augment={augment!r} is not allowed; choose one of: none, crop_flip")
+        for key, value in (("batch_size", batch_size), ("forget_batch_size", forget_batch_size),
+                           ("eval_batch_size", eval_batch_size)):
+            if int(value) < 1:
+                raise TTPUserError(f"data.{key}={value} is not allowed; choose a positive integer")
+        self.name, self.root, self.download = name, root, download
+        self.split, self.train_fraction, self.split_seed = split, train_fraction, split_seed
+        self.forget_cfg = ForgetConfig(**(forget or {}))
+        self.batch_size, self.forget_batch_size, self.eval_batch_size = batch_size, forget_batch_size, eval_batch_size
+        self.augment, self.normalize, self.num_workers, self.seed = augment, normalize, num_workers, seed
+        self.max_train_size, self.max_test_size = max_train_size, max_test_size
+        self.info: DatasetInfo | None = None
+
+    # ----------------------------------------------------------------- set-up
+    def setup(self, stage: str | None = None) -> None:
+        if self.info is not None:
+            return
+        info, arrays = load_source(self.name, self.root, self.download)
+        if self.split == "official" and not info.has_official_split:
+            raise TTPUserError(f"data set {self.name!r} has no official test split; use data.split=paper")
+        train_x, train_y, test_x, test_y = self._split(arrays)
+        if self.max_train_size:
+            train_x, train_y = train_x[: self.max_train_size], train_y[: self.max_train_size]
+        if self.max_test_size:
+            test_x, test_y = test_x[: self.max_test_size], test_y[: self.max_test_size]
+        self.train_images, self.train_labels = train_x, train_y
+        self.test_images, self.test_labels = test_x, test_y
+        self.forget_indices = select_forget(len(train_y), self.forget_cfg.size, self.forget_cfg.seed,
+                                            self.forget_cfg.indices_file)
+        keep = torch.ones(len(train_y), dtype=torch.bool)
+        keep[self.forget_indices] = False
+        self.retain_indices = keep.nonzero().flatten()
+        if not self.normalize:
+            info = replace(info, mean=(0.0,) * info.channels, std=(1.0,) * info.channels)
+        self.info = info
+
+    def _split(self, arrays):
+        if self.split == "official":
+            return arrays.train_images, arrays.train_labels, arrays.test_images, arrays.test_labels
+        images = torch.cat([arrays.train_images, arrays.test_images])
+        labels = torch.cat([arrays.train_labels, arrays.test_labels])
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
+        cut = int(round(self.train_fraction * len(labels)))
+        return images[order[:cut]], labels[order[:cut]], images[order[cut:]], labels[order[cut:]]
+
+    # -------------------------------------------------------------- identity
+    def data_fingerprint(self) -> str:
+        """Hash of the training images, labels and forget selection: part of the pretraining cache key."""
+        return fingerprint(self.train_images, self.train_labels, self.forget_indices)
+
+    def forget_fingerprint(self) -> str:
+        return fingerprint(self.train_images[self.forget_indices], self.train_labels[self.forget_indices])
+
+    # -------------------------------------------------------------- datasets
+    def dataset(self, part: str, augment: bool = False) -> ImageBatchDataset:
+        """`part` is one of train (= D), retain, forget, test."""
+        if part == "test":
+            images, labels = self.test_images, self.test_labels
+        else:
+            index = {"train": slice(None), "retain": self.retain_indices, "forget": self.forget_indices}[part]
+            images, labels = self.train_images[index], self.train_labels[index]
+        return ImageBatchDataset(images, labels, self.augment if augment else "none", seed=self.seed)
+
+    def eval_loader(self, part: str) -> torch.utils.data.DataLoader:
+        return batch_loader(self.dataset(part), self.eval_batch_size, training=False, num_workers=self.num_workers)
+
+    def eval_parts(self) -> list[str]:
+        return ["retain", "test", "forget"] if len(self.test_labels) else ["retain", "forget"]
+
+    # --------------------------------------------------------------- loaders
+    def train_dataloader(self):
+        return self.training_loader("train")
+
+    def training_loader(self, part: str, batch_size: int | None = None, drop_last: bool = False):
+        return batch_loader(self.dataset(part, augment=True), batch_size or self.batch_size, shuffle=True,
+                            drop_last=drop_last, seed=self.seed, num_workers=self.num_workers)
+
+    def val_dataloader(self):
+        return [self.eval_loader(part) for part in self.eval_parts()]
+
+    def pareto_dataloader(self) -> CombinedLoader:
+        """Minibatch Alg 1: retain batches of `batch_size`, each paired with a forget batch of
+        `forget_batch_size` cycled alongside (constant size, so every step gives the forget set one weight)."""
+        loaders = {"retain": self.training_loader("retain", drop_last=False),
+                   "forget": self.training_loader("forget", self.forget_batch_size, drop_last=True)}
+        return CombinedLoader(loaders, mode="max_size_cycle")

@@ -1,0 +1,61 @@
+"""Choosing the forget set D_f inside the training set, and fingerprinting it."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ttp_lightning.errors import TTPUserError
+
+
+def read_index_file(path: str | Path) -> torch.Tensor:
+    """Forget indices from .txt/.csv (whitespace or comma separated), .json (a list), .npy or .pt."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise TTPUserError(f"forget index file {str(path)!r} does not exist")
+    try:
+        if path.suffix == ".json":
+            values = json.loads(path.read_text())
+        elif path.suffix == ".npy":
+            values = np.load(path).tolist()
+        elif path.suffix == ".pt":
+            values = torch.load(path).tolist()
+        else:
+            values = [int(tok) for tok in path.read_text().replace(",", " ").split()]
+        indices = torch.as_tensor(values, dtype=torch.long).flatten()
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise TTPUserError(f"forget index file {str(path)!r} is not a list of integers ({exc})") from exc
+    return indices
+
+
+def select_forget(num_train: int, size: int | None, seed: int, indices_file: str | None) -> torch.Tensor:
+    """Sorted forget indices into the training set: from a file, or `size` drawn at random by `seed`."""
+    if indices_file:
+        indices = read_index_file(indices_file)
+        if len(indices) == 0:
+            raise TTPUserError(f"forget index file {indices_file!r} is empty")
+        bad = indices[(indices < 0) | (indices >= num_train)]
+        if len(bad):
+            raise TTPUserError(
+                f"forget index {int(bad[0])} out of range; allowed 0..{num_train - 1} (training set size {num_train})"
+            )
+        if len(indices.unique()) != len(indices):
+            raise TTPUserError(f"forget index file {indices_file!r} repeats an index")
+        return indices.sort().values
+    if size is None or not 1 <= int(size) < num_train:
+        raise TTPUserError(
+            f"data.forget.size={size} is not allowed; choose 1..{num_train - 1} (training set size {num_train})"
+        )
+    order = torch.randperm(num_train, generator=torch.Generator().manual_seed(int(seed)))
+    return order[: int(size)].sort().values
+
+
+def fingerprint(*tensors: torch.Tensor) -> str:
+    """SHA-256 over the raw bytes of tensors: identifies data and forget selections in cache keys."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,157 @@
+"""Registry of image data sets, each loaded into memory as uint8 NCHW tensors with integer labels."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ttp_lightning.errors import TTPUserError
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model needs to know about a data set: shape, classes and normalisation statistics."""
+
+    num_classes: int
+    channels: int
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    has_official_split: bool = True
+
+
+@dataclass
+class ImageArrays:
+    """The official train and test partitions as uint8 [N, C, H, W] images and int64 labels."""
+
+    train_images: torch.Tensor
+    train_labels: torch.Tensor
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DataSource:
+    info: DatasetInfo
+    load: Callable[[Path, bool], ImageArrays]
+    expected_files: str  # shown in the "not found" error
+
+
+def _as_nchw(images, channels_last: bool) -> torch.Tensor:
+    tensor = torch.as_tensor(np.asarray(images), dtype=torch.uint8)
+    if tensor.ndim == 3:
+        return tensor.unsqueeze(1)
+    return tensor.permute(0, 3, 1, 2).contiguous() if channels_last else tensor
+
+
+def _torchvision_loader(class_name: str, channels_last: bool, split_kw: str = "train") -> Callable:
+    """Load a torchvision data set class; `split_kw` is how that class names its train/test switch."""
+
+    def load(root: Path, download: bool) -> ImageArrays:
+        import torchvision.datasets as tvd
+
+        cls = getattr(tvd, class_name)
+        parts = []
+        for is_train in (True, False):
+            switch = {"train": is_train} if split_kw == "train" else {"split": "train" if is_train else "test"}
+            dataset = cls(root=str(root), download=download, **switch)
+            labels = getattr(dataset, "targets", None)
+            if labels is None:
+                labels = dataset.labels
+            parts += [_as_nchw(dataset.data, channels_last), torch.as_tensor(np.asarray(labels), dtype=torch.long)]
+        return ImageArrays(*parts)
+
+    return load
+
+
+def _load_digits(root: Path, download: bool) -> ImageArrays:
+    """scikit-learn's bundled 8x8 digits (values 0..16) rescaled to uint8; no official split exists."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = torch.as_tensor(np.round(digits.images * (255.0 / 16.0)), dtype=torch.uint8).unsqueeze(1)
+    labels = torch.as_tensor(digits.target, dtype=torch.long)
+    empty_images = images[:0]
+    return ImageArrays(images, labels, empty_images, labels[:0])
+
+
+def _load_image_folder_tree(root: Path, download: bool) -> ImageArrays:
+    """TinyImageNet in ImageFolder layout: <root>/tiny-imagenet-200/{train,val}/<class>/<image>."""
+    if download:
+        raise TTPUserError("data set 'tinyimagenet' has no automatic download; set data.download=false")
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms.functional import pil_to_tensor
+
+    parts = []
+    for split in ("train", "val"):
+        folder = ImageFolder(str(root / "tiny-imagenet-200" / split))
+        images = torch.stack([pil_to_tensor(folder.loader(path).convert("RGB")) for path, _ in folder.samples])
+        parts += [images, torch.as_tensor(folder.targets, dtype=torch.long)]
+    return ImageArrays(*parts)
+
+
+_MNIST_FILES = "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte"
+
+DATA_SOURCES: dict[str, DataSource] = {
+    "digits": DataSource(
+        DatasetInfo(10, 1, 8, (0.3048,), (0.3753,), has_official_split=False),
+        _load_digits,
+        "nothing (bundled with scikit-learn)",
+    ),
+    "mnist": DataSource(
+        DatasetInfo(10, 1, 28, (0.1307,), (0.3081,)),
+        _torchvision_loader("MNIST", channels_last=False),
+        f"MNIST/raw/{{{_MNIST_FILES}}}",
+    ),
+    "kmnist": DataSource(
+        DatasetInfo(10, 1, 28, (0.1918,), (0.3483,)),
+        _torchvision_loader("KMNIST", channels_last=False),
+        f"KMNIST/raw/{{{_MNIST_FILES}}}",
+    ),
+    "fashion_mnist": DataSource(
+        DatasetInfo(10, 1, 28, (0.2860,), (0.3530,)),
+        _torchvision_loader("FashionMNIST", channels_last=False),
+        f"FashionMNIST/raw/{{{_MNIST_FILES}}}",
+    ),
+    "svhn": DataSource(
+        DatasetInfo(10, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+        _torchvision_loader("SVHN", channels_last=False, split_kw="split"),
+        "train_32x32.mat, test_32x32.mat",
+    ),
+    "cifar10": DataSource(
+        DatasetInfo(10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+        _torchvision_loader("CIFAR10", channels_last=True),
+        "cifar-10-batches-py/{data_batch_1..5, test_batch, batches.meta}",
+    ),
+    "cifar100": DataSource(
+        DatasetInfo(100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+        _torchvision_loader("CIFAR100", channels_last=True),
+        "cifar-100-python/{train, test, meta}",
+    ),
+    "tinyimagenet": DataSource(
+        DatasetInfo(200, 3, 64, (0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821)),
+        _load_image_folder_tree,
+        "tiny-imagenet-200/{train,val}/<class>/<image> (ImageFolder layout)",
+    ),
+}
+
+
+def load_source(name: str, root: str | Path, download: bool) -> tuple[DatasetInfo, ImageArrays]:
+    """Load a registered data set, turning "files missing and no download" into one clear error."""
+    if name not in DATA_SOURCES:
+        raise TTPUserError(f"unknown data set {name!r}; choose one of: {', '.join(DATA_SOURCES)}")
+    source = DATA_SOURCES[name]
+    root = Path(root).expanduser().resolve()
+    try:
+        arrays = source.load(root, download)
+    except TTPUserError:
+        raise
+    except Exception as exc:  # torchvision raises RuntimeError / URLError / FileNotFoundError
+        how = "and the download failed" if download else "and data.download=false"
+        raise TTPUserError(
+            f"data set {name!r} not found under {root} {how} (expected {source.expected_files}; "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from exc
+    return source.info, arrays

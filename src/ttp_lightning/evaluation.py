@@ -1,0 +1,31 @@
+"""Final metric tables for retain / test / forget, computed with the same Metrics as training."""
+
+import torch
+from torch import nn
+
+from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.metrics import Accuracy, ConfidenceDistance, L2UniformDistance
+
+
+def eval_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, datamodule: TTPDataModule) -> dict[str, float]:
+    """{part}_acc and {part}_conf_dist for every evaluation part, plus forget_l2_dist (eval mode)."""
+    device = eval_device()
+    was_training = model.training
+    model.eval().to(device)
+    results: dict[str, float] = {}
+    for part in datamodule.eval_parts():
+        metrics = {"acc": Accuracy(), "conf_dist": ConfidenceDistance()}
+        if part == "forget":
+            metrics["l2_dist"] = L2UniformDistance()
+        for images, labels in datamodule.eval_loader(part):
+            logits = model(images.to(device))
+            for metric in metrics.values():
+                metric.update(logits.cpu(), labels)
+        results.update({f"{part}_{name}": round(float(metric.compute()), 6) for name, metric in metrics.items()})
+    model.train(was_training)
+    return results

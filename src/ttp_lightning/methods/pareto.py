@@ -1,0 +1,47 @@
+"""Runs Alg 1 on a copy of the pretrained model with constrained early stopping."""
+
+import copy
+import math
+
+from torch import nn
+
+from ttp_lightning.callbacks import ConstrainedBestModel, EpochHistory, StepTimer
+from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.modules.pareto import ParetoFinetuneModule
+from ttp_lightning.training import RunContext, make_trainer, timed_fit
+
+
+def run_pareto(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> tuple:
+    """Returns (finetuned model, method metrics, per-epoch history)."""
+    cfg = ctx.cfg.method
+    optim = {k: cfg[k] for k in ("optimizer", "lr", "weight_decay", "momentum", "schedule")}
+    module = ParetoFinetuneModule(
+        copy.deepcopy(pretrained), cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,
+        forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
+        chunk_size=cfg.chunk_size, retain_data=datamodule.dataset("retain"),
+        forget_data=datamodule.dataset("forget"), eval_parts=datamodule.eval_parts(),
+    )
+    stopping = cfg.early_stopping
+    best = ConstrainedBestModel(
+        conf_dist_below=math.inf if stopping.conf_dist_below is None else stopping.conf_dist_below,
+        retain_acc_at_least=stopping.retain_acc_at_least, patience=stopping.patience,
+    )
+    history, timer = EpochHistory(), StepTimer()
+    callbacks = [history, timer] + ([best] if stopping.enabled else [])
+    trainer = make_trainer(ctx, cfg.epochs, callbacks, check_val_every_n_epoch=1)
+    if cfg.mode == "fullbatch":
+        train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
+    else:
+        train_loader = datamodule.pareto_dataloader()
+    wall = timed_fit(trainer, module, train_dataloaders=train_loader, val_dataloaders=datamodule.val_dataloader())
+    summary = best.summary() if stopping.enabled else {"best_epoch": len(history.rows), "constraint_met": None}
+    best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
+    metrics = {
+        **summary,
+        "epochs_run": len(history.rows),
+        "wall_s": round(wall, 3),
+        "wall_to_best_s": best_row["elapsed_s"],
+        "train_steps": timer.steps,
+        "train_steps_per_s": round(timer.steps / timer.seconds, 3) if timer.seconds else None,
+    }
+    return module.net, metrics, history.rows

@@ -1,0 +1,50 @@
+"""Uniformity and accuracy metrics as torchmetrics Metrics that sum and count, so DDP reduction is exact."""
+
+import torch
+from torchmetrics import Metric
+
+
+class _MeanOverInstances(Metric):
+    """Mean over instances of a per-instance score of the softmax; states are a sum and a count."""
+
+    full_state_update = False
+    higher_is_better = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def per_instance(self, probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        probs = torch.softmax(logits.detach().float(), dim=-1)
+        self.total += self.per_instance(probs, targets).sum().double()
+        self.count += probs.shape[0]
+
+    def compute(self) -> torch.Tensor:
+        return (self.total / self.count.clamp(min=1)).float()
+
+
+class ConfidenceDistance(_MeanOverInstances):
+    """Sec. 5: mean of max(0, max_c p_c - 1/K). 0 means a uniform softmax."""
+
+    def per_instance(self, probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (probs.max(dim=-1).values - 1.0 / probs.shape[-1]).clamp(min=0.0)
+
+
+class L2UniformDistance(_MeanOverInstances):
+    """App. "Evaluating Confidence Distance": mean of ||p - 1/K||_2."""
+
+    def per_instance(self, probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (probs - 1.0 / probs.shape[-1]).norm(dim=-1)
+
+
+class Accuracy(_MeanOverInstances):
+    """Fraction of instances whose arg-max class is the label."""
+
+    higher_is_better = True
+
+    def per_instance(self, probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (probs.argmax(dim=-1) == targets).float()

@@ -1,0 +1,29 @@
+"""Wraps a backbone with input normalisation, so algorithms and attacks work in [0, 1] pixel space."""
+
+import hydra
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from ttp_lightning.data.sources import DatasetInfo
+
+
+class Classifier(nn.Module):
+    """normalise -> backbone -> logits. The softmax is applied by losses and metrics."""
+
+    def __init__(self, backbone: nn.Module, mean: tuple[float, ...], std: tuple[float, ...]):
+        super().__init__()
+        self.backbone = backbone
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1), persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.backbone((images - self.mean) / self.std)
+
+
+def build_classifier(model_cfg: DictConfig, info: DatasetInfo) -> Classifier:
+    """Instantiate the configured backbone for the data set's shape and classes, and wrap it."""
+    backbone = hydra.utils.instantiate(
+        model_cfg, in_channels=info.channels, image_size=info.image_size, num_classes=info.num_classes
+    )
+    return Classifier(backbone, info.mean, info.std)

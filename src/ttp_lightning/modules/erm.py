@@ -1,0 +1,34 @@
+"""Empirical risk minimisation A(D): pretraining, and retraining on D_r for the exact-unlearning baseline."""
+
+import torch.nn.functional as F
+from torch import nn
+
+from ttp_lightning.modules.evaluation_mixin import PartsValidationMixin
+from ttp_lightning.modules.optim import configure_optimizer, project_to_norm_ball
+
+
+class ERMModule(PartsValidationMixin):
+    """Cross entropy on minibatches; optional projection onto ||w||_2 <= norm_bound after every step."""
+
+    def __init__(self, net: nn.Module, optim: dict, norm_bound: float | None = None, projection: str = "global",
+                 eval_parts: tuple[str, ...] = ()):
+        super().__init__()
+        self.net, self.optim = net, dict(optim)
+        self.norm_bound, self.projection = norm_bound, projection
+        self._init_validation(eval_parts)
+
+    def forward(self, images):
+        return self.net(images)
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        loss = F.cross_entropy(self(images), labels)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self.norm_bound is not None:
+            project_to_norm_ball(self.net, self.norm_bound, self.projection)
+
+    def configure_optimizers(self):
+        return configure_optimizer(self.net.parameters(), self.trainer.max_epochs, **self.optim)

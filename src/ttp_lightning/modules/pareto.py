@@ -1,0 +1,97 @@
+"""Alg 1 (Sec. 3.1): finetune A(D) on theta * L_K(D_f) + (1 - theta) * L_A(D_r)."""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
+from ttp_lightning.modules.evaluation_mixin import PartsValidationMixin
+from ttp_lightning.modules.optim import configure_optimizer
+from ttp_lightning.objectives import UNIFORMITY_LOSSES, combine_gradients, pareto_objective, retain_loss
+
+MODES = ("minibatch", "fullbatch")
+
+
+class ParetoFinetuneModule(PartsValidationMixin):
+    """Two ways to optimise the Pareto objective.
+
+    minibatch (the paper's text): each step takes a retain batch and a forget batch and one step on
+    the weighted sum of their mean losses (automatic optimisation, DDP averages gradients as usual).
+    fullbatch (the authors' public code): each epoch is ONE step on the gradients of the whole forget set
+    and the whole retain set, accumulated in chunks (summed across DDP ranks, then divided by the global
+    counts) and optionally combined by PCGrad-style surgery. The forget logits are divided by
+    `forget_temperature` inside L_K in both modes.
+    """
+
+    def __init__(self, net: nn.Module, theta: float, optim: dict, mode: str = "minibatch", uniformity: str = "kl",
+                 forget_temperature: float = 1.0, gradient_surgery: bool = False, chunk_size: int = 8192,
+                 retain_data: ImageBatchDataset | None = None, forget_data: ImageBatchDataset | None = None,
+                 eval_parts: tuple[str, ...] = ()):
+        super().__init__()
+        self.net, self.theta, self.optim, self.mode = net, theta, dict(optim), mode
+        self.uniformity = UNIFORMITY_LOSSES[uniformity]
+        self.forget_temperature, self.gradient_surgery, self.chunk_size = forget_temperature, gradient_surgery, chunk_size
+        self.retain_data, self.forget_data = retain_data, forget_data
+        self.automatic_optimization = mode == "minibatch"
+        self._init_validation(eval_parts)
+
+    def forward(self, images):
+        return self.net(images)
+
+    def training_step(self, batch, batch_idx):
+        if self.mode == "minibatch":
+            retain_images, retain_labels = batch["retain"]
+            forget_images, _ = batch["forget"]
+            loss = pareto_objective(self(forget_images), self(retain_images), retain_labels, self.theta,
+                                    self.uniformity, self.forget_temperature)
+            self.log("train/pareto_loss", loss, prog_bar=True)
+            return loss
+        self._fullbatch_step()
+
+    # --------------------------------------------------------------- fullbatch
+    def _forget_loss(self, logits, labels):
+        return self.uniformity(logits / self.forget_temperature)
+
+    def _mean_gradient(self, dataset: ImageBatchDataset, loss_fn) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Gradient of the dataset-mean loss and that mean, over every rank's shard.
+
+        Losses are batch means, so loss * n is a sum; sums and counts are all-reduced, then divided.
+        torch.autograd.grad leaves .grad and DDP's hooks alone; the reduction is explicit.
+        """
+        params = [p for p in self.net.parameters() if p.requires_grad]
+        sums = [torch.zeros_like(p) for p in params]
+        totals = torch.zeros(2, device=self.device, dtype=torch.float64)  # loss sum, count
+        for images, labels in iterate_shard(dataset, self.chunk_size):
+            images, labels = images.to(self.device), labels.to(self.device)
+            loss_sum = loss_fn(self.net(images), labels) * len(labels)
+            for total, grad in zip(sums, torch.autograd.grad(loss_sum, params)):
+                total.add_(grad)
+            totals += torch.tensor([loss_sum.item(), len(labels)], device=self.device, dtype=torch.float64)
+        if dist.is_available() and dist.is_initialized():
+            for total in sums:
+                dist.all_reduce(total)
+            dist.all_reduce(totals)
+        count = totals[1].clamp(min=1)
+        return [total / count.to(total.dtype) for total in sums], totals[0] / count
+
+    def _fullbatch_step(self) -> None:
+        forget_grads, forget_loss = self._mean_gradient(self.forget_data, self._forget_loss)
+        retain_grads, retain_loss_value = self._mean_gradient(self.retain_data, retain_loss)
+        step = combine_gradients(forget_grads, retain_grads, self.theta, self.gradient_surgery)
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        for param, grad in zip((p for p in self.net.parameters() if p.requires_grad), step):
+            param.grad = grad
+        optimizer.step()
+        objective = self.theta * forget_loss + (1 - self.theta) * retain_loss_value
+        self.log("train/pareto_loss", objective.float(), prog_bar=True)
+        self.log("train/forget_loss", forget_loss.float())
+        self.log("train/retain_loss", retain_loss_value.float())
+
+    def on_train_epoch_end(self) -> None:
+        scheduler = self.lr_schedulers()
+        if not self.automatic_optimization and scheduler is not None:
+            scheduler.step()
+
+    def configure_optimizers(self):
+        return configure_optimizer(self.net.parameters(), self.trainer.max_epochs, **self.optim)

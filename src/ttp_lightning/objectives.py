@@ -1,0 +1,71 @@
+"""Losses of the Pareto objective (Sec. 3.1): uniformity on the forget set, utility on the retain set."""
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+UniformityLoss = Callable[[torch.Tensor], torch.Tensor]
+
+
+def kl_to_uniform(logits: torch.Tensor) -> torch.Tensor:
+    """KL(p || u) = sum_c p_c (log p_c + log K), batch mean. The paper's default L_K."""
+    log_p = F.log_softmax(logits, dim=-1)
+    return (log_p.exp() * (log_p + math.log(logits.shape[-1]))).sum(-1).mean()
+
+
+def kl_from_uniform(logits: torch.Tensor) -> torch.Tensor:
+    """KL(u || p) = sum_c (1/K)(-log K - log p_c), batch mean: cross entropy to uniform labels minus log K."""
+    num_classes = logits.shape[-1]
+    log_p = F.log_softmax(logits, dim=-1)
+    return (-log_p.mean(-1) - math.log(num_classes)).mean()
+
+
+def square_to_uniform(logits: torch.Tensor) -> torch.Tensor:
+    """0.5 ||p - u||_2^2, batch mean. Convex in the weights of a linear model (used for LogReg)."""
+    probs = F.softmax(logits, dim=-1)
+    return 0.5 * (probs - 1.0 / logits.shape[-1]).pow(2).sum(-1).mean()
+
+
+UNIFORMITY_LOSSES: dict[str, UniformityLoss] = {
+    "kl": kl_to_uniform,
+    "reverse_kl": kl_from_uniform,
+    "square": square_to_uniform,
+}
+
+
+def retain_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """L_A: cross entropy against the true labels, batch mean."""
+    return F.cross_entropy(logits, targets)
+
+
+def pareto_objective(
+    forget_logits: torch.Tensor,
+    retain_logits: torch.Tensor,
+    retain_targets: torch.Tensor,
+    theta: float,
+    uniformity: UniformityLoss = kl_to_uniform,
+    forget_temperature: float = 1.0,
+) -> torch.Tensor:
+    """theta * L_K(forget) + (1 - theta) * L_A(retain); forget logits divided by the temperature first."""
+    return theta * uniformity(forget_logits / forget_temperature) + (1.0 - theta) * retain_loss(
+        retain_logits, retain_targets
+    )
+
+
+def combine_gradients(
+    forget_grads: list[torch.Tensor], retain_grads: list[torch.Tensor], theta: float, surgery: bool
+) -> list[torch.Tensor]:
+    """theta * g_f + (1 - theta) * g_r; with `surgery`, PCGrad first: when the two conflict (g_f . g_r < 0)
+    each is projected onto the normal plane of the other, so the step does not undo either objective."""
+    if surgery:
+        dot = sum((f * r).sum() for f, r in zip(forget_grads, retain_grads))
+        if dot < 0:
+            f_sq = sum(f.pow(2).sum() for f in forget_grads)
+            r_sq = sum(r.pow(2).sum() for r in retain_grads)
+            forget_grads, retain_grads = (
+                [f - dot / r_sq * r for f, r in zip(forget_grads, retain_grads)],
+                [r - dot / f_sq * f for f, r in zip(forget_grads, retain_grads)],
+            )
+    return [theta * f + (1.0 - theta) * r for f, r in zip(forget_grads, retain_grads)]

@@ -1,0 +1,85 @@
+"""One run: data -> pretrain A(D) (cached) -> method -> evaluation -> results.json + table."""
+
+import copy
+import logging
+
+import hydra
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from ttp_lightning.evaluation import evaluate
+from ttp_lightning.methods import METHODS
+from ttp_lightning.models import build_classifier
+from ttp_lightning.pretraining import pretrained_model
+from ttp_lightning.report import format_table, write_results
+from ttp_lightning.training import RunContext
+from ttp_lightning.validation import validate_config
+
+log = logging.getLogger(__name__)
+
+
+def is_global_zero() -> bool:
+    """Rank 0 (or the only process): the one that evaluates, writes and prints."""
+    return rank_zero_only.rank == 0
+
+
+def build_logger(cfg: DictConfig):
+    """The configured Lightning logger, or False for `logger=none`."""
+    if not cfg.get("logger"):
+        return False
+    return hydra.utils.instantiate(cfg.logger)
+
+
+def finish_logger(logger, summary: dict) -> None:
+    """Send the final metrics and end the run, so every multirun job gets its own wandb run."""
+    if not logger:
+        return
+    if is_global_zero():
+        flat = {f"final/{stage}/{k}": v for stage, values in summary.items() for k, v in values.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        logger.log_metrics(flat)
+        logger.finalize("success")
+    if type(logger).__name__ == "WandbLogger" and is_global_zero():
+        import wandb
+
+        wandb.finish()
+
+
+def run(cfg: DictConfig, output_dir: str) -> dict | None:
+    """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
+    validate_config(cfg, METHODS)
+    datamodule = hydra.utils.instantiate(cfg.data)
+    datamodule.setup()
+
+    def make_net():
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        return build_classifier(cfg.model, datamodule.info)
+
+    ctx = RunContext(cfg=cfg, logger=build_logger(cfg), output_dir=output_dir)
+    net = make_net()
+    pretrain_info = pretrained_model(ctx, net, datamodule, is_global_zero)
+    pretrained = copy.deepcopy(net)
+
+    method_net, method_metrics, history = METHODS[cfg.method.name](ctx, pretrained, datamodule, make_net)
+    if not is_global_zero():
+        finish_logger(ctx.logger, {})
+        return None
+
+    metrics = {
+        "pretrain": {**evaluate(pretrained, datamodule), **pretrain_info},
+        cfg.method.name: {**evaluate(method_net, datamodule), **method_metrics},
+    }
+    results = {
+        "experiment": cfg.experiment_name,
+        "method": cfg.method.name,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
+                 "forget_size": len(datamodule.forget_indices), "forget_fingerprint": datamodule.forget_fingerprint()},
+        "metrics": metrics,
+        "history": {cfg.method.name: history},
+    }
+    path = write_results(results, output_dir)
+    print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}\nresults: {path}", flush=True)
+    finish_logger(ctx.logger, metrics)
+    return results

@@ -1,0 +1,60 @@
+"""A(D): ERM pretraining on the whole training set, cached on disk so sweeps pretrain once."""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.modules.erm import ERMModule
+from ttp_lightning.training import RunContext, make_trainer, timed_fit
+
+CACHE_FORMAT = 1
+
+
+def erm_module(ctx: RunContext, net: nn.Module) -> ERMModule:
+    """The ERM LightningModule with the `pretrain` settings (also used by the retrain baseline)."""
+    pre = ctx.cfg.pretrain
+    optim = {k: pre[k] for k in ("optimizer", "lr", "weight_decay", "momentum", "schedule")}
+    return ERMModule(net, optim, norm_bound=pre.norm_bound, projection=pre.projection)
+
+
+def train_erm(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, part: str) -> float:
+    """Fit `net` by ERM on one part of the training data (train = D, retain = D_r); returns wall seconds."""
+    trainer = make_trainer(ctx, ctx.cfg.pretrain.epochs, check_val_every_n_epoch=None)
+    return timed_fit(trainer, erm_module(ctx, net), train_dataloaders=datamodule.training_loader(part))
+
+
+def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
+    """Everything that determines A(D): data + forget selection, model, pretraining settings, seed."""
+    identity = {
+        "format": CACHE_FORMAT,
+        "data": datamodule.data_fingerprint(),
+        "augment": datamodule.augment,
+        "batch_size": datamodule.batch_size,
+        "model": OmegaConf.to_container(ctx.cfg.model, resolve=True),
+        "pretrain": OmegaConf.to_container(ctx.cfg.pretrain, resolve=True),
+        "seed": ctx.cfg.seed,
+        "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def pretrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, is_global_zero) -> dict:
+    """Load A(D) into `net` from the cache, or train it and store it. Returns {wall_s, cached, cache_file}."""
+    path = Path(ctx.cfg.paths.cache_dir).expanduser() / "pretrain" / f"{cache_key(ctx, datamodule)}.pt"
+    if ctx.cfg.pretrain.use_cache and path.is_file():
+        entry = torch.load(path, map_location="cpu", weights_only=True)
+        net.load_state_dict(entry["state_dict"])
+        return {"wall_s": float(entry["wall_s"]), "cached": True, "cache_file": str(path)}
+    wall = train_erm(ctx, net, datamodule, "train")
+    if ctx.cfg.pretrain.use_cache and is_global_zero():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        torch.save({"state_dict": net.state_dict(), "wall_s": wall}, tmp)
+        os.replace(tmp, path)
+    return {"wall_s": round(wall, 3), "cached": False, "cache_file": str(path)}

@@ -1,0 +1,36 @@
+"""results.json writing (atomic) and the terminal table."""
+
+import json
+import os
+from pathlib import Path
+
+COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.2%}"),
+           ("forget_acc", "forget acc", "{:.2%}"), ("forget_conf_dist", "forget CD", "{:.4f}"),
+           ("test_conf_dist", "test CD", "{:.4f}"), ("forget_l2_dist", "forget l2", "{:.4f}"),
+           ("wall_s", "wall s", "{:.1f}")]
+
+
+def write_results(results: dict, output_dir: str | Path) -> Path:
+    """Write results.json via a temporary file and rename, so a crash never leaves half a file."""
+    path = Path(output_dir) / "results.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2, sort_keys=False))
+    os.replace(tmp, path)
+    return path
+
+
+def format_table(metrics: dict[str, dict]) -> str:
+    """One row per stage (pretrain, method), the paper's columns plus wall time."""
+    header = ["stage"] + [title for _, title, _ in COLUMNS]
+    rows = [header]
+    for stage, values in metrics.items():
+        row = [stage]
+        for key, _, fmt in COLUMNS:
+            value = values.get(key)
+            row.append("-" if value is None else fmt.format(value))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)

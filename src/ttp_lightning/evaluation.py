@@ -7,22 +7,27 @@ from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.metrics import Accuracy, ConfidenceDistance, L2UniformDistance
 
 
+LOCAL = {"sync_on_compute": False}  # one process evaluates everything; never wait for other ranks
+
+
 def eval_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, datamodule: TTPDataModule) -> dict[str, float]:
-    """{part}_acc and {part}_conf_dist for every evaluation part, plus forget_l2_dist (eval mode)."""
+    """{part}_acc and {part}_conf_dist for every evaluation part, plus forget_l2_dist (eval mode).
+
+    Runs in the calling process over the whole of every part, also under DDP (rank 0 evaluates)."""
     device = eval_device()
     was_training = model.training
     model.eval().to(device)
     results: dict[str, float] = {}
     for part in datamodule.eval_parts():
-        metrics = {"acc": Accuracy(), "conf_dist": ConfidenceDistance()}
+        metrics = {"acc": Accuracy(**LOCAL), "conf_dist": ConfidenceDistance(**LOCAL)}
         if part == "forget":
-            metrics["l2_dist"] = L2UniformDistance()
-        for images, labels in datamodule.eval_loader(part):
+            metrics["l2_dist"] = L2UniformDistance(**LOCAL)
+        for images, labels in datamodule.eval_loader(part, sharded=False):
             logits = model(images.to(device))
             for metric in metrics.values():
                 metric.update(logits.cpu(), labels)

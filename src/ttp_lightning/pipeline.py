@@ -24,6 +24,13 @@ def is_global_zero() -> bool:
     return rank_zero_only.rank == 0
 
 
+def route_lightning_logs_to_hydra() -> None:
+    """Lightning's own console handler would print every message twice next to Hydra's root handlers."""
+    lightning_logger = logging.getLogger("lightning")
+    for handler in list(lightning_logger.handlers):
+        lightning_logger.removeHandler(handler)
+
+
 def build_logger(cfg: DictConfig):
     """The configured Lightning logger, or False for `logger=none`."""
     if not cfg.get("logger"):
@@ -48,6 +55,7 @@ def finish_logger(logger, summary: dict) -> None:
 
 def run(cfg: DictConfig, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
+    route_lightning_logs_to_hydra()
     validate_config(cfg, METHODS)
     datamodule = hydra.utils.instantiate(cfg.data)
     datamodule.setup()

@@ -39,7 +39,9 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
         "model": OmegaConf.to_container(ctx.cfg.model, resolve=True),
         "pretrain": OmegaConf.to_container(ctx.cfg.pretrain, resolve=True),
         "seed": ctx.cfg.seed,
-        "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+        # the process layout changes batching (each DDP rank takes its own batch), so it is part of the key;
+        # read from the config, never the environment, so every rank computes the same key
+        "processes": {k: ctx.cfg.trainer.get(k) for k in ("accelerator", "devices", "num_nodes", "strategy")},
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 

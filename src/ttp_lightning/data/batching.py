@@ -55,13 +55,17 @@ class ShardedBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, size: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int = 0,
-                 equal_shards: bool = True):
+                 equal_shards: bool = True, sharded: bool = True):
+        self.sharded = sharded
         self.size, self.batch_size = size, batch_size
         self.shuffle, self.drop_last, self.seed, self.equal_shards = shuffle, drop_last, seed, equal_shards
         self.epoch = 0
 
+    def _rank_and_world(self) -> tuple[int, int]:
+        return _rank_and_world() if self.sharded else (0, 1)
+
     def _shard(self) -> torch.Tensor:
-        rank, world = _rank_and_world()
+        rank, world = self._rank_and_world()
         if self.shuffle:
             order = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch))
         else:
@@ -79,16 +83,17 @@ class ShardedBatchSampler(Sampler[list[int]]):
             yield shard[start : start + self.batch_size].tolist()
 
     def __len__(self) -> int:
-        _, world = _rank_and_world()
+        _, world = self._rank_and_world()
         n = self.size // world if self.equal_shards else -(-self.size // world)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 
 def batch_loader(dataset: ImageBatchDataset, batch_size: int, shuffle: bool = False, drop_last: bool = False,
-                 seed: int = 0, training: bool = True, num_workers: int = 0) -> DataLoader:
-    """A DataLoader that fetches whole batches by fancy indexing."""
+                 seed: int = 0, training: bool = True, sharded: bool = True, num_workers: int = 0) -> DataLoader:
+    """A DataLoader that fetches whole batches by fancy indexing (this rank's shard unless `sharded=False`)."""
     batch_size = max(1, min(batch_size, len(dataset)))
-    sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, equal_shards=training)
+    sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, equal_shards=training,
+                                  sharded=sharded)
     return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
                       persistent_workers=num_workers > 0)
 

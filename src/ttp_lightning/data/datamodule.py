@@ -105,8 +105,10 @@ class TTPDataModule(L.LightningDataModule):
             images, labels = self.train_images[index], self.train_labels[index]
         return ImageBatchDataset(images, labels, self.augment if augment else "none", seed=self.seed)
 
-    def eval_loader(self, part: str) -> torch.utils.data.DataLoader:
-        return batch_loader(self.dataset(part), self.eval_batch_size, training=False, num_workers=self.num_workers)
+    def eval_loader(self, part: str, sharded: bool = True) -> torch.utils.data.DataLoader:
+        """Unaugmented, unshuffled batches; `sharded=False` gives every rank the whole part."""
+        return batch_loader(self.dataset(part), self.eval_batch_size, training=False, sharded=sharded,
+                            num_workers=self.num_workers)
 
     def eval_parts(self) -> list[str]:
         return ["retain", "test", "forget"] if len(self.test_labels) else ["retain", "forget"]

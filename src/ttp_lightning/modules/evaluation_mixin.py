@@ -18,11 +18,8 @@ class PartsValidationMixin(L.LightningModule):
     def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
         images, labels = batch
         logits = self(images)
-        for metric in self.val_metrics[self.eval_parts[dataloader_idx]].values():
+        part = self.eval_parts[dataloader_idx]
+        for name, metric in self.val_metrics[part].items():
             metric.update(logits, labels)
-
-    def on_validation_epoch_end(self) -> None:
-        for part, metrics in self.val_metrics.items():
-            for name, metric in metrics.items():
-                self.log(f"val/{part}_{name}", metric.compute())
-                metric.reset()
+            # Logging the Metric object lets Lightning compute (DDP-synced) and reset it at epoch end.
+            self.log(f"val/{part}_{name}", metric, on_step=False, on_epoch=True, add_dataloader_idx=False)

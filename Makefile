@@ -1,0 +1,43 @@
+# ttp_lightning: `make run` and `make test` set up .venv on first use.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DATA_ROOT ?= ../shared/data
+ARGS ?=
+
+.PHONY: help install run test test-slow sweep bench lint clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install --quiet -e '.[dev,plots]'
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv with torch 2.14.1 and the package (editable, dev extras)
+
+run: $(STAMP)  ## the default job (digits + MLP + Alg 1); extra overrides via ARGS="..."
+	$(BIN)/python -m ttp_lightning $(ARGS)
+
+test: $(STAMP)  ## the test suite without the slow tests (under 10 minutes on 2 cores)
+	$(BIN)/python -m pytest -m "not slow" -q
+
+test-slow: $(STAMP)  ## only the slow tests (DDP simulation, MNIST paper row)
+	$(BIN)/python -m pytest -m slow -q
+
+sweep: $(STAMP)  ## theta sweep of Alg 1 on MNIST MLP (pretrains once)
+	$(BIN)/python -m ttp_lightning -m +experiment=mnist_mlp data.root=$(DATA_ROOT) logger=csv \
+		method.theta=0.25,0.5,0.75 $(ARGS)
+
+bench: $(STAMP)  ## wall times and steps/s into bench/bench.json
+	$(BIN)/python scripts/bench.py --data-root $(DATA_ROOT) --out bench/bench.json
+
+lint: $(STAMP)  ## ruff
+	$(BIN)/ruff check src tests scripts
+
+clean:  ## remove outputs and caches (keeps .venv)
+	rm -rf outputs multirun bench .cache .pytest_cache

@@ -1,0 +1,54 @@
+"""Shared fixtures: the one composed test config (tiny, fast, offline) and a CLI runner."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "src" / "ttp_lightning" / "conf"
+MNIST_ROOT = REPO.parent / "shared" / "data"
+HAVE_MNIST = (MNIST_ROOT / "MNIST" / "raw" / "train-images-idx3-ubyte").is_file()
+needs_mnist = pytest.mark.skipif(not HAVE_MNIST, reason=f"MNIST files not found under {MNIST_ROOT}")
+
+# Tiny, fast, offline: every test run of the application starts from these overrides.
+TINY = [
+    "logger=none",
+    "trainer.enable_progress_bar=false",
+    "pretrain.epochs=8",
+    "method.epochs=15",
+    "data.forget.size=20",
+]
+
+
+@pytest.fixture
+def compose_cfg():
+    """Compose the application config with TINY plus the given overrides (no Hydra run dir)."""
+
+    def _compose(*overrides: str, tiny: bool = True):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name="main", overrides=(TINY if tiny else []) + list(overrides),
+                           return_hydra_config=True)
+
+    return _compose
+
+
+@pytest.fixture
+def run_cli(tmp_path):
+    """Run `python -m ttp_lightning` with TINY, a private cache and run dir; returns (proc, results|None)."""
+
+    def _run(*overrides: str, tiny: bool = True, multirun: bool = False, timeout: int = 600):
+        env = dict(os.environ, TTP_CACHE_DIR=str(tmp_path / "cache"), WANDB_MODE="disabled")
+        args = [sys.executable, "-m", "ttp_lightning"] + (["-m"] if multirun else [])
+        dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        args += (TINY if tiny else []) + list(overrides) + [f"{dir_key}={tmp_path / 'out'}"]
+        proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        results_file = tmp_path / "out" / "results.json"
+        results = json.loads(results_file.read_text()) if results_file.is_file() else None
+        return proc, results
+
+    return _run

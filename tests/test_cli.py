@@ -1,0 +1,114 @@
+"""The real command line on tiny data: results contract, methods, sweeps, help and bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY
+
+METRIC_KEYS = {"retain_acc", "test_acc", "forget_acc", "forget_conf_dist", "retain_conf_dist", "test_conf_dist",
+               "forget_l2_dist", "wall_s"}
+
+
+def test_default_job_writes_the_results_contract(run_cli):
+    proc, results = run_cli()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert results["experiment"] == "digits_mlp" and results["method"] == "pareto"
+    assert results["config"]["method"]["theta"] == 0.75
+    pre, alg1 = results["metrics"]["pretrain"], results["metrics"]["pareto"]
+    assert METRIC_KEYS <= pre.keys() and METRIC_KEYS <= alg1.keys()
+    assert {"best_epoch", "constraint_met", "train_steps_per_s", "wall_to_best_s"} <= alg1.keys()
+    assert all(0.0 <= alg1[k] <= 1.0 for k in METRIC_KEYS - {"wall_s"})
+    history = results["history"]["pareto"]
+    assert [row["epoch"] for row in history] == list(range(1, 16))
+    assert {"retain_acc", "test_acc", "forget_conf_dist", "elapsed_s"} <= history[0].keys()
+    assert alg1["forget_conf_dist"] * 3 < pre["forget_conf_dist"]
+    assert alg1["forget_conf_dist"] == pytest.approx(min(r["forget_conf_dist"] for r in history), abs=1e-4)
+    assert "pretrain" in proc.stdout and "forget CD" in proc.stdout
+
+
+def test_retrain_baseline_trains_on_the_retain_set(run_cli):
+    overrides = [o for o in TINY if not o.startswith("method.")]  # retrain has only the pretrain settings
+    proc, results = run_cli("method=retrain", *overrides, tiny=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    retrain = results["metrics"]["retrain"]
+    assert METRIC_KEYS <= retrain.keys() and retrain["test_acc"] > 0.8
+    assert results["history"]["retrain"] == []
+
+
+def test_fullbatch_mode_with_surgery_and_temperature(run_cli):
+    proc, results = run_cli("method.mode=fullbatch", "method.gradient_surgery=true", "method.forget_temperature=2",
+                            "method.epochs=40", "method.early_stopping.enabled=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    alg1 = results["metrics"]["pareto"]
+    assert alg1["train_steps"] == 40 and alg1["best_epoch"] == 40 and alg1["constraint_met"] is None
+    assert alg1["forget_conf_dist"] * 2 < results["metrics"]["pretrain"]["forget_conf_dist"]
+
+
+def test_sweep_pretrains_once_and_writes_one_results_file_per_theta(run_cli, tmp_path):
+    proc, _ = run_cli("method.theta=0.25,0.75", "method.epochs=3", multirun=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [json.loads((tmp_path / "out" / str(i) / "results.json").read_text()) for i in (0, 1)]
+    assert [r["config"]["method"]["theta"] for r in runs] == [0.25, 0.75]
+    assert [r["metrics"]["pretrain"]["cached"] for r in runs] == [False, True]
+    assert runs[0]["metrics"]["pretrain"]["forget_conf_dist"] == runs[1]["metrics"]["pretrain"]["forget_conf_dist"]
+
+
+def test_wandb_logs_offline_and_finishes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env["TTP_CACHE_DIR"] = str(tmp_path / "cache")
+    overrides = [o for o in TINY if not o.startswith("logger=")] + ["method.epochs=2", f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "-m", "ttp_lightning", *overrides], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline wandb run written"
+
+
+BAD_INPUT = [
+    ("method.theta=1.5", "method.theta=1.5 is not allowed; choose a value in [0, 1]"),
+    ("method.theta=-0.1", "method.theta=-0.1 is not allowed"),
+    ("data=imagenet22k", "unknown data 'imagenet22k'; choose one of:"),
+    ("model=resnet1000", "unknown model 'resnet1000'"),
+    ("method=magic", "unknown method 'magic'"),
+    ("+experiment=nope", "unknown experiment 'nope'"),
+    ("data.forget.size=5000", "data.forget.size=5000 is not allowed; choose 1..1257"),
+    ("pretrain.epochs=-3", "pretrain.epochs=-3 is not allowed; choose a positive integer"),
+    ("method.lr=-0.01", "method.lr=-0.01 is not allowed; choose a value > 0"),
+    ("method.mode=sometimes", "method.mode='sometimes' is not allowed; choose one of: minibatch, fullbatch"),
+]
+
+
+@pytest.mark.parametrize("override,message", BAD_INPUT)
+def test_bad_input_fails_in_one_line_without_results(run_cli, tmp_path, override, message):
+    proc, results = run_cli(override)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr and results is None
+
+
+def test_out_of_range_forget_index_and_missing_data(run_cli, tmp_path):
+    index_file = tmp_path / "forget.txt"
+    index_file.write_text("1 2 99999")
+    proc, results = run_cli(f"data.forget.indices_file={index_file}")
+    assert proc.returncode == 2 and "forget index 99999 out of range; allowed 0..1257" in proc.stderr
+    proc, results = run_cli("data=mnist", f"data.root={tmp_path / 'empty'}")
+    assert proc.returncode == 2 and results is None
+    assert f"data set 'mnist' not found under {tmp_path / 'empty'}" in proc.stderr
+
+
+def test_help_and_cfg_job():
+    env = dict(os.environ, WANDB_MODE="disabled")
+    helped = subprocess.run([sys.executable, "-m", "ttp_lightning", "--help"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "ttp_lightning" in helped.stdout
+    for word in ("experiment:", "mnist_mlp", "method:", "pareto, retrain", "ddp_sim"):
+        assert word in helped.stdout
+    job = subprocess.run([sys.executable, "-m", "ttp_lightning", "+experiment=mnist_mlp", "--cfg", "job"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert job.returncode == 0 and "experiment_name: mnist_mlp" in job.stdout and "mode: fullbatch" in job.stdout
+    assert Path(REPO, "conf").resolve() == Path(REPO, "src", "ttp_lightning", "conf").resolve()

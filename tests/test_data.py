@@ -1,0 +1,104 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import MNIST_ROOT, needs_mnist
+from ttp_lightning.data import TTPDataModule
+from ttp_lightning.data import batching
+from ttp_lightning.data.batching import ShardedBatchSampler, random_crop_flip
+from ttp_lightning.data.forget import select_forget
+from ttp_lightning.errors import TTPUserError
+
+
+def digits(**kwargs) -> TTPDataModule:
+    dm = TTPDataModule(name="digits", split="paper", **kwargs)
+    dm.setup()
+    return dm
+
+
+def test_digits_paper_split_is_70_30_and_deterministic():
+    a, b = digits(forget={"size": 20}), digits(forget={"size": 20})
+    assert len(a.train_labels) == 1258 and len(a.test_labels) == 539
+    assert torch.equal(a.train_images, b.train_images) and torch.equal(a.forget_indices, b.forget_indices)
+    assert a.train_images.dtype == torch.uint8 and a.train_images.shape[1:] == (1, 8, 8)
+    c = digits(forget={"size": 20}, split_seed=1)
+    assert not torch.equal(a.train_labels, c.train_labels)
+
+
+def test_forget_and_retain_partition_the_training_set():
+    dm = digits(forget={"size": 30, "seed": 3})
+    forget, retain = set(dm.forget_indices.tolist()), set(dm.retain_indices.tolist())
+    assert len(forget) == 30 and not forget & retain and len(forget | retain) == len(dm.train_labels)
+    assert len(dm.dataset("forget")) == 30 and len(dm.dataset("retain")) == len(dm.train_labels) - 30
+    other_seed = digits(forget={"size": 30, "seed": 4})
+    assert not torch.equal(dm.forget_indices, other_seed.forget_indices)
+
+
+def test_forget_index_files(tmp_path):
+    (tmp_path / "f.txt").write_text("5, 3\n9")
+    (tmp_path / "f.json").write_text(json.dumps([1, 2]))
+    np.save(tmp_path / "f.npy", np.array([7, 0]))
+    assert select_forget(10, None, 0, str(tmp_path / "f.txt")).tolist() == [3, 5, 9]
+    assert select_forget(10, None, 0, str(tmp_path / "f.json")).tolist() == [1, 2]
+    assert select_forget(10, None, 0, str(tmp_path / "f.npy")).tolist() == [0, 7]
+    (tmp_path / "bad.txt").write_text("3 10")
+    with pytest.raises(TTPUserError, match="forget index 10 out of range; allowed 0..9"):
+        select_forget(10, None, 0, str(tmp_path / "bad.txt"))
+    (tmp_path / "dup.txt").write_text("3 3")
+    with pytest.raises(TTPUserError, match="repeats"):
+        select_forget(10, None, 0, str(tmp_path / "dup.txt"))
+    with pytest.raises(TTPUserError, match="does not exist"):
+        select_forget(10, None, 0, str(tmp_path / "missing.txt"))
+    with pytest.raises(TTPUserError, match=r"data.forget.size=10 is not allowed; choose 1..9"):
+        select_forget(10, 10, 0, None)
+
+
+def test_bad_data_settings_name_the_value():
+    with pytest.raises(TTPUserError, match="unknown data set 'nope'"):
+        TTPDataModule(name="nope").setup()
+    with pytest.raises(TTPUserError, match="data.split='random'"):
+        TTPDataModule(name="digits", split="random")
+    with pytest.raises(TTPUserError, match="no official test split"):
+        TTPDataModule(name="digits", split="official").setup()
+
+
+def test_missing_files_give_one_line_with_path_and_expected_files(tmp_path):
+    with pytest.raises(TTPUserError) as info:
+        TTPDataModule(name="mnist", root=str(tmp_path)).setup()
+    message = str(info.value)
+    assert "\n" not in message and str(tmp_path) in message and "train-images-idx3-ubyte" in message
+
+
+@needs_mnist
+def test_mnist_official_split_and_subset():
+    dm = TTPDataModule(name="mnist", root=str(MNIST_ROOT), forget={"size": 100}, max_test_size=500)
+    dm.setup()
+    assert len(dm.train_labels) == 60000 and len(dm.test_labels) == 500
+    images, labels = dm.dataset("forget")[[0, 1]]
+    assert images.shape == (2, 1, 28, 28) and 0.0 <= images.min() and images.max() <= 1.0
+    assert dm.info.num_classes == 10
+
+
+def test_eval_shards_are_disjoint_and_complete(monkeypatch):
+    seen = []
+    for rank in range(3):
+        monkeypatch.setattr(batching, "_rank_and_world", lambda rank=rank: (rank, 3))
+        sampler = ShardedBatchSampler(10, 4, shuffle=False, drop_last=False, equal_shards=False)
+        seen += [i for batch in sampler for i in batch]
+    assert sorted(seen) == list(range(10))
+
+
+def test_training_shards_have_equal_length_and_reshuffle(monkeypatch):
+    monkeypatch.setattr(batching, "_rank_and_world", lambda: (1, 2))
+    sampler = ShardedBatchSampler(11, 2, shuffle=True, drop_last=False, seed=0)
+    first, second = list(sampler), list(sampler)
+    assert sum(map(len, first)) == 5 and len(first) == len(sampler) == 3
+    assert first != second
+
+
+def test_crop_flip_keeps_shape_and_content_scale():
+    images = torch.rand(5, 3, 8, 8)
+    out = random_crop_flip(images, torch.Generator().manual_seed(0))
+    assert out.shape == images.shape and out.max() <= images.max()

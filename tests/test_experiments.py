@@ -1,0 +1,41 @@
+"""Every experiment file composes, passes validation and builds its model for its data set."""
+
+import pytest
+import torch
+
+from conftest import CONF_DIR
+from ttp_lightning.data import DATA_SOURCES
+from ttp_lightning.methods import METHODS
+from ttp_lightning.models import build_classifier
+from ttp_lightning.validation import validate_config
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+REQUIRED = {
+    "digits_mlp", "mnist_logreg", "mnist_mlp", "mnist_resnet18", "kmnist_logreg", "kmnist_mlp", "kmnist_resnet18",
+    "svhn_resnet50", "cifar10_resnet8", "cifar10_resnet18", "cifar10_resnet50", "cifar10_vit_s_16",
+    "cifar10_vit_b_16", "cifar100_resnet8", "cifar100_resnet50", "cifar100_vit_s_16", "cifar100_vit_b_16",
+    "tinyimagenet_vit_s_16", "tinyimagenet_vit_b_16", "tinyimagenet_resnet50",
+}
+
+
+def test_every_paper_setting_has_an_experiment():
+    assert REQUIRED <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_composes_validates_and_builds(compose_cfg, name):
+    cfg = compose_cfg(f"+experiment={name}", tiny=False)
+    assert cfg.experiment_name == name
+    dataset, model = name.split("_", 1)
+    assert cfg.data.name == dataset and cfg.hydra.runtime.choices.model == model
+    validate_config(cfg, METHODS)
+    info = DATA_SOURCES[dataset].info
+    net = build_classifier(cfg.model, info).eval()
+    with torch.no_grad():
+        logits = net(torch.rand(1, info.channels, info.image_size, info.image_size))
+    assert logits.shape == (1, info.num_classes)
+
+
+def test_experiments_still_allow_the_retrain_method(compose_cfg):
+    cfg = compose_cfg("+experiment=mnist_mlp", "method=retrain", tiny=False)
+    assert cfg.method.name == "retrain" and cfg.pretrain.epochs == 5

@@ -1,0 +1,91 @@
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from ttp_lightning.callbacks import ConstrainedBestModel
+from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.modules.optim import project_to_norm_ball
+from ttp_lightning.modules.pareto import ParetoFinetuneModule
+from ttp_lightning.objectives import kl_to_uniform, retain_loss
+
+OPTIM = {"optimizer": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9, "schedule": "none"}
+
+
+def tiny_sets(n_retain=37, n_forget=6):
+    g = torch.Generator().manual_seed(0)
+    retain = ImageBatchDataset(torch.randint(0, 256, (n_retain, 1, 4, 4), dtype=torch.uint8, generator=g),
+                               torch.randint(0, 3, (n_retain,), generator=g))
+    forget = ImageBatchDataset(torch.randint(0, 256, (n_forget, 1, 4, 4), dtype=torch.uint8, generator=g),
+                               torch.randint(0, 3, (n_forget,), generator=g))
+    return retain, forget
+
+
+def tiny_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_project_to_norm_ball_global_and_per_tensor():
+    net = tiny_net()
+    project_to_norm_ball(net, 0.5, "global")
+    assert torch.sqrt(sum(p.pow(2).sum() for p in net.parameters())) <= 0.5 + 1e-6
+    net = tiny_net()
+    project_to_norm_ball(net, 0.1, "per_tensor")
+    assert all(p.norm() <= 0.1 + 1e-6 for p in net.parameters())
+
+
+def test_fullbatch_mean_gradient_equals_whole_set_gradient_for_any_chunk_size():
+    retain, forget = tiny_sets()
+    module = ParetoFinetuneModule(tiny_net(), 0.75, OPTIM, mode="fullbatch", chunk_size=5,
+                                  retain_data=retain, forget_data=forget)
+    chunked, loss = module._mean_gradient(retain, retain_loss)
+    images, labels = retain[list(range(len(retain)))]
+    whole = retain_loss(module.net(images), labels)
+    expected = torch.autograd.grad(whole, list(module.net.parameters()))
+    assert torch.allclose(loss.float(), whole.detach(), atol=1e-6)
+    for a, b in zip(chunked, expected):
+        assert torch.allclose(a, b, atol=1e-6)
+    forget_grads, _ = module._mean_gradient(forget, module._forget_loss)
+    images, _ = forget[list(range(len(forget)))]
+    expected = torch.autograd.grad(kl_to_uniform(module.net(images)), list(module.net.parameters()))
+    for a, b in zip(forget_grads, expected):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def fake_trainer(epoch, conf_dist, retain_acc):
+    metrics = {"val/forget_conf_dist": torch.tensor(conf_dist), "val/retain_acc": torch.tensor(retain_acc)}
+    return SimpleNamespace(sanity_checking=False, callback_metrics=metrics, current_epoch=epoch, should_stop=False)
+
+
+def test_constrained_best_model_keeps_lowest_qualifying_and_restores_it():
+    net = nn.Linear(1, 1)
+    module = SimpleNamespace(state_dict=net.state_dict, load_state_dict=net.load_state_dict)
+    callback = ConstrainedBestModel(conf_dist_below=0.5, retain_acc_at_least=0.9)
+    trajectory = [(0.6, 0.95), (0.4, 0.95), (0.1, 0.80), (0.3, 0.92), (0.35, 0.99)]  # epochs 1..5
+    for epoch, (cd, acc) in enumerate(trajectory):
+        with torch.no_grad():
+            net.weight.fill_(float(epoch + 1))
+        callback.on_validation_end(fake_trainer(epoch, cd, acc), module)
+    assert callback.summary() == {"best_epoch": 4, "constraint_met": True}
+    callback.on_fit_end(None, module)
+    assert net.weight.item() == 4.0  # epoch 4's weights, not epoch 3's lower but unqualified CD
+
+
+def test_constrained_best_model_without_qualifying_epoch_keeps_last():
+    callback = ConstrainedBestModel(conf_dist_below=0.1, retain_acc_at_least=0.9)
+    module = SimpleNamespace(state_dict=lambda: {}, load_state_dict=pytest.fail)
+    for epoch in range(3):
+        callback.on_validation_end(fake_trainer(epoch, 0.5, 0.95), module)
+    callback.on_fit_end(None, module)
+    assert callback.summary() == {"best_epoch": 3, "constraint_met": False}
+
+
+def test_patience_stops_after_stale_epochs():
+    callback = ConstrainedBestModel(conf_dist_below=1.0, patience=2)
+    module = SimpleNamespace(state_dict=lambda: {}, load_state_dict=lambda s: None)
+    trainers = [fake_trainer(e, cd, 1.0) for e, cd in enumerate([0.5, 0.6, 0.7])]
+    for trainer in trainers:
+        callback.on_validation_end(trainer, module)
+    assert [t.should_stop for t in trainers] == [False, False, True]

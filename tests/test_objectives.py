@@ -1,0 +1,59 @@
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ttp_lightning.objectives import (
+    combine_gradients,
+    kl_from_uniform,
+    kl_to_uniform,
+    pareto_objective,
+    retain_loss,
+    square_to_uniform,
+)
+
+
+def test_kl_to_uniform_matches_torch_kl_and_vanishes_at_uniform():
+    logits = torch.randn(6, 10)
+    uniform = torch.full((6, 10), 0.1)
+    # KL(p || u) = sum p log(p/u); torch's kl_div(input=log u, target=p) computes sum p (log p - log u)
+    expected = F.kl_div(uniform.log(), F.softmax(logits, -1), reduction="batchmean")
+    assert torch.allclose(kl_to_uniform(logits), expected, atol=1e-6)
+    assert kl_to_uniform(torch.zeros(3, 10)).abs() < 1e-6
+    assert kl_to_uniform(logits) > 0
+
+
+def test_reverse_kl_and_square_losses():
+    logits = torch.randn(4, 5)
+    p = F.softmax(logits, -1)
+    expected_reverse = (0.2 * (math.log(0.2) - p.log())).sum(-1).mean()
+    assert torch.allclose(kl_from_uniform(logits), expected_reverse, atol=1e-6)
+    assert torch.allclose(square_to_uniform(logits), 0.5 * ((p - 0.2) ** 2).sum(-1).mean(), atol=1e-7)
+    assert square_to_uniform(torch.ones(2, 5) * 3.0).abs() < 1e-8
+
+
+def test_pareto_objective_weights_and_temperature():
+    forget, retain, targets = torch.randn(3, 4), torch.randn(5, 4), torch.tensor([0, 1, 2, 3, 0])
+    theta = 0.3
+    value = pareto_objective(forget, retain, targets, theta, kl_to_uniform, forget_temperature=2.0)
+    expected = theta * kl_to_uniform(forget / 2.0) + (1 - theta) * retain_loss(retain, targets)
+    assert torch.allclose(value, expected)
+    assert torch.allclose(pareto_objective(forget, retain, targets, 1.0), kl_to_uniform(forget))
+    assert torch.allclose(pareto_objective(forget, retain, targets, 0.0), F.cross_entropy(retain, targets))
+
+
+def test_combine_gradients_plain_sum_without_conflict():
+    g_f, g_r = [torch.tensor([1.0, 0.0])], [torch.tensor([1.0, 1.0])]
+    for surgery in (False, True):
+        (step,) = combine_gradients(g_f, g_r, 0.75, surgery)
+        assert torch.allclose(step, 0.75 * g_f[0] + 0.25 * g_r[0])
+
+
+def test_combine_gradients_surgery_removes_conflict():
+    g_f, g_r = [torch.tensor([1.0, 0.0])], [torch.tensor([-1.0, 1.0])]
+    (plain,) = combine_gradients(g_f, g_r, 0.5, surgery=False)
+    assert torch.dot(plain, g_f[0]) == 0 and torch.dot(plain, g_r[0]) > 0  # the plain step stalls forget
+    (fixed,) = combine_gradients(g_f, g_r, 0.5, surgery=True)
+    # after projection each part is orthogonal to the other's original, so the step helps both
+    assert torch.dot(fixed, g_f[0]) > 0 and torch.dot(fixed, g_r[0]) > 0
+    assert torch.allclose(fixed, 0.5 * torch.tensor([0.5, 0.5]) + 0.5 * torch.tensor([0.0, 1.0]))

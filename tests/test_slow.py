@@ -1,0 +1,37 @@
+"""Longer runs (deselected by `make test`; `make test-slow` runs them)."""
+
+import pytest
+
+from conftest import MNIST_ROOT, needs_mnist
+
+pytestmark = pytest.mark.slow
+
+
+def test_default_job_meets_its_targets(run_cli):
+    """`make run`: forget CD down at least 5x, test accuracy at most 2 points lower."""
+    proc, results = run_cli(tiny=False, *["logger=none", "trainer.enable_progress_bar=false"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pre, alg1 = results["metrics"]["pretrain"], results["metrics"]["pareto"]
+    assert alg1["forget_conf_dist"] * 5 <= pre["forget_conf_dist"]
+    assert alg1["test_acc"] >= pre["test_acc"] - 0.02
+
+
+@pytest.mark.parametrize("mode", ["minibatch", "fullbatch"])
+def test_ddp_sim_two_processes_run_the_default_job(run_cli, mode):
+    proc, results = run_cli("trainer=ddp_sim", f"method.mode={mode}", "method.epochs=40",
+                            "method.gradient_surgery=true", "method.forget_temperature=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Starting with 2 processes" in proc.stdout + proc.stderr
+    pre, alg1 = results["metrics"]["pretrain"], results["metrics"]["pareto"]
+    assert alg1["forget_conf_dist"] * 3 < pre["forget_conf_dist"] and alg1["test_acc"] > 0.85
+    assert len(results["history"]["pareto"]) == 40
+
+
+@needs_mnist
+def test_mnist_mlp_matches_the_paper_row(run_cli):
+    """Paper, MNIST MLP, theta 0.75: retain 97.5 %, test 95.7 %, CD 0.037."""
+    proc, results = run_cli("+experiment=mnist_mlp", f"data.root={MNIST_ROOT}", "logger=none",
+                            "trainer.enable_progress_bar=false", tiny=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    alg1 = results["metrics"]["pareto"]
+    assert alg1["forget_conf_dist"] <= 0.05 and alg1["test_acc"] >= 0.95

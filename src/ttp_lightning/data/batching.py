@@ -34,7 +34,11 @@ class ImageBatchDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(positions, dtype=torch.long)
+        first, last = positions[0], positions[-1]
+        if last - first + 1 == len(positions) and positions == list(range(first, last + 1)):
+            index = slice(first, last + 1)  # unshuffled chunks: a view, no gather
+        else:
+            index = torch.as_tensor(positions, dtype=torch.long)
         images = self.images[index].float().div_(255.0)
         if self.augment is not None:
             images = self.augment(images, self.generator)

@@ -46,7 +46,7 @@ def run_cli(tmp_path):
         args = [sys.executable, "-m", "ttp_lightning"] + (["-m"] if multirun else [])
         dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
         args += (TINY if tiny else []) + list(overrides) + [f"{dir_key}={tmp_path / 'out'}"]
-        proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         results_file = tmp_path / "out" / "results.json"
         results = json.loads(results_file.read_text()) if results_file.is_file() else None
         return proc, results

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from conftest import MNIST_ROOT, needs_mnist
-from ttp_lightning.data import TTPDataModule
-from ttp_lightning.data import batching
+from ttp_lightning.data import TTPDataModule, batching
 from ttp_lightning.data.batching import ShardedBatchSampler, random_crop_flip
 from ttp_lightning.data.forget import select_forget
 from ttp_lightning.errors import TTPUserError
@@ -76,7 +75,7 @@ def test_mnist_official_split_and_subset():
     dm = TTPDataModule(name="mnist", root=str(MNIST_ROOT), forget={"size": 100}, max_test_size=500)
     dm.setup()
     assert len(dm.train_labels) == 60000 and len(dm.test_labels) == 500
-    images, labels = dm.dataset("forget")[[0, 1]]
+    images, _labels = dm.dataset("forget")[[0, 1]]
     assert images.shape == (2, 1, 28, 28) and 0.0 <= images.min() and images.max() <= 1.0
     assert dm.info.num_classes == 10
 

@@ -36,7 +36,7 @@ def test_models_give_logits_for_each_input_shape(name, dataset):
 
 def test_resnet_depths():
     info = DATA_SOURCES["cifar10"].info
-    count = lambda name: sum(p.numel() for p in build_classifier(model_cfg(name), info).parameters())  # noqa: E731
+    count = lambda name: sum(p.numel() for p in build_classifier(model_cfg(name), info).parameters())
     assert count("resnet8") < count("resnet18") < count("resnet50")
     assert 11.0e6 < count("resnet18") < 11.3e6  # the standard CIFAR ResNet18 size
 

@@ -75,7 +75,7 @@ def test_constrained_best_model_keeps_lowest_qualifying_and_restores_it():
 
 def test_constrained_best_model_without_qualifying_epoch_keeps_last():
     callback = ConstrainedBestModel(conf_dist_below=0.1, retain_acc_at_least=0.9)
-    module = SimpleNamespace(state_dict=lambda: {}, load_state_dict=pytest.fail)
+    module = SimpleNamespace(state_dict=dict, load_state_dict=pytest.fail)
     for epoch in range(3):
         callback.on_validation_end(fake_trainer(epoch, 0.5, 0.95), module)
     callback.on_fit_end(None, module)
@@ -84,7 +84,7 @@ def test_constrained_best_model_without_qualifying_epoch_keeps_last():
 
 def test_patience_stops_after_stale_epochs():
     callback = ConstrainedBestModel(conf_dist_below=1.0, patience=2)
-    module = SimpleNamespace(state_dict=lambda: {}, load_state_dict=lambda s: None)
+    module = SimpleNamespace(state_dict=dict, load_state_dict=lambda s: None)
     trainers = [fake_trainer(e, cd, 1.0) for e, cd in enumerate([0.5, 0.6, 0.7])]
     for trainer in trainers:
         callback.on_validation_end(trainer, module)

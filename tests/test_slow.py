@@ -9,7 +9,7 @@ pytestmark = pytest.mark.slow
 
 def test_default_job_meets_its_targets(run_cli):
     """`make run`: forget CD down at least 5x, test accuracy at most 2 points lower."""
-    proc, results = run_cli(tiny=False, *["logger=none", "trainer.enable_progress_bar=false"])
+    proc, results = run_cli("logger=none", "trainer.enable_progress_bar=false", tiny=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     pre, alg1 = results["metrics"]["pretrain"], results["metrics"]["pareto"]
     assert alg1["forget_conf_dist"] * 5 <= pre["forget_conf_dist"]

@@ -6,7 +6,6 @@ from torch import nn
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.metrics import Accuracy, ConfidenceDistance, L2UniformDistance
 
-
 LOCAL = {"sync_on_compute": False}  # one process evaluates everything; never wait for other ranks
 
 

@@ -1,7 +1,7 @@
 """Losses of the Pareto objective (Sec. 3.1): uniformity on the forget set, utility on the retain set."""
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -84,7 +84,7 @@ class TTPDataModule(L.LightningDataModule):
         images = torch.cat([arrays.train_images, arrays.test_images])
         labels = torch.cat([arrays.train_labels, arrays.test_labels])
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
-        cut = int(round(self.train_fraction * len(labels)))
+        cut = round(self.train_fraction * len(labels))
         return images[order[:cut]], labels[order[:cut]], images[order[cut:]], labels[order[cut:]]
 
     # -------------------------------------------------------------- identity

@@ -1,8 +1,8 @@
 """Registry of image data sets, each loaded into memory as uint8 NCHW tensors with integer labels."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
     identity = {
         "format": CACHE_FORMAT,
         "data": datamodule.data_fingerprint(),
+        "data_info": asdict(datamodule.info),  # includes the normalisation the model applies
         "augment": datamodule.augment,
         "batch_size": datamodule.batch_size,
         "model": OmegaConf.to_container(ctx.cfg.model, resolve=True),

@@ -11,7 +11,7 @@ _OVERRIDE = re.compile(r"^[+~]{0,2}(?P<group>" + "|".join(GROUPS) + r")=(?P<valu
 
 
 def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
 def check_group_choices(argv: list[str]) -> None:

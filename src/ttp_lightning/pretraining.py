@@ -26,7 +26,7 @@ def erm_module(ctx: RunContext, net: nn.Module) -> ERMModule:
 
 def train_erm(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, part: str) -> float:
     """Fit `net` by ERM on one part of the training data (train = D, retain = D_r); returns wall seconds."""
-    trainer = make_trainer(ctx, ctx.cfg.pretrain.epochs, check_val_every_n_epoch=None)
+    trainer = make_trainer(ctx, ctx.cfg.pretrain.epochs)
     return timed_fit(trainer, erm_module(ctx, net), train_dataloaders=datamodule.training_loader(part))
 
 

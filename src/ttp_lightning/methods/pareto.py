@@ -28,7 +28,7 @@ def run_pareto(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule
     )
     history, timer = EpochHistory(), StepTimer()
     callbacks = [history, timer] + ([best] if stopping.enabled else [])
-    trainer = make_trainer(ctx, cfg.epochs, callbacks, check_val_every_n_epoch=1)
+    trainer = make_trainer(ctx, cfg.epochs, callbacks)
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:

@@ -1,21 +1,19 @@
 """Empirical risk minimisation A(D): pretraining, and retraining on D_r for the exact-unlearning baseline."""
 
+import lightning as L
 import torch.nn.functional as F
 from torch import nn
 
-from ttp_lightning.modules.evaluation_mixin import PartsValidationMixin
 from ttp_lightning.modules.optim import configure_optimizer, project_to_norm_ball
 
 
-class ERMModule(PartsValidationMixin):
+class ERMModule(L.LightningModule):
     """Cross entropy on minibatches; optional projection onto ||w||_2 <= norm_bound after every step."""
 
-    def __init__(self, net: nn.Module, optim: dict, norm_bound: float | None = None, projection: str = "global",
-                 eval_parts: tuple[str, ...] = ()):
+    def __init__(self, net: nn.Module, optim: dict, norm_bound: float | None = None, projection: str = "global"):
         super().__init__()
         self.net, self.optim = net, dict(optim)
         self.norm_bound, self.projection = norm_bound, projection
-        self._init_validation(eval_parts)
 
     def forward(self, images):
         return self.net(images)

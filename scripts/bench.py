@@ -1,8 +1,9 @@
 """Benchmarks of the real command line; writes one JSON (numbers for the README and closing notes).
 
 Measures: the default job's wall time (whole command, fresh cache); on mnist_mlp, Alg 1's wall time to
-its best epoch and in total, the retrain baseline's wall time, and Alg 1 training steps per second
-(fullbatch: one step = whole forget + retain gradient; minibatch: one step = 128 retain + 10 forget).
+its best epoch and in total, the retrain baseline's wall time, and Alg 1 training steps per second, for
+the experiment's minibatch mode (one step = 128 retain + 10 forget images) and for the authors' fullbatch
+mode (one step = the whole forget and retain gradient, gradient surgery, forget temperature 2).
 """
 
 import argparse
@@ -46,7 +47,8 @@ def main() -> None:
         default = run_job([], cache)
         alg1 = run_job(mnist, cache)
         retrain = run_job(mnist + ["method=retrain"], cache)
-        minibatch = run_job(mnist + ["method.mode=minibatch", "method.epochs=3"], cache)
+        fullbatch = run_job(mnist + ["method.mode=fullbatch", "method.gradient_surgery=true",
+                                     "method.forget_temperature=2", "method.early_stopping.enabled=false"], cache)
 
     pareto = alg1["metrics"]["pareto"]
     report = {
@@ -59,8 +61,9 @@ def main() -> None:
             "pretrain": alg1["metrics"]["pretrain"],
             "alg1": pareto,
             "alg1_wall_to_best_s": pareto["wall_to_best_s"],
-            "alg1_fullbatch_steps_per_s": pareto["train_steps_per_s"],
-            "alg1_minibatch_steps_per_s": minibatch["metrics"]["pareto"]["train_steps_per_s"],
+            "alg1_steps_per_s": pareto["train_steps_per_s"],
+            "alg1_fullbatch": fullbatch["metrics"]["pareto"],
+            "alg1_fullbatch_steps_per_s": fullbatch["metrics"]["pareto"]["train_steps_per_s"],
             "retrain": retrain["metrics"]["retrain"],
             "retrain_wall_s": retrain["metrics"]["retrain"]["wall_s"],
         },
@@ -71,8 +74,8 @@ def main() -> None:
     print(json.dumps({"default_job_wall_s": report["default_job"]["command_wall_s"],
                       "alg1_wall_to_best_s": report["mnist_mlp"]["alg1_wall_to_best_s"],
                       "retrain_wall_s": report["mnist_mlp"]["retrain_wall_s"],
-                      "alg1_fullbatch_steps_per_s": report["mnist_mlp"]["alg1_fullbatch_steps_per_s"],
-                      "alg1_minibatch_steps_per_s": report["mnist_mlp"]["alg1_minibatch_steps_per_s"]}, indent=2))
+                      "alg1_steps_per_s": report["mnist_mlp"]["alg1_steps_per_s"],
+                      "alg1_fullbatch_steps_per_s": report["mnist_mlp"]["alg1_fullbatch_steps_per_s"]}, indent=2))
     print(f"written: {out}")
 
 

@@ -110,5 +110,5 @@ def test_help_and_cfg_job():
         assert word in helped.stdout
     job = subprocess.run([sys.executable, "-m", "ttp_lightning", "+experiment=mnist_mlp", "--cfg", "job"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert job.returncode == 0 and "experiment_name: mnist_mlp" in job.stdout and "patience: 10" in job.stdout
+    assert job.returncode == 0 and "experiment_name: mnist_mlp" in job.stdout and "patience: 20" in job.stdout
     assert Path(REPO, "conf").resolve() == Path(REPO, "src", "ttp_lightning", "conf").resolve()

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import hydra
 import lightning as L
+from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig
 
 
@@ -19,8 +20,11 @@ class RunContext:
 
 def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None) -> L.Trainer:
     """A Trainer from the `trainer` config group, logging to the run's logger."""
+    callbacks = list(callbacks or [])
+    if ctx.cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(TQDMProgressBar(refresh_rate=ctx.cfg.progress_bar_refresh_rate))
     return hydra.utils.instantiate(ctx.cfg.trainer, max_epochs=max_epochs, logger=ctx.logger,
-                                   callbacks=callbacks or [], default_root_dir=ctx.output_dir)
+                                   callbacks=callbacks, default_root_dir=ctx.output_dir)
 
 
 def timed_fit(trainer: L.Trainer, module: L.LightningModule, **loaders) -> float:

@@ -41,6 +41,7 @@ def _optim(section: DictConfig, prefix: str) -> None:
 def validate_config(cfg: DictConfig, methods) -> None:
     """Raise TTPUserError naming the first bad value and what is allowed."""
     _choice(cfg.method.name, "method.name", list(methods))
+    _positive_int(cfg.progress_bar_refresh_rate, "progress_bar_refresh_rate")
     _optim(cfg.pretrain, "pretrain")
     if cfg.pretrain.norm_bound is not None:
         _positive(cfg.pretrain.norm_bound, "pretrain.norm_bound")

@@ -1,0 +1,63 @@
+"""The stochastic inverse-Hessian estimator of Thm. `asymptotically_unbiased_estimator` (Alg 3), and the
+power iteration that picks its scale J from ||H + lambda I|| instead of a guess."""
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from ttp_lightning.errors import TTPUserError
+
+HVP = Callable[[torch.Tensor], torch.Tensor]
+SampleHVP = Callable[[str, torch.Tensor], torch.Tensor]  # ("forget" | "retain", v) -> sampled Hessian times v
+
+
+def power_iteration(hvp: HVP, dim: int, iterations: int = 30, generator: torch.Generator | None = None,
+                    device: torch.device | str = "cpu") -> float:
+    """Largest |eigenvalue| of a symmetric operator given by its products (a lower bound that converges)."""
+    vector = torch.randn(dim, generator=generator).to(device)
+    vector /= vector.norm()
+    estimate = 0.0
+    for _ in range(iterations):
+        product = hvp(vector)
+        estimate = product.norm().item()
+        if estimate == 0.0:
+            return 0.0
+        vector = product / estimate
+    return estimate
+
+
+def stochastic_inverse_hvp(gradient: torch.Tensor, sample_hvp: SampleHVP, theta: float, lam: float, scale: float,
+                           depth: int, repeats: int = 1, generator: torch.Generator | None = None,
+                           slack: float = 10.0) -> torch.Tensor:
+    """Estimate (H + lambda I)^{-1} g with H = theta H_K + (1 - theta) H_A.
+
+    Each of `repeats` chains runs P_0 = g, P_t = g + (I - H_t / J) P_{t-1} for `depth` steps, where H_t is
+    a forget-sample Hessian plus lambda I / (2 theta) with probability theta, else a retain-sample Hessian
+    plus lambda I / (2 (1 - theta)); E[H_t] = H + lambda I. Returns mean(P_n) / J.
+    While every I - H_t / J is a contraction, ||P_t|| <= (t + 1) ||g||; a chain past `slack` times that has
+    diverged (J below ||H_t + share I||, or lambda too small for a non-convex H) and ends in an error that
+    says what to change.
+    """
+    if not 0.0 < theta < 1.0:
+        raise TTPUserError(f"method.theta={theta} is not allowed for the estimator; choose a value in (0, 1)")
+    if scale <= 0 or depth < 1 or repeats < 1:
+        raise TTPUserError(f"estimator needs J > 0, n >= 1, b >= 1 (got J={scale}, n={depth}, b={repeats})")
+    grad_norm = gradient.norm().item()
+    total = torch.zeros_like(gradient)
+    for _ in range(repeats):
+        chain = gradient.clone()
+        for step in range(depth):
+            from_forget = torch.rand((), generator=generator).item() < theta
+            share = lam / (2 * theta) if from_forget else lam / (2 * (1 - theta))
+            curvature = sample_hvp("forget" if from_forget else "retain", chain) + share * chain
+            chain = gradient + chain - curvature / scale
+            norm = chain.norm().item()
+            if not math.isfinite(norm) or norm > slack * (step + 2) * grad_norm:
+                raise TTPUserError(
+                    f"inverse-Hessian estimator diverged at step {step + 1} (||P|| = {norm:.3g}); raise "
+                    f"method.lam (now {lam}) so H + lambda I is positive definite, or method.scale (J, now "
+                    f"{scale:.4g}) above ||H + lambda I||"
+                )
+        total += chain
+    return total / (repeats * scale)

@@ -1,0 +1,97 @@
+"""Gradients and Hessian-vector products (Pearlmutter) of the Pareto objective, memory O(#params);
+fp32 by default (`dtype`), whatever precision the model was trained in.
+
+theta * L_K(D_f) + (1 - theta) * L_A(D_r) + lambda/2 ||w||^2, with L_K and L_A dataset means. The model is
+evaluated in eval mode: BatchNorm uses its running statistics, which stay frozen (no forward pass
+mutates them), so every product is a product with one fixed matrix.
+"""
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.objectives import retain_loss
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> batch-mean loss
+
+
+def trainable(net: nn.Module) -> list[nn.Parameter]:
+    return [p for p in net.parameters() if p.requires_grad]
+
+
+def flatten(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def unflatten(vector: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for ref in like:
+        out.append(vector[offset : offset + ref.numel()].view_as(ref))
+        offset += ref.numel()
+    return out
+
+
+def _chunks(dataset: ImageBatchDataset, chunk_size: int, device: torch.device, dtype: torch.dtype):
+    for start in range(0, len(dataset), chunk_size):
+        images, labels = dataset[list(range(start, min(start + chunk_size, len(dataset))))]
+        yield images.to(device, dtype), labels.to(device)
+
+
+class ParetoCurvature:
+    """Full-data gradient and HVPs of the regularised Pareto objective at the model's current weights."""
+
+    def __init__(self, net: nn.Module, retain: ImageBatchDataset, forget: ImageBatchDataset, theta: float,
+                 uniformity: Callable[[torch.Tensor], torch.Tensor], lam: float = 0.0,
+                 forget_temperature: float = 1.0, chunk_size: int = 4096, dtype: torch.dtype = torch.float32):
+        self.net, self.retain, self.forget, self.dtype = net.eval().to(dtype), retain, forget, dtype
+        self.theta, self.lam, self.chunk_size = theta, lam, chunk_size
+        self.forget_loss: Loss = lambda logits, labels: uniformity(logits / forget_temperature)
+        self.params = trainable(self.net)
+        self.device = self.params[0].device
+
+    def _weighted_terms(self):
+        """(dataset, loss, weight) per part: the objective is sum_parts weight * mean loss over the part."""
+        return [(self.forget, self.forget_loss, self.theta), (self.retain, retain_loss, 1.0 - self.theta)]
+
+    def part_mean(self, dataset: ImageBatchDataset, loss_fn: Loss, fn: Callable) -> torch.Tensor:
+        """Sum over chunks of fn(loss_sum_of_chunk) / |dataset|: exact means of linear functionals."""
+        total = None
+        for images, labels in _chunks(dataset, self.chunk_size, self.device, self.dtype):
+            value = fn(loss_fn(self.net(images), labels) * len(labels))
+            total = value if total is None else total + value
+        return total / len(dataset)
+
+    def gradient(self) -> torch.Tensor:
+        """Flat gradient of the objective (including lambda * w)."""
+        grad = self.lam * flatten(p.detach() for p in self.params)
+        for dataset, loss_fn, weight in self._weighted_terms():
+            if weight:
+                grad = grad + weight * self.part_mean(
+                    dataset, loss_fn, lambda loss: flatten(torch.autograd.grad(loss, self.params)))
+        return grad
+
+    def hvp(self, vector: torch.Tensor, parts: str = "both") -> torch.Tensor:
+        """(H + lambda I) v over the full data; `parts` = forget / retain restricts to one loss (unweighted,
+        without lambda), as the stochastic estimator's Hessian samples need."""
+        if parts == "both":
+            out = self.lam * vector
+            for dataset, loss_fn, weight in self._weighted_terms():
+                if weight:
+                    out = out + weight * self.part_mean(dataset, loss_fn, lambda loss: self._hvp_of(loss, vector))
+            return out
+        dataset, loss_fn = (self.forget, self.forget_loss) if parts == "forget" else (self.retain, retain_loss)
+        return self.part_mean(dataset, loss_fn, lambda loss: self._hvp_of(loss, vector))
+
+    def sample_hvp(self, parts: str, positions: list[int], vector: torch.Tensor) -> torch.Tensor:
+        """Hessian of one part's mean loss on a minibatch of that part, times v."""
+        dataset, loss_fn = (self.forget, self.forget_loss) if parts == "forget" else (self.retain, retain_loss)
+        images, labels = dataset[positions]
+        logits = self.net(images.to(self.device, self.dtype))
+        return self._hvp_of(loss_fn(logits, labels.to(self.device)), vector)
+
+    def _hvp_of(self, loss: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+        grads = torch.autograd.grad(loss, self.params, create_graph=True)
+        dot = sum((g * v).sum() for g, v in zip(grads, unflatten(vector, grads)))
+        return flatten(torch.autograd.grad(dot, self.params)).detach()

@@ -1,0 +1,136 @@
+"""Certified-learner math: HVPs against finite differences and explicit Hessians, the stochastic
+inverse-Hessian estimator against exact solves, power iteration, and the Gaussian mechanism."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from test_modules import tiny_sets
+from ttp_lightning.certify.estimator import power_iteration, stochastic_inverse_hvp
+from ttp_lightning.certify.hvp import ParetoCurvature, flatten, unflatten
+from ttp_lightning.certify.mechanism import (
+    ANALYTIC,
+    CLASSICAL,
+    analytic_delta,
+    classical_sigma,
+    implied_epsilon,
+    noise_sigma,
+)
+from ttp_lightning.errors import TTPUserError
+from ttp_lightning.objectives import kl_to_uniform, retain_loss
+
+
+def curvature(lam=0.1, theta=0.6):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 5), nn.Tanh(), nn.Linear(5, 3))
+    retain, forget = tiny_sets(n_retain=23, n_forget=7)
+    # float64 so the comparisons below can be tight
+    return ParetoCurvature(net, retain, forget, theta, kl_to_uniform, lam=lam, forget_temperature=2.0,
+                           chunk_size=6, dtype=torch.float64)
+
+
+def objective_of(curv: ParetoCurvature, flat_w: torch.Tensor) -> torch.Tensor:
+    """The regularised Pareto objective as an explicit function of the flat weights (for autograd.hessian)."""
+    params = unflatten(flat_w, curv.params)
+    names = [n for n, p in curv.net.named_parameters() if p.requires_grad]
+    state = dict(zip(names, params))
+
+    def mean_loss(dataset, loss_fn):
+        images, labels = dataset[list(range(len(dataset)))]
+        return loss_fn(torch.func.functional_call(curv.net, state, (images.double(),)), labels)
+
+    return (curv.theta * mean_loss(curv.forget, curv.forget_loss)
+            + (1 - curv.theta) * mean_loss(curv.retain, retain_loss) + 0.5 * curv.lam * flat_w.pow(2).sum())
+
+
+def test_hvp_matches_the_explicit_hessian_and_the_gradient_matches_autograd():
+    curv = curvature()
+    w = flatten(p.detach() for p in curv.params)
+    hessian = torch.autograd.functional.hessian(lambda v: objective_of(curv, v), w)
+    vector = torch.randn(len(w), dtype=w.dtype, generator=torch.Generator().manual_seed(1))
+    assert torch.allclose(curv.hvp(vector), hessian @ vector, atol=1e-10)
+    grad = torch.autograd.functional.jacobian(lambda v: objective_of(curv, v), w)
+    assert torch.allclose(curv.gradient(), grad, atol=1e-10)
+
+
+def test_hvp_matches_finite_differences_of_gradients():
+    curv = curvature()
+    w0 = flatten(p.detach() for p in curv.params)
+    vector = torch.randn(len(w0), dtype=w0.dtype, generator=torch.Generator().manual_seed(2))
+    h = 1e-5
+
+    def grad_at(w):
+        with torch.no_grad():
+            for p, value in zip(curv.params, unflatten(w, curv.params)):
+                p.copy_(value)
+        return curv.gradient()
+
+    finite = (grad_at(w0 + h * vector) - grad_at(w0 - h * vector)) / (2 * h)
+    grad_at(w0)
+    assert torch.allclose(curv.hvp(vector), finite, rtol=1e-5, atol=1e-8)
+
+
+def random_psd(dim, generator, scale=1.0):
+    a = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+    return scale * a @ a.T / dim
+
+
+def test_estimator_converges_to_the_exact_solve():
+    g = torch.Generator().manual_seed(0)
+    dim, theta, lam = 6, 0.7, 0.5
+    forget_h, retain_h = random_psd(dim, g), random_psd(dim, g, 2.0)
+    exact_matrix = theta * forget_h + (1 - theta) * retain_h + lam * torch.eye(dim, dtype=torch.float64)
+    gradient = torch.randn(dim, generator=g, dtype=torch.float64)
+    exact = torch.linalg.solve(exact_matrix, gradient)
+
+    def sample_hvp(part, v):
+        return (forget_h if part == "forget" else retain_h) @ v
+
+    top = max(torch.linalg.eigvalsh(forget_h + lam / (2 * theta) * torch.eye(dim, dtype=torch.float64)).max(),
+              torch.linalg.eigvalsh(retain_h + lam / (2 * (1 - theta)) * torch.eye(dim, dtype=torch.float64)).max())
+    estimate = stochastic_inverse_hvp(gradient, sample_hvp, theta, lam, scale=float(top) * 1.1, depth=400,
+                                      repeats=200, generator=torch.Generator().manual_seed(1))
+    assert (estimate - exact).norm() / exact.norm() < 0.05
+
+
+def test_estimator_reports_divergence_with_what_to_change():
+    matrix = torch.diag(torch.tensor([10.0, 1.0], dtype=torch.float64))
+    with pytest.raises(TTPUserError, match="diverged.*method.lam.*J"):
+        stochastic_inverse_hvp(torch.ones(2, dtype=torch.float64), lambda part, v: matrix @ v, 0.5, 0.1,
+                               scale=1.0, depth=200)
+    with pytest.raises(TTPUserError, match=r"choose a value in \(0, 1\)"):
+        stochastic_inverse_hvp(torch.ones(2), lambda part, v: v, 1.0, 0.1, scale=2.0, depth=5)
+
+
+def test_power_iteration_finds_the_largest_eigenvalue():
+    matrix = random_psd(8, torch.Generator().manual_seed(3))
+    top = torch.linalg.eigvalsh(matrix).max().item()
+    found = power_iteration(lambda v: matrix @ v.double(), 8, iterations=500,
+                            generator=torch.Generator().manual_seed(0))
+    assert found == pytest.approx(top, rel=1e-3)
+
+
+def test_gaussian_mechanism_calibrations():
+    sigma, name = noise_sigma(0.2, 0.5, 1e-5)
+    assert name == CLASSICAL and sigma == pytest.approx(0.2 / 0.5 * math.sqrt(2 * math.log(1.25e5)))
+    sigma, name = noise_sigma(0.2, 3.0, 1e-5)
+    assert name == ANALYTIC
+    assert analytic_delta(sigma, 0.2, 3.0) <= 1e-5 and analytic_delta(sigma * 0.99, 0.2, 3.0) > 1e-5
+    # the analytic calibration is never looser than the classical one where both apply
+    assert noise_sigma(0.2, 0.9, 1e-5)[0] >= _analytic_sigma(0.2, 0.9, 1e-5)
+
+
+def _analytic_sigma(sensitivity, epsilon, delta):
+    low, high = 1e-9, classical_sigma(sensitivity, epsilon, delta) * 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (low, mid) if analytic_delta(mid, sensitivity, epsilon) <= delta else (mid, high)
+    return high
+
+
+def test_implied_epsilon_round_trips():
+    for epsilon in (0.3, 0.8, 2.0, 10.0):
+        sigma, _ = noise_sigma(0.05, epsilon, 1e-5)
+        assert implied_epsilon(0.05, sigma, 1e-5)[0] == pytest.approx(epsilon, rel=1e-6)

@@ -8,7 +8,16 @@ import torch
 from torch import nn
 
 from test_modules import tiny_sets
+from ttp_lightning.certify.bounds import (
+    estimator_depth,
+    estimator_scale_b,
+    estimator_sensitivity,
+    exact_newton_sensitivity,
+    theta_lower_bound,
+    uniformity_bound,
+)
 from ttp_lightning.certify.estimator import power_iteration, stochastic_inverse_hvp
+from ttp_lightning.certify.hessian import exact_hessian
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten, unflatten
 from ttp_lightning.certify.mechanism import (
     ANALYTIC,
@@ -134,3 +143,40 @@ def test_implied_epsilon_round_trips():
     for epsilon in (0.3, 0.8, 2.0, 10.0):
         sigma, _ = noise_sigma(0.05, epsilon, 1e-5)
         assert implied_epsilon(0.05, sigma, 1e-5)[0] == pytest.approx(epsilon, rel=1e-6)
+
+
+def test_exact_hessian_matches_autograd_and_refuses_large_models():
+    curv = curvature()
+    w = flatten(p.detach() for p in curv.params)
+    expected = torch.autograd.functional.hessian(lambda v: objective_of(curv, v), w)
+    found = exact_hessian(curv, max_params=1000, directions_per_pass=7)
+    assert torch.allclose(found, expected, atol=1e-10) and torch.allclose(found, found.T, atol=1e-12)
+    with pytest.raises(TTPUserError, match=r"model has 103 parameters, more than method.max_exact_params=100"):
+        exact_hessian(curv, max_params=100)
+
+
+def test_theta_lower_bound_meets_the_uniformity_bound():
+    for epsilon, retain, classes in ((0.5, 59900, 10), (2.0, 1000, 100), (10.0, 50, 2)):
+        theta = theta_lower_bound(epsilon, retain, classes)
+        assert 0 < theta < 1
+        assert uniformity_bound(theta, retain, classes) == pytest.approx(epsilon, rel=1e-9)
+        assert uniformity_bound(min(1.0, theta * 1.01), retain, classes) < epsilon
+
+
+def test_exact_newton_sensitivity_formula():
+    # 2 C ((theta F_K + (1 - theta) F_A) C + lambda) / (lambda + lambda_min)
+    assert exact_newton_sensitivity(10, 0.75, 1.0, 1.0, 1e-4, 0.0) == pytest.approx(2 * 10 * (10 + 1e-4) / 1e-4)
+    assert exact_newton_sensitivity(2, 0.5, 3.0, 1.0, 0.5, 0.5) == pytest.approx(2 * 2 * (2 * 2 + 0.5) / 1.0)
+
+
+def test_estimator_bound_pieces():
+    b = estimator_scale_b(0.75, 0.1, 1.0, 1.0, forget_size=100, retain_size=59900)
+    assert b == pytest.approx((0.75 + 0.1) / 100)
+    n = estimator_depth(b, 0.1, 0.0, repeats=1)
+    assert n == 1  # B / (lambda + lambda_min) < 1: the logarithm is non-positive, one step suffices
+    assert estimator_depth(5.0, 0.1, 0.0, repeats=2) == math.ceil(2 * 50 * math.log(100))
+    delta = estimator_sensitivity(10, 0.75, 1, 1, 1, 1, 0.1, 0.0, grad_norm=0.5, scale_b=b, zeta_min=0.1,
+                                  dimension=7850, rho=0.05, repeats=4)
+    newton = (2 * 10 * (10 + 0.1) + 0.5) / 0.1
+    tail = (16 * b / 0.1 * math.sqrt(math.log(7850 / 0.05) / 4) + 1 / 16) * (2 * 10 + 0.5)
+    assert delta == pytest.approx(newton + tail)

@@ -55,13 +55,18 @@ class ParetoCurvature:
         """(dataset, loss, weight) per part: the objective is sum_parts weight * mean loss over the part."""
         return [(self.forget, self.forget_loss, self.theta), (self.retain, retain_loss, 1.0 - self.theta)]
 
-    def part_mean(self, dataset: ImageBatchDataset, loss_fn: Loss, fn: Callable) -> torch.Tensor:
-        """Sum over chunks of fn(loss_sum_of_chunk) / |dataset|: exact means of linear functionals."""
+    def part_sum(self, dataset: ImageBatchDataset, fn: Callable) -> torch.Tensor:
+        """Sum over the dataset's chunks of fn(images, labels)."""
         total = None
         for images, labels in _chunks(dataset, self.chunk_size, self.device, self.dtype):
-            value = fn(loss_fn(self.net(images), labels) * len(labels))
+            value = fn(images, labels)
             total = value if total is None else total + value
-        return total / len(dataset)
+        return total
+
+    def part_mean(self, dataset: ImageBatchDataset, loss_fn: Loss, fn: Callable) -> torch.Tensor:
+        """Mean over the dataset of a linear functional `fn` of the loss (applied to chunk loss sums)."""
+        return self.part_sum(
+            dataset, lambda images, labels: fn(loss_fn(self.net(images), labels) * len(labels))) / len(dataset)
 
     def gradient(self) -> torch.Tensor:
         """Flat gradient of the objective (including lambda * w)."""

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from test_modules import tiny_sets
+from ttp_lightning.certify import hessian as hessian_module
 from ttp_lightning.certify.bounds import (
     estimator_depth,
     estimator_scale_b,
@@ -28,7 +29,8 @@ from ttp_lightning.certify.mechanism import (
     noise_sigma,
 )
 from ttp_lightning.errors import TTPUserError
-from ttp_lightning.objectives import kl_to_uniform, retain_loss
+from ttp_lightning.models.classifier import Classifier
+from ttp_lightning.objectives import kl_to_uniform, retain_loss, square_to_uniform
 
 
 def curvature(lam=0.1, theta=0.6):
@@ -180,3 +182,16 @@ def test_estimator_bound_pieces():
     newton = (2 * 10 * (10 + 0.1) + 0.5) / 0.1
     tail = (16 * b / 0.1 * math.sqrt(math.log(7850 / 0.05) / 4) + 1 / 16) * (2 * 10 + 0.5)
     assert delta == pytest.approx(newton + tail)
+
+
+@pytest.mark.parametrize("uniformity", [kl_to_uniform, square_to_uniform])
+def test_affine_model_hessian_equals_the_generic_one(uniformity, monkeypatch):
+    torch.manual_seed(0)
+    net = Classifier(nn.Sequential(nn.Flatten(), nn.Linear(16, 3)), mean=(0.5,), std=(0.3,))
+    retain, forget = tiny_sets(n_retain=23, n_forget=7)
+    curv = ParetoCurvature(net, retain, forget, 0.6, uniformity, lam=0.01, forget_temperature=2.0, chunk_size=6,
+                           dtype=torch.float64)
+    fast = exact_hessian(curv, max_params=1000)
+    monkeypatch.setattr(hessian_module, "_sole_trainable_linear", lambda net, params: None)
+    generic = exact_hessian(curv, max_params=1000)
+    assert torch.allclose(fast, generic, atol=1e-10)

@@ -33,7 +33,7 @@ def unflatten(vector: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tens
     return out
 
 
-def _chunks(dataset: ImageBatchDataset, chunk_size: int, device: torch.device, dtype: torch.dtype):
+def chunks(dataset: ImageBatchDataset, chunk_size: int, device: torch.device, dtype: torch.dtype):
     for start in range(0, len(dataset), chunk_size):
         images, labels = dataset[list(range(start, min(start + chunk_size, len(dataset))))]
         yield images.to(device, dtype), labels.to(device)
@@ -51,14 +51,14 @@ class ParetoCurvature:
         self.params = trainable(self.net)
         self.device = self.params[0].device
 
-    def _weighted_terms(self):
+    def weighted_terms(self):
         """(dataset, loss, weight) per part: the objective is sum_parts weight * mean loss over the part."""
         return [(self.forget, self.forget_loss, self.theta), (self.retain, retain_loss, 1.0 - self.theta)]
 
     def part_sum(self, dataset: ImageBatchDataset, fn: Callable) -> torch.Tensor:
         """Sum over the dataset's chunks of fn(images, labels)."""
         total = None
-        for images, labels in _chunks(dataset, self.chunk_size, self.device, self.dtype):
+        for images, labels in chunks(dataset, self.chunk_size, self.device, self.dtype):
             value = fn(images, labels)
             total = value if total is None else total + value
         return total
@@ -71,7 +71,7 @@ class ParetoCurvature:
     def gradient(self) -> torch.Tensor:
         """Flat gradient of the objective (including lambda * w)."""
         grad = self.lam * flatten(p.detach() for p in self.params)
-        for dataset, loss_fn, weight in self._weighted_terms():
+        for dataset, loss_fn, weight in self.weighted_terms():
             if weight:
                 grad = grad + weight * self.part_mean(
                     dataset, loss_fn, lambda loss: flatten(torch.autograd.grad(loss, self.params)))
@@ -82,7 +82,7 @@ class ParetoCurvature:
         without lambda), as the stochastic estimator's Hessian samples need."""
         if parts == "both":
             out = self.lam * vector
-            for dataset, loss_fn, weight in self._weighted_terms():
+            for dataset, loss_fn, weight in self.weighted_terms():
                 if weight:
                     out = out + weight * self.part_mean(dataset, loss_fn, lambda loss: self._hvp_of(loss, vector))
             return out

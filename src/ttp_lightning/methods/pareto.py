@@ -1,8 +1,10 @@
-"""Runs Alg 1 on a copy of the pretrained model with constrained early stopping."""
+"""Runs Alg 1 on a copy of the pretrained model with constrained early stopping (also the warm-up of the
+certified learners)."""
 
 import copy
 import math
 
+from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning.callbacks import ConstrainedBestModel, EpochHistory, StepTimer
@@ -14,27 +16,33 @@ from ttp_lightning.training import RunContext, make_trainer, timed_fit
 def run_pareto(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> tuple:
     """Returns (finetuned model, method metrics, per-epoch history)."""
     cfg = ctx.cfg.method
+    return finetune(ctx, copy.deepcopy(pretrained), datamodule, cfg, cfg.epochs,
+                    cfg.early_stopping if cfg.early_stopping.enabled else None)
+
+
+def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: DictConfig, epochs: int,
+             stopping: DictConfig | None) -> tuple:
+    """Alg 1 on `net` in place with the Alg 1 settings in `cfg`; `stopping=None` keeps the last epoch."""
     optim = {k: cfg[k] for k in ("optimizer", "lr", "weight_decay", "momentum", "schedule")}
     module = ParetoFinetuneModule(
-        copy.deepcopy(pretrained), cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,
+        net, cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,
         forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
         chunk_size=cfg.chunk_size, retain_data=datamodule.dataset("retain"),
         forget_data=datamodule.dataset("forget"), eval_parts=datamodule.eval_parts(),
     )
-    stopping = cfg.early_stopping
-    best = ConstrainedBestModel(
+    history, timer = EpochHistory(), StepTimer()
+    best = None if stopping is None else ConstrainedBestModel(
         conf_dist_below=math.inf if stopping.conf_dist_below is None else stopping.conf_dist_below,
         retain_acc_at_least=stopping.retain_acc_at_least, patience=stopping.patience,
     )
-    history, timer = EpochHistory(), StepTimer()
-    callbacks = [history, timer] + ([best] if stopping.enabled else [])
-    trainer = make_trainer(ctx, cfg.epochs, callbacks)
+    callbacks = [history, timer] + ([best] if best else [])
+    trainer = make_trainer(ctx, epochs, callbacks)
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:
         train_loader = datamodule.pareto_dataloader()
     wall = timed_fit(trainer, module, train_dataloaders=train_loader, val_dataloaders=datamodule.val_dataloader())
-    summary = best.summary() if stopping.enabled else {"best_epoch": len(history.rows), "constraint_met": None}
+    summary = best.summary() if best else {"best_epoch": len(history.rows), "constraint_met": None}
     best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
     metrics = {
         **summary,

@@ -23,6 +23,7 @@ TINY = [
     "method.epochs=15",
     "data.forget.size=20",
 ]
+TINY_WITHOUT_METHOD = [o for o in TINY if not o.startswith("method.")]  # for methods without Alg 1 epochs
 
 
 @pytest.fixture

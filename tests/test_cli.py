@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY
+from conftest import REPO, TINY, TINY_WITHOUT_METHOD
 
 METRIC_KEYS = {"retain_acc", "test_acc", "forget_acc", "forget_conf_dist", "retain_conf_dist", "test_conf_dist",
                "forget_l2_dist", "wall_s"}
@@ -32,8 +32,7 @@ def test_default_job_writes_the_results_contract(run_cli):
 
 
 def test_retrain_baseline_trains_on_the_retain_set(run_cli):
-    overrides = [o for o in TINY if not o.startswith("method.")]  # retrain has only the pretrain settings
-    proc, results = run_cli("method=retrain", *overrides, tiny=False)
+    proc, results = run_cli("method=retrain", *TINY_WITHOUT_METHOD, tiny=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     retrain = results["metrics"]["retrain"]
     assert METRIC_KEYS <= retrain.keys() and retrain["test_acc"] > 0.8

@@ -1,6 +1,7 @@
 """One run: data -> pretrain A(D) (cached) -> method -> evaluation -> results.json + table."""
 
 import copy
+import json
 import logging
 
 import hydra
@@ -8,6 +9,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from ttp_lightning.certify.certificate import release
 from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods import METHODS
 from ttp_lightning.models import build_classifier
@@ -53,6 +55,16 @@ def finish_logger(logger, summary: dict) -> None:
         wandb.finish()
 
 
+def identity(cfg: DictConfig, datamodule) -> dict:
+    """What a certificate needs to rebuild the data and the model: resolved configs and fingerprints."""
+    return {
+        "data_config": OmegaConf.to_container(cfg.data, resolve=True),
+        "model_config": OmegaConf.to_container(cfg.model, resolve=True),
+        "forget_fingerprint": datamodule.forget_fingerprint(),
+        "forget_size": len(datamodule.forget_indices),
+    }
+
+
 def run(cfg: DictConfig, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
     route_lightning_logs_to_hydra()
@@ -69,14 +81,14 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     pretrain_info = pretrained_model(ctx, net, datamodule, is_global_zero)
     pretrained = copy.deepcopy(net)
 
-    method_net, method_metrics, history = METHODS[cfg.method.name](ctx, pretrained, datamodule, make_net)
+    output = METHODS[cfg.method.name](ctx, pretrained, datamodule, make_net)
     if not is_global_zero():
         finish_logger(ctx.logger, {})
         return None
 
     metrics = {
         "pretrain": {**evaluate(pretrained, datamodule), **pretrain_info},
-        cfg.method.name: {**evaluate(method_net, datamodule), **method_metrics},
+        cfg.method.name: {**evaluate(output.net, datamodule), **output.metrics},
     }
     results = {
         "experiment": cfg.experiment_name,
@@ -85,8 +97,13 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
                  "forget_size": len(datamodule.forget_indices), "forget_fingerprint": datamodule.forget_fingerprint()},
         "metrics": metrics,
-        "history": {cfg.method.name: history},
+        "history": {cfg.method.name: output.history},
     }
+    if output.certificate is not None:
+        certificate = {**output.certificate, "experiment": cfg.experiment_name, **identity(cfg, datamodule),
+                       "metrics": metrics[cfg.method.name]}
+        cert_path, _ = release(output.net, certificate, output_dir)
+        results["certificate"] = json.loads(cert_path.read_text())
     path = write_results(results, output_dir)
     print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}\nresults: {path}", flush=True)
     finish_logger(ctx.logger, metrics)

@@ -29,13 +29,36 @@ def _choice(value, key: str, allowed) -> None:
         raise TTPUserError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
 
 
-def _optim(section: DictConfig, prefix: str) -> None:
-    _positive_int(section.epochs, f"{prefix}.epochs")
-    _positive(section.lr, f"{prefix}.lr")
-    if _number(section.weight_decay, f"{prefix}.weight_decay") < 0:
-        raise TTPUserError(f"{prefix}.weight_decay={section.weight_decay} is not allowed; choose a value >= 0")
-    _choice(section.optimizer, f"{prefix}.optimizer", list(OPTIMIZERS))
-    _choice(section.schedule, f"{prefix}.schedule", SCHEDULES)
+def _optim(section, prefix: str) -> None:
+    _positive_int(section["epochs"], f"{prefix}.epochs")
+    _positive(section["lr"], f"{prefix}.lr")
+    if _number(section["weight_decay"], f"{prefix}.weight_decay") < 0:
+        raise TTPUserError(f"{prefix}.weight_decay={section['weight_decay']} is not allowed; choose a value >= 0")
+    _choice(section["optimizer"], f"{prefix}.optimizer", list(OPTIMIZERS))
+    _choice(section["schedule"], f"{prefix}.schedule", SCHEDULES)
+
+
+def _certified(cfg: DictConfig) -> None:
+    method = cfg.method
+    if cfg.pretrain.norm_bound is None:
+        raise TTPUserError(f"method={method.name} needs pretrain.norm_bound (C, the weight-norm bound); e.g. 10")
+    theta = _number(method.theta, "method.theta")
+    if not 0.0 < theta < 1.0:
+        raise TTPUserError(f"method.theta={theta} is not allowed for a certified method; choose a value in (0, 1)")
+    _positive(method.lam, "method.lam")
+    _positive(method.epsilon, "method.epsilon")
+    if not 0.0 < _number(method.delta, "method.delta") < 1.0:
+        raise TTPUserError(f"method.delta={method.delta} is not allowed; choose a value in (0, 1)")
+    if method.sigma is not None:
+        _positive(method.sigma, "method.sigma")
+    if _number(method.lam_min, "method.lam_min") < 0:
+        raise TTPUserError(f"method.lam_min={method.lam_min} is not allowed; choose a value >= 0")
+    _choice(method.uniformity, "method.uniformity", list(UNIFORMITY_LOSSES))
+    _positive(method.forget_temperature, "method.forget_temperature")
+    _positive_int(method.max_exact_params, "method.max_exact_params")
+    if method.warmup_epochs:
+        _optim({**method, "epochs": method.warmup_epochs}, "method")
+        _choice(method.mode, "method.mode", MODES)
 
 
 def validate_config(cfg: DictConfig, methods) -> None:
@@ -59,6 +82,8 @@ def validate_config(cfg: DictConfig, methods) -> None:
         stopping = method.early_stopping
         if stopping.patience is not None:
             _positive_int(stopping.patience, "method.early_stopping.patience")
+    if cfg.method.name == "certified_exact":
+        _certified(cfg)
     forget = cfg.data.forget
     if forget.indices_file is None and forget.size is not None:
         _positive_int(forget.size, "data.forget.size")

@@ -3,11 +3,12 @@
 from torch import nn
 
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.pretraining import train_erm
 from ttp_lightning.training import RunContext
 
 
-def run_retrain(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> tuple:
+def run_retrain(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
     net = make_net()
     wall = train_erm(ctx, net, datamodule, "retain")
-    return net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs)}, []
+    return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs)})

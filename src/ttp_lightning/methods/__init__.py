@@ -1,8 +1,14 @@
-"""Registry of methods applied to the pretrained model: `method.name` -> runner."""
+"""Registry of methods applied to the pretrained model: `method.name` -> runner.
+
+A runner takes (ctx, pretrained model, datamodule, make_net) and returns a MethodOutput.
+"""
 
 from ttp_lightning.baselines.retrain import run_retrain
+from ttp_lightning.methods.certified import run_certified_exact
+from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.methods.pareto import run_pareto
 
-METHODS = {"pareto": run_pareto, "retrain": run_retrain}
+METHODS = {"pareto": run_pareto, "retrain": run_retrain, "certified_exact": run_certified_exact}
+CERTIFIED_METHODS = ("certified_exact",)
 
-__all__ = ["METHODS"]
+__all__ = ["CERTIFIED_METHODS", "METHODS", "MethodOutput"]

@@ -9,19 +9,19 @@ from torch import nn
 
 from ttp_lightning.callbacks import ConstrainedBestModel, EpochHistory, StepTimer
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.modules.pareto import ParetoFinetuneModule
 from ttp_lightning.training import RunContext, make_trainer, timed_fit
 
 
-def run_pareto(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> tuple:
-    """Returns (finetuned model, method metrics, per-epoch history)."""
+def run_pareto(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
     cfg = ctx.cfg.method
     return finetune(ctx, copy.deepcopy(pretrained), datamodule, cfg, cfg.epochs,
                     cfg.early_stopping if cfg.early_stopping.enabled else None)
 
 
 def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: DictConfig, epochs: int,
-             stopping: DictConfig | None) -> tuple:
+             stopping: DictConfig | None) -> MethodOutput:
     """Alg 1 on `net` in place with the Alg 1 settings in `cfg`; `stopping=None` keeps the last epoch."""
     optim = {k: cfg[k] for k in ("optimizer", "lr", "weight_decay", "momentum", "schedule")}
     module = ParetoFinetuneModule(
@@ -52,4 +52,4 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         "train_steps": timer.steps,
         "train_steps_per_s": round(timer.steps / timer.seconds, 3) if timer.seconds else None,
     }
-    return module.net, metrics, history.rows
+    return MethodOutput(module.net, metrics, history.rows)

@@ -1,5 +1,8 @@
 """Longer runs (deselected by `make test`; `make test-slow` runs them)."""
 
+import subprocess
+import sys
+
 import pytest
 
 from conftest import MNIST_ROOT, needs_mnist
@@ -35,3 +38,17 @@ def test_mnist_mlp_matches_the_paper_row(run_cli):
     assert proc.returncode == 0, proc.stderr[-3000:]
     alg1 = results["metrics"]["pareto"]
     assert alg1["forget_conf_dist"] <= 0.05 and alg1["test_acc"] >= 0.95
+
+
+@needs_mnist
+def test_mnist_logreg_certified_meets_the_paper_row_and_verifies(run_cli, tmp_path):
+    """Paper, Alg 2, MNIST LogReg, theta 0.75: test 87.2 %, CD 0.280."""
+    proc, results = run_cli("+experiment=mnist_logreg_certified", f"data.root={MNIST_ROOT}", "logger=none",
+                            "trainer.enable_progress_bar=false", tiny=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    alg2 = results["metrics"]["certified_exact"]
+    assert alg2["forget_conf_dist"] <= 0.30 and alg2["test_acc"] >= 0.87
+    out = tmp_path / "out"
+    check = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", out / "certificate.json", out / "model.pt",
+                            "--recompute", f"data.root={MNIST_ROOT}"], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("weights", type=Path)
     parser.add_argument("--recompute", action="store_true", help="rebuild the data and recompute the forget CD")
     parser.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides for --recompute (e.g. data.root=...)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
 
     from ttp_lightning.certify.certificate import check_certificate
     from ttp_lightning.errors import TTPUserError

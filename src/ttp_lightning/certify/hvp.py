@@ -1,7 +1,8 @@
 """Gradients and Hessian-vector products (Pearlmutter) of the Pareto objective, memory O(#params);
 fp32 by default (`dtype`), whatever precision the model was trained in.
 
-theta * L_K(D_f) + (1 - theta) * L_A(D_r) + lambda/2 ||w||^2, with L_K and L_A dataset means. The model is
+Products are with H + lambda I, H the Hessian of theta * L_K(D_f) + (1 - theta) * L_A(D_r) (dataset
+means); the gradient is that of the unregularised objective, as in Algs 2-3. The model is
 evaluated in eval mode: BatchNorm uses its running statistics, which stay frozen (no forward pass
 mutates them), so every product is a product with one fixed matrix.
 """
@@ -69,8 +70,9 @@ class ParetoCurvature:
             dataset, lambda images, labels: fn(loss_fn(self.net(images), labels) * len(labels))) / len(dataset)
 
     def gradient(self) -> torch.Tensor:
-        """Flat gradient of the objective (including lambda * w)."""
-        grad = self.lam * flatten(p.detach() for p in self.params)
+        """Flat gradient of theta L_K + (1 - theta) L_A, the paper's grad_{w*,K,A}: lambda enters the Newton
+        steps only as the damping in (H + lambda I), not as a pull of the weights towards zero."""
+        grad = torch.zeros_like(flatten(p.detach() for p in self.params))
         for dataset, loss_fn, weight in self.weighted_terms():
             if weight:
                 grad = grad + weight * self.part_mean(

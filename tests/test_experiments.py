@@ -26,8 +26,8 @@ def test_every_paper_setting_has_an_experiment():
 def test_experiment_composes_validates_and_builds(compose_cfg, name):
     cfg = compose_cfg(f"+experiment={name}", tiny=False)
     assert cfg.experiment_name == name
-    dataset, model = name.split("_", 1)
-    assert cfg.data.name == dataset and cfg.hydra.runtime.choices.model == model
+    dataset, rest = name.split("_", 1)  # <dataset>_<model>[_<variant>]
+    assert cfg.data.name == dataset and rest.startswith(cfg.hydra.runtime.choices.model)
     validate_config(cfg, METHODS)
     info = DATA_SOURCES[dataset].info
     net = build_classifier(cfg.model, info).eval()

@@ -38,6 +38,11 @@ def _optim(section, prefix: str) -> None:
     _choice(section["schedule"], f"{prefix}.schedule", SCHEDULES)
 
 
+def _uniformity(method: DictConfig) -> None:
+    _choice(method.uniformity, "method.uniformity", list(UNIFORMITY_LOSSES))
+    _positive(method.forget_temperature, "method.forget_temperature")
+
+
 def _certified(cfg: DictConfig) -> None:
     method = cfg.method
     if cfg.pretrain.norm_bound is None:
@@ -53,8 +58,7 @@ def _certified(cfg: DictConfig) -> None:
         _positive(method.sigma, "method.sigma")
     if _number(method.lam_min, "method.lam_min") < 0:
         raise TTPUserError(f"method.lam_min={method.lam_min} is not allowed; choose a value >= 0")
-    _choice(method.uniformity, "method.uniformity", list(UNIFORMITY_LOSSES))
-    _positive(method.forget_temperature, "method.forget_temperature")
+    _uniformity(method)
     _positive_int(method.max_exact_params, "method.max_exact_params")
     if method.warmup_epochs:
         _optim({**method, "epochs": method.warmup_epochs}, "method")
@@ -76,8 +80,7 @@ def validate_config(cfg: DictConfig, methods) -> None:
             raise TTPUserError(f"method.theta={theta} is not allowed; choose a value in [0, 1]")
         _optim(method, "method")
         _choice(method.mode, "method.mode", MODES)
-        _choice(method.uniformity, "method.uniformity", list(UNIFORMITY_LOSSES))
-        _positive(method.forget_temperature, "method.forget_temperature")
+        _uniformity(method)
         _positive_int(method.chunk_size, "method.chunk_size")
         stopping = method.early_stopping
         if stopping.patience is not None:

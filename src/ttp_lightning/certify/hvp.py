@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.objectives import retain_loss
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> batch-mean loss
@@ -35,8 +35,8 @@ def unflatten(vector: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tens
 
 
 def chunks(dataset: ImageBatchDataset, chunk_size: int, device: torch.device, dtype: torch.dtype):
-    for start in range(0, len(dataset), chunk_size):
-        images, labels = dataset[list(range(start, min(start + chunk_size, len(dataset))))]
+    """The whole dataset in order, in this process (no DDP sharding), on `device` in `dtype`."""
+    for images, labels in iterate_shard(dataset, chunk_size, sharded=False):
         yield images.to(device, dtype), labels.to(device)
 
 
@@ -79,24 +79,13 @@ class ParetoCurvature:
                     dataset, loss_fn, lambda loss: flatten(torch.autograd.grad(loss, self.params)))
         return grad
 
-    def hvp(self, vector: torch.Tensor, parts: str = "both") -> torch.Tensor:
-        """(H + lambda I) v over the full data; `parts` = forget / retain restricts to one loss (unweighted,
-        without lambda), as the stochastic estimator's Hessian samples need."""
-        if parts == "both":
-            out = self.lam * vector
-            for dataset, loss_fn, weight in self.weighted_terms():
-                if weight:
-                    out = out + weight * self.part_mean(dataset, loss_fn, lambda loss: self._hvp_of(loss, vector))
-            return out
-        dataset, loss_fn = (self.forget, self.forget_loss) if parts == "forget" else (self.retain, retain_loss)
-        return self.part_mean(dataset, loss_fn, lambda loss: self._hvp_of(loss, vector))
-
-    def sample_hvp(self, parts: str, positions: list[int], vector: torch.Tensor) -> torch.Tensor:
-        """Hessian of one part's mean loss on a minibatch of that part, times v."""
-        dataset, loss_fn = (self.forget, self.forget_loss) if parts == "forget" else (self.retain, retain_loss)
-        images, labels = dataset[positions]
-        logits = self.net(images.to(self.device, self.dtype))
-        return self._hvp_of(loss_fn(logits, labels.to(self.device)), vector)
+    def hvp(self, vector: torch.Tensor) -> torch.Tensor:
+        """(H + lambda I) v over the full data."""
+        out = self.lam * vector
+        for dataset, loss_fn, weight in self.weighted_terms():
+            if weight:
+                out = out + weight * self.part_mean(dataset, loss_fn, lambda loss: self._hvp_of(loss, vector))
+        return out
 
     def _hvp_of(self, loss: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
         grads = torch.autograd.grad(loss, self.params, create_graph=True)

@@ -102,8 +102,10 @@ def batch_loader(dataset: ImageBatchDataset, batch_size: int, shuffle: bool = Fa
                       persistent_workers=num_workers > 0)
 
 
-def iterate_shard(dataset: ImageBatchDataset, chunk_size: int):
-    """This rank's complete, disjoint share of `dataset` in chunks (the full set on a single process)."""
-    sampler = ShardedBatchSampler(len(dataset), chunk_size, shuffle=False, drop_last=False, equal_shards=False)
+def iterate_shard(dataset: ImageBatchDataset, chunk_size: int, sharded: bool = True):
+    """This rank's complete, disjoint share of `dataset` in chunks (the whole set on a single process, or
+    everywhere with `sharded=False`)."""
+    sampler = ShardedBatchSampler(len(dataset), chunk_size, shuffle=False, drop_last=False, equal_shards=False,
+                                  sharded=sharded)
     for positions in sampler:
         yield dataset[positions]

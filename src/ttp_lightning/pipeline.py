@@ -1,6 +1,5 @@
 """One run: data -> pretrain A(D) (cached) -> method -> evaluation -> results.json + table."""
 
-import copy
 import json
 import logging
 
@@ -42,14 +41,13 @@ def build_logger(cfg: DictConfig):
 
 def finish_logger(logger, summary: dict) -> None:
     """Send the final metrics and end the run, so every multirun job gets its own wandb run."""
-    if not logger:
+    if not logger or not is_global_zero():
         return
-    if is_global_zero():
-        flat = {f"final/{stage}/{k}": v for stage, values in summary.items() for k, v in values.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        logger.log_metrics(flat)
-        logger.finalize("success")
-    if type(logger).__name__ == "WandbLogger" and is_global_zero():
+    flat = {f"final/{stage}/{k}": v for stage, values in summary.items() for k, v in values.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    logger.log_metrics(flat)
+    logger.finalize("success")
+    if type(logger).__name__ == "WandbLogger":
         import wandb
 
         wandb.finish()
@@ -77,9 +75,8 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         return build_classifier(cfg.model, datamodule.info)
 
     ctx = RunContext(cfg=cfg, logger=build_logger(cfg), output_dir=output_dir)
-    net = make_net()
-    pretrain_info = pretrained_model(ctx, net, datamodule, is_global_zero)
-    pretrained = copy.deepcopy(net)
+    pretrained = make_net()
+    pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)
 
     output = METHODS[cfg.method.name](ctx, pretrained, datamodule, make_net)
     if not is_global_zero():

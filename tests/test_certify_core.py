@@ -19,7 +19,7 @@ from ttp_lightning.certify.bounds import (
 )
 from ttp_lightning.certify.estimator import power_iteration, stochastic_inverse_hvp
 from ttp_lightning.certify.hessian import exact_hessian
-from ttp_lightning.certify.hvp import ParetoCurvature, flatten, unflatten
+from ttp_lightning.certify.hvp import ParetoCurvature, flatten, refresh_batchnorm, unflatten
 from ttp_lightning.certify.mechanism import (
     ANALYTIC,
     CLASSICAL,
@@ -195,3 +195,107 @@ def test_affine_model_hessian_equals_the_generic_one(uniformity, monkeypatch):
     monkeypatch.setattr(hessian_module, "_sole_trainable_linear", lambda net, params: None)
     generic = exact_hessian(curv, max_params=1000)
     assert torch.allclose(fast, generic, atol=1e-10)
+
+
+def test_sampled_hessians_average_to_the_part_hessian():
+    curv = curvature()
+    vector = torch.randn(sum(p.numel() for p in curv.params), dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(4))
+    generator = torch.Generator().manual_seed(5)
+    for part, dataset, loss_fn in (("forget", curv.forget, curv.forget_loss), ("retain", curv.retain, retain_loss)):
+        exact = curv.part_mean(dataset, loss_fn, lambda loss: curv._hvp_of(loss, vector))
+        sampled = curv.sample_hvp(part, vector, 20000, generator)  # a large draw with replacement
+        assert (sampled - exact).norm() / exact.norm() < 0.05
+        assert not torch.allclose(curv.sample_hvp(part, vector, 2, generator), exact, rtol=1e-3)  # a real sample
+
+
+def test_estimator_on_model_hessians_matches_the_exact_solve():
+    curv = curvature(lam=0.5)
+    gradient = curv.gradient()
+    dim = len(gradient)
+    matrix = torch.stack([curv.hvp(column) for column in torch.eye(dim, dtype=torch.float64)], dim=1)
+    exact = torch.linalg.solve(matrix, gradient)
+    generator = torch.Generator().manual_seed(0)
+    scale = 1.5 * power_iteration(curv.hvp, dim, 50, generator)
+    estimate = stochastic_inverse_hvp(gradient, lambda part, v: curv.sample_hvp(part, v, 16, generator), curv.theta,
+                                      curv.lam, scale, depth=60, repeats=30, generator=generator)
+    assert (estimate - exact).norm() / exact.norm() < 0.1
+
+
+def test_batchnorm_statistics_are_recomputed_on_the_given_data_and_hvps_use_them_frozen():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.BatchNorm2d(1), nn.Flatten(), nn.Linear(16, 3))
+    retain, forget = tiny_sets(n_retain=40, n_forget=5)
+    images = retain[list(range(len(retain)))][0]
+    assert refresh_batchnorm(net, retain, chunk_size=len(retain))
+    assert torch.allclose(net[0].running_var, images.var().reshape(1), rtol=1e-4)
+    assert refresh_batchnorm(net, retain, chunk_size=7)  # uneven chunks: still the size-weighted mean
+    assert torch.allclose(net[0].running_mean, images.mean().reshape(1), atol=1e-6)
+    assert net[0].momentum == 0.1 and net.training
+    assert not refresh_batchnorm(nn.Sequential(nn.Flatten(), nn.Linear(16, 3)), retain)
+
+    curv = ParetoCurvature(net, retain, forget, 0.5, kl_to_uniform, lam=0.1, dtype=torch.float64)
+    stats = net[0].running_mean.clone()
+    w0 = flatten(p.detach() for p in curv.params)
+    vector = torch.randn(len(w0), dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    product = curv.hvp(vector)
+    assert torch.equal(net[0].running_mean, stats)  # no product moves the statistics
+    assert (product - finite_difference_hvp(curv, vector)).norm() / product.norm() < 1e-6
+
+
+def finite_difference_hvp(curv: ParetoCurvature, vector: torch.Tensor, h: float = 1e-5) -> torch.Tensor:
+    """(H + lambda I) v from central differences of full-data gradients (curvature in float64)."""
+    w0 = flatten(p.detach() for p in curv.params)
+
+    def grad_at(w):
+        with torch.no_grad():
+            for p, value in zip(curv.params, unflatten(w, curv.params)):
+                p.copy_(value)
+        return curv.gradient()
+
+    result = (grad_at(w0 + h * vector) - grad_at(w0 - h * vector)) / (2 * h) + curv.lam * vector
+    grad_at(w0)
+    return result
+
+
+def test_vit_hvp_matches_finite_differences_with_fused_attention_off():
+    from ttp_lightning.models.vit import vision_transformer
+
+    torch.manual_seed(0)
+    net = vision_transformer(in_channels=1, image_size=4, num_classes=3, patch_size=2, embed_dim=8, depth=1,
+                             num_heads=2)
+    retain, forget = tiny_sets(n_retain=10, n_forget=3)
+    curv = ParetoCurvature(net, retain, forget, 0.5, kl_to_uniform, lam=0.1, dtype=torch.float64)
+    assert not any(getattr(m, "fused_attn", False) for m in net.modules())
+    vector = torch.randn(sum(p.numel() for p in curv.params), dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(0))
+    product = curv.hvp(vector)
+    assert (product - finite_difference_hvp(curv, vector)).norm() / product.norm() < 1e-5
+
+
+def test_certificate_sensitivity_dispatch_and_estimator_depth_check(tmp_path):
+    from ttp_lightning.certify.certificate import (
+        ONLINE,
+        calibrated_sensitivity,
+        check_certificate,
+        recomputed_sensitivity,
+        required_depth,
+        sha256_of,
+    )
+
+    cert = {"algorithm": ONLINE, "theta": 0.75, "lam": 0.5, "lam_min": 0.0, "norm_bound": 10.0,
+            "hessian_lipschitz_forget": 1.0, "hessian_lipschitz_retain": 1.0, "grad_lipschitz_forget": 1.0,
+            "grad_lipschitz_retain": 1.0, "gradient_bound": 0.2, "zeta_min": 0.5, "num_params": 650, "rho": 0.05,
+            "repeats": 4, "forget_sizes": [1, 3], "retain_sizes": [99, 97], "depth": 50, "delta": 1e-5,
+            "epsilon": 0.5, "mechanism": "classical"}
+    b_first = max((0.75 + 0.5) / 1, (0.25 + 0.5) / 99)  # the first request, the smaller forget set, gives B
+    expected = estimator_sensitivity(10, 0.75, 1, 1, 1, 1, 0.5, 0.0, 0.2, b_first, 0.5, 650, 0.05, 4)
+    assert recomputed_sensitivity(cert) == pytest.approx(expected)
+    assert calibrated_sensitivity(cert, expected) == pytest.approx(expected / 2)  # Delta / k, k = 2 requests
+    assert required_depth(cert) == estimator_depth(b_first, 0.5, 0.0, 4) > 1
+    weights = tmp_path / "w.pt"
+    torch.save({"w": torch.zeros(2)}, weights)
+    cert.update(sensitivity=expected, sigma=classical_sigma(expected / 2, 0.5, 1e-5), weights_sha256=sha256_of(weights))
+    assert check_certificate(cert, weights) == []
+    cert["depth"] = 1
+    assert any("depth n=1 is below" in failure for failure in check_certificate(cert, weights))

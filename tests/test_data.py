@@ -7,7 +7,7 @@ import torch
 from conftest import MNIST_ROOT, needs_mnist
 from ttp_lightning.data import TTPDataModule, batching
 from ttp_lightning.data.batching import ShardedBatchSampler, random_crop_flip
-from ttp_lightning.data.forget import select_forget
+from ttp_lightning.data.forget import select_forget, select_forget_requests
 from ttp_lightning.errors import TTPUserError
 
 
@@ -52,6 +52,26 @@ def test_forget_index_files(tmp_path):
         select_forget(10, None, 0, str(tmp_path / "missing.txt"))
     with pytest.raises(TTPUserError, match=r"data.forget.size=10 is not allowed; choose 1..9"):
         select_forget(10, 10, 0, None)
+
+
+def test_forget_requests_are_disjoint_and_build_cumulative_parts(tmp_path):
+    (tmp_path / "r.txt").write_text("1 2 3")
+    dm = digits(forget={"requests": [5, str(tmp_path / "r.txt"), 4], "seed": 1})
+    first, second, third = dm.forget_requests
+    assert len(first) == 5 and second.tolist() == [1, 2, 3] and len(third) == 4
+    assert len(set(torch.cat(dm.forget_requests).tolist())) == 12
+    assert torch.equal(dm.forget_indices, torch.cat(dm.forget_requests).sort().values)
+    retain, forget = dm.request_parts(2)
+    assert len(forget) == 8 and len(retain) == len(dm.train_labels) - 8
+    retain, forget = dm.request_parts(3)
+    assert torch.equal(forget.labels.sort().values, dm.dataset("forget").labels.sort().values)
+    assert len(retain) == len(dm.dataset("retain"))
+    with pytest.raises(TTPUserError, match="forget request 2 .* repeats index 1 of an earlier request"):
+        select_forget_requests(10, [str(tmp_path / "r.txt"), str(tmp_path / "r.txt")], 0)
+    with pytest.raises(TTPUserError, match=r"forget request 2 = 8 is not allowed; choose a size in 1..7"):
+        select_forget_requests(10, [2, 8], 0)
+    with pytest.raises(TTPUserError, match="requests is empty"):
+        select_forget_requests(10, [], 0)
 
 
 def test_bad_data_settings_name_the_value():

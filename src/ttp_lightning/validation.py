@@ -43,6 +43,16 @@ def _uniformity(method: DictConfig) -> None:
     _positive(method.forget_temperature, "method.forget_temperature")
 
 
+def _auto_or(value, key: str, check) -> None:
+    if value != "auto":
+        check(value, key)
+
+
+def _fraction(value, key: str) -> None:
+    if not 0.0 < _number(value, key) < 1.0:
+        raise TTPUserError(f"{key}={value} is not allowed; choose a value in (0, 1)")
+
+
 def _certified(cfg: DictConfig) -> None:
     method = cfg.method
     if cfg.pretrain.norm_bound is None:
@@ -50,19 +60,46 @@ def _certified(cfg: DictConfig) -> None:
     theta = _number(method.theta, "method.theta")
     if not 0.0 < theta < 1.0:
         raise TTPUserError(f"method.theta={theta} is not allowed for a certified method; choose a value in (0, 1)")
-    _positive(method.lam, "method.lam")
-    _positive(method.epsilon, "method.epsilon")
-    if not 0.0 < _number(method.delta, "method.delta") < 1.0:
-        raise TTPUserError(f"method.delta={method.delta} is not allowed; choose a value in (0, 1)")
+    _auto_or(method.lam, "method.lam", _positive)
+    lam = theta * method.grad_lipschitz_forget + (1 - theta) * method.grad_lipschitz_retain \
+        if method.lam == "auto" else method.lam
+    if lam + _number(method.lam_min, "method.lam_min") <= 0:
+        raise TTPUserError(f"method.lam_min={method.lam_min} is not allowed with lambda={lam}; "
+                           f"lambda + lambda_min must be > 0")
+    for key in ("epsilon", "hessian_lipschitz_forget", "hessian_lipschitz_retain", "grad_lipschitz_forget",
+                "grad_lipschitz_retain"):
+        _positive(method[key], f"method.{key}")
+    _fraction(method.delta, "method.delta")
     if method.sigma is not None:
         _positive(method.sigma, "method.sigma")
-    if _number(method.lam_min, "method.lam_min") < 0:
-        raise TTPUserError(f"method.lam_min={method.lam_min} is not allowed; choose a value >= 0")
+    _choice(method.batchnorm_stats, "method.batchnorm_stats", ("retain", "keep"))
     _uniformity(method)
     _positive_int(method.max_exact_params, "method.max_exact_params")
+    _positive_int(method.chunk_size, "method.chunk_size")
     if method.warmup_epochs:
         _optim({**method, "epochs": method.warmup_epochs}, "method")
         _choice(method.mode, "method.mode", MODES)
+    if method.name in ("certified_lissa", "certified_online"):
+        _estimator(method)
+    if method.name == "certified_online":
+        if method.warmup_epochs:
+            raise TTPUserError(f"method.warmup_epochs={method.warmup_epochs} is not allowed for certified_online "
+                               f"(the online algorithm starts from A(D)); use 0")
+        if not cfg.data.forget.requests:
+            raise TTPUserError("method=certified_online needs data.forget.requests, a list of sizes or index "
+                               "files, e.g. data.forget.requests=[50,50]")
+
+
+def _estimator(method: DictConfig) -> None:
+    if method.scale is not None:
+        _positive(method.scale, "method.scale")
+    _positive(method.scale_margin, "method.scale_margin")
+    _positive_int(method.power_iterations, "method.power_iterations")
+    _auto_or(method.depth, "method.depth", _positive_int)
+    _positive_int(method.repeats, "method.repeats")
+    _positive_int(method.sample_size, "method.sample_size")
+    _fraction(method.rho, "method.rho")
+    _auto_or(method.zeta_min, "method.zeta_min", _positive)
 
 
 def validate_config(cfg: DictConfig, methods) -> None:
@@ -85,7 +122,7 @@ def validate_config(cfg: DictConfig, methods) -> None:
         stopping = method.early_stopping
         if stopping.patience is not None:
             _positive_int(stopping.patience, "method.early_stopping.patience")
-    if cfg.method.name == "certified_exact":
+    if cfg.method.name.startswith("certified_"):
         _certified(cfg)
     forget = cfg.data.forget
     if forget.indices_file is None and forget.size is not None:

@@ -7,11 +7,17 @@ from pathlib import Path
 
 import torch
 
-from ttp_lightning.certify.bounds import exact_newton_sensitivity
+from ttp_lightning.certify.bounds import (
+    estimator_depth,
+    estimator_scale_b,
+    estimator_sensitivity,
+    exact_newton_sensitivity,
+)
 from ttp_lightning.certify.mechanism import noise_sigma
 
 CERTIFICATE_FILE, WEIGHTS_FILE = "certificate.json", "model.pt"
 RELATIVE_TOLERANCE = 1e-6
+EXACT, ESTIMATOR, ONLINE = "alg2_exact_newton", "alg3_hessian_estimator", "alg4_online"
 
 
 def sha256_of(path: str | Path) -> str:
@@ -35,11 +41,37 @@ def release(net: torch.nn.Module, certificate: dict, output_dir: str | Path) -> 
     return cert, weights
 
 
+def scale_b(cert: dict) -> float:
+    """B of the estimator bound, the largest over the (forget, retain) set sizes of every Newton step."""
+    return max(estimator_scale_b(cert["theta"], cert["lam"], cert["grad_lipschitz_forget"],
+                                 cert["grad_lipschitz_retain"], forget, retain)
+               for forget, retain in zip(cert["forget_sizes"], cert["retain_sizes"], strict=True))
+
+
+def required_depth(cert: dict) -> int:
+    """The n that eq. `hessian_estimator_bound` requires: 2 B / (lambda + lambda_min) ln(B b / (lambda + lambda_min))."""
+    return estimator_depth(scale_b(cert), cert["lam"], cert["lam_min"], cert["repeats"])
+
+
 def recomputed_sensitivity(cert: dict) -> float:
-    if cert["algorithm"] != "alg2_exact_newton":
-        raise ValueError(f"unknown algorithm {cert['algorithm']!r}")
-    return exact_newton_sensitivity(cert["norm_bound"], cert["theta"], cert["hessian_lipschitz_forget"],
-                                    cert["hessian_lipschitz_retain"], cert["lam"], cert["lam_min"])
+    """Delta from the constants the certificate states, by its algorithm's formula."""
+    algorithm = cert["algorithm"]
+    if algorithm == EXACT:
+        return exact_newton_sensitivity(cert["norm_bound"], cert["theta"], cert["hessian_lipschitz_forget"],
+                                        cert["hessian_lipschitz_retain"], cert["lam"], cert["lam_min"])
+    if algorithm in (ESTIMATOR, ONLINE):
+        return estimator_sensitivity(
+            cert["norm_bound"], cert["theta"], cert["hessian_lipschitz_forget"], cert["hessian_lipschitz_retain"],
+            cert["grad_lipschitz_forget"], cert["grad_lipschitz_retain"], cert["lam"], cert["lam_min"],
+            cert["gradient_bound"], scale_b(cert), cert["zeta_min"], cert["num_params"], cert["rho"],
+            cert["repeats"])
+    raise ValueError(f"unknown algorithm {algorithm!r}")
+
+
+def calibrated_sensitivity(cert: dict, sensitivity: float) -> float:
+    """What the noise is calibrated to: Delta, or for Alg 4 the paper's Delta / k over k requests
+    (its sigma = Delta / (k epsilon) sqrt(2 ln(1.25 / delta)))."""
+    return sensitivity / len(cert["forget_sizes"]) if cert["algorithm"] == ONLINE else sensitivity
 
 
 def check_certificate(cert: dict, weights_path: str | Path) -> list[str]:
@@ -54,7 +86,9 @@ def check_certificate(cert: dict, weights_path: str | Path) -> list[str]:
     if abs(sensitivity - cert["sensitivity"]) > RELATIVE_TOLERANCE * sensitivity:
         failures.append(f"Delta recomputed from the stated constants is {sensitivity:.6g}, "
                         f"the certificate says {cert['sensitivity']:.6g}")
-    required, mechanism = noise_sigma(sensitivity, cert["epsilon"], cert["delta"])
+    if cert["algorithm"] in (ESTIMATOR, ONLINE) and cert["depth"] < required_depth(cert):
+        failures.append(f"depth n={cert['depth']} is below the n={required_depth(cert)} the estimator bound requires")
+    required, mechanism = noise_sigma(calibrated_sensitivity(cert, sensitivity), cert["epsilon"], cert["delta"])
     if mechanism != cert["mechanism"]:
         failures.append(f"epsilon={cert['epsilon']:.6g} calls for the {mechanism} calibration, "
                         f"the certificate names {cert['mechanism']}")

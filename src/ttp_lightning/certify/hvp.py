@@ -2,9 +2,12 @@
 fp32 by default (`dtype`), whatever precision the model was trained in.
 
 Products are with H + lambda I, H the Hessian of theta * L_K(D_f) + (1 - theta) * L_A(D_r) (dataset
-means); the gradient is that of the unregularised objective, as in Algs 2-3. The model is
+means); the gradient is that of the unregularised objective, as in Algs 2-4. The model is
 evaluated in eval mode: BatchNorm uses its running statistics, which stay frozen (no forward pass
-mutates them), so every product is a product with one fixed matrix.
+mutates them), so every product is a product with one fixed matrix. The certified methods first
+recompute those statistics on the retain set (`refresh_batchnorm`), so the released buffers, which carry
+no noise, do not depend on the forget set. timm's fused attention kernels are switched off: they have
+no double backward.
 """
 
 from collections.abc import Callable, Iterable
@@ -40,6 +43,39 @@ def chunks(dataset: ImageBatchDataset, chunk_size: int, device: torch.device, dt
         yield images.to(device, dtype), labels.to(device)
 
 
+def refresh_batchnorm(net: nn.Module, dataset: ImageBatchDataset, chunk_size: int = 1024) -> bool:
+    """Recompute every BatchNorm's running mean/variance from `dataset` in one train-mode pass (as
+    torch.optim.swa_utils.update_bn does): the size-weighted average of the chunks' batch statistics,
+    so the first layer's mean is exact. Returns whether the model has any BatchNorm."""
+    norms = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return False
+    momenta = [m.momentum for m in norms]
+    device = next(net.parameters()).device
+    was_training = net.training
+    net.train()
+    for norm in norms:
+        norm.reset_running_stats()
+    seen = 0
+    with torch.no_grad():
+        for images, _ in iterate_shard(dataset, chunk_size, sharded=False):
+            seen += len(images)
+            for norm in norms:
+                norm.momentum = len(images) / seen  # running = (1 - m) running + m batch: a weighted mean
+            net(images.to(device))
+    for norm, momentum in zip(norms, momenta):
+        norm.momentum = momentum
+    net.train(was_training)
+    return True
+
+
+def disable_fused_attention(net: nn.Module) -> None:
+    """timm attention blocks fall back to the explicit softmax(QK^T)V path, which supports double backward."""
+    for module in net.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = False
+
+
 class ParetoCurvature:
     """Full-data gradient and HVPs of the regularised Pareto objective at the model's current weights."""
 
@@ -48,7 +84,9 @@ class ParetoCurvature:
                  forget_temperature: float = 1.0, chunk_size: int = 4096, dtype: torch.dtype = torch.float32):
         self.net, self.retain, self.forget, self.dtype = net.eval().to(dtype), retain, forget, dtype
         self.theta, self.lam, self.chunk_size = theta, lam, chunk_size
+        self.uniformity, self.forget_temperature = uniformity, forget_temperature
         self.forget_loss: Loss = lambda logits, labels: uniformity(logits / forget_temperature)
+        disable_fused_attention(self.net)
         self.params = trainable(self.net)
         self.device = self.params[0].device
 
@@ -86,6 +124,16 @@ class ParetoCurvature:
             if weight:
                 out = out + weight * self.part_mean(dataset, loss_fn, lambda loss: self._hvp_of(loss, vector))
         return out
+
+    def sample_hvp(self, part: str, vector: torch.Tensor, batch_size: int,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+        """Hessian of the part's loss (forget: L_K, retain: L_A; no theta weight, no lambda) on `batch_size`
+        instances drawn uniformly with replacement, times v: an unbiased sample of that part's Hessian."""
+        dataset, loss_fn = {"forget": (self.forget, self.forget_loss), "retain": (self.retain, retain_loss)}[part]
+        positions = torch.randint(len(dataset), (batch_size,), generator=generator).tolist()
+        images, labels = dataset[positions]
+        images, labels = images.to(self.device, self.dtype), labels.to(self.device)
+        return self._hvp_of(loss_fn(self.net(images), labels), vector)
 
     def _hvp_of(self, loss: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
         grads = torch.autograd.grad(loss, self.params, create_graph=True)

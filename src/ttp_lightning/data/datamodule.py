@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 from ttp_lightning.data.batching import ImageBatchDataset, batch_loader
-from ttp_lightning.data.forget import fingerprint, select_forget
+from ttp_lightning.data.forget import fingerprint, select_forget, select_forget_requests
 from ttp_lightning.data.sources import DatasetInfo, load_source
 from ttp_lightning.errors import TTPUserError
 
@@ -19,6 +19,7 @@ class ForgetConfig:
     size: int | None = 100
     seed: int = 0
     indices_file: str | None = None
+    requests: list | None = None  # a sequence of forget requests (Alg 4); replaces size and indices_file
 
 
 class TTPDataModule(L.LightningDataModule):
@@ -69,8 +70,14 @@ class TTPDataModule(L.LightningDataModule):
             test_x, test_y = test_x[: self.max_test_size], test_y[: self.max_test_size]
         self.train_images, self.train_labels = train_x, train_y
         self.test_images, self.test_labels = test_x, test_y
-        self.forget_indices = select_forget(len(train_y), self.forget_cfg.size, self.forget_cfg.seed,
-                                            self.forget_cfg.indices_file)
+        if self.forget_cfg.requests is not None:
+            self.forget_requests = select_forget_requests(len(train_y), list(self.forget_cfg.requests),
+                                                          self.forget_cfg.seed)
+            self.forget_indices = torch.cat(self.forget_requests).sort().values
+        else:
+            self.forget_indices = select_forget(len(train_y), self.forget_cfg.size, self.forget_cfg.seed,
+                                                self.forget_cfg.indices_file)
+            self.forget_requests = [self.forget_indices]
         keep = torch.ones(len(train_y), dtype=torch.bool)
         keep[self.forget_indices] = False
         self.retain_indices = keep.nonzero().flatten()
@@ -104,6 +111,17 @@ class TTPDataModule(L.LightningDataModule):
             index = {"train": slice(None), "retain": self.retain_indices, "forget": self.forget_indices}[part]
             images, labels = self.train_images[index], self.train_labels[index]
         return ImageBatchDataset(images, labels, self.augment if augment else "none", seed=self.seed)
+
+    def request_parts(self, count: int) -> tuple[ImageBatchDataset, ImageBatchDataset]:
+        """(retain, forget) after the first `count` forget requests: D_f the union of those requests,
+        D_r the rest of the training set (Alg 4's D_{f_k} and D_{r_k})."""
+        forgotten = torch.zeros(len(self.train_labels), dtype=torch.bool)
+        for indices in self.forget_requests[:count]:
+            forgotten[indices] = True
+        return self._train_subset(~forgotten), self._train_subset(forgotten)
+
+    def _train_subset(self, mask: torch.Tensor) -> ImageBatchDataset:
+        return ImageBatchDataset(self.train_images[mask], self.train_labels[mask], seed=self.seed)
 
     def eval_loader(self, part: str, sharded: bool = True) -> torch.utils.data.DataLoader:
         """Unaugmented, unshuffled batches; `sharded=False` gives every rank the whole part."""

@@ -52,6 +52,33 @@ def select_forget(num_train: int, size: int | None, seed: int, indices_file: str
     return order[: int(size)].sort().values
 
 
+def select_forget_requests(num_train: int, requests: list, seed: int) -> list[torch.Tensor]:
+    """Disjoint, sorted index sets, one per forget request in order (Alg 4): an integer draws that many
+    not-yet-requested training instances at random (by `seed`), a string names an index file."""
+    if not requests:
+        raise TTPUserError("data.forget.requests is empty; give a list of sizes or index files, e.g. [50,50]")
+    taken = torch.zeros(num_train, dtype=torch.bool)
+    generator = torch.Generator().manual_seed(int(seed))
+    selected = []
+    for number, request in enumerate(requests, start=1):
+        if isinstance(request, str):
+            indices = select_forget(num_train, None, seed, request)
+            if taken[indices].any():
+                raise TTPUserError(f"forget request {number} ({request!r}) repeats index "
+                                   f"{int(indices[taken[indices]][0])} of an earlier request")
+        else:
+            free = (~taken).nonzero().flatten()
+            if isinstance(request, bool) or not isinstance(request, int) or not 1 <= request < len(free):
+                raise TTPUserError(f"forget request {number} = {request!r} is not allowed; choose a size in "
+                                   f"1..{len(free) - 1} or an index file")
+            indices = free[torch.randperm(len(free), generator=generator)[:request]].sort().values
+        taken[indices] = True
+        selected.append(indices)
+    if taken.all():
+        raise TTPUserError("data.forget.requests cover the whole training set; the retain set would be empty")
+    return selected
+
+
 def fingerprint(*tensors: torch.Tensor) -> str:
     """SHA-256 over the raw bytes of tensors: identifies data and forget selections in cache keys."""
     digest = hashlib.sha256()

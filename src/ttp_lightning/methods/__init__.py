@@ -4,11 +4,12 @@ A runner takes (ctx, pretrained model, datamodule, make_net) and returns a Metho
 """
 
 from ttp_lightning.baselines.retrain import run_retrain
-from ttp_lightning.methods.certified import run_certified_exact
+from ttp_lightning.methods.certified import run_certified_exact, run_certified_lissa, run_certified_online
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.methods.pareto import run_pareto
 
-METHODS = {"pareto": run_pareto, "retrain": run_retrain, "certified_exact": run_certified_exact}
-CERTIFIED_METHODS = ("certified_exact",)
+METHODS = {"pareto": run_pareto, "retrain": run_retrain, "certified_exact": run_certified_exact,
+           "certified_lissa": run_certified_lissa, "certified_online": run_certified_online}
+CERTIFIED_METHODS = ("certified_exact", "certified_lissa", "certified_online")
 
 __all__ = ["CERTIFIED_METHODS", "METHODS", "MethodOutput"]

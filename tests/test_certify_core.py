@@ -299,3 +299,19 @@ def test_certificate_sensitivity_dispatch_and_estimator_depth_check(tmp_path):
     assert check_certificate(cert, weights) == []
     cert["depth"] = 1
     assert any("depth n=1 is below" in failure for failure in check_certificate(cert, weights))
+
+
+def test_newton_direction_with_a_large_residual_is_refused():
+    from omegaconf import OmegaConf
+
+    from ttp_lightning.methods.certified.lissa import estimated_newton_direction
+
+    cfg = OmegaConf.create({"scale": None, "scale_margin": 1.5, "power_iterations": 30, "depth": 60, "repeats": 10,
+                            "sample_size": 16, "grad_lipschitz_forget": 1.0, "grad_lipschitz_retain": 1.0,
+                            "lam_min": 0.0, "max_residual": 0.5})
+    curv = curvature(lam=0.5)
+    step = estimated_newton_direction(curv, cfg, torch.Generator().manual_seed(0))
+    assert step["residual"] < 0.5 and step["depth"] == 60 and step["scale"] > curv.lam
+    cfg.max_residual = step["residual"] / 2
+    with pytest.raises(TTPUserError, match="relative residual .* nothing was released.*raise method.lam"):
+        estimated_newton_direction(curv, cfg, torch.Generator().manual_seed(0))

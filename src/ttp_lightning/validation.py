@@ -100,6 +100,7 @@ def _estimator(method: DictConfig) -> None:
     _positive_int(method.sample_size, "method.sample_size")
     _fraction(method.rho, "method.rho")
     _auto_or(method.zeta_min, "method.zeta_min", _positive)
+    _positive(method.max_residual, "method.max_residual")
 
 
 def validate_config(cfg: DictConfig, methods) -> None:

@@ -13,6 +13,7 @@ from ttp_lightning.certify.hvp import ParetoCurvature, refresh_batchnorm, unflat
 from ttp_lightning.certify.mechanism import implied_epsilon, noise_sigma
 from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.evaluation import eval_device
 from ttp_lightning.methods.pareto import finetune
 from ttp_lightning.modules.optim import project_to_norm_ball
 from ttp_lightning.objectives import UNIFORMITY_LOSSES
@@ -38,13 +39,15 @@ class Prepared:
 
 def warm_start(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule) -> Prepared:
     """A copy of A(D), after `method.warmup_epochs` of Alg 1 (projected back onto ||w|| <= C, which the
-    bounds assume), with BatchNorm statistics recomputed on the retain set when `batchnorm_stats: retain`."""
+    bounds assume), with BatchNorm statistics recomputed on the retain set when `batchnorm_stats: retain`,
+    on the device the Newton step runs on (a GPU when there is one, as for evaluation)."""
     cfg = ctx.cfg.method
     prepared = Prepared(copy.deepcopy(pretrained))
     if cfg.warmup_epochs:
         warm = finetune(ctx, prepared.net, datamodule, cfg, cfg.warmup_epochs, stopping=None)
         prepared = Prepared(warm.net, warm.history, warm.metrics["wall_s"])
         project_to_norm_ball(prepared.net, ctx.cfg.pretrain.norm_bound, ctx.cfg.pretrain.projection)
+    prepared.net.to(eval_device())
     if cfg.batchnorm_stats == "retain":
         prepared.batchnorm_refreshed = refresh_batchnorm(prepared.net, datamodule.dataset("retain"), cfg.chunk_size)
     return prepared

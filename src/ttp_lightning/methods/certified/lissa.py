@@ -14,6 +14,7 @@ from ttp_lightning.certify.certificate import ESTIMATOR
 from ttp_lightning.certify.estimator import power_iteration, stochastic_inverse_hvp
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.certified.common import (
     calibrate_noise,
     curvature,
@@ -30,7 +31,9 @@ from ttp_lightning.training import RunContext
 def estimated_newton_direction(curv: ParetoCurvature, cfg: DictConfig, generator: torch.Generator) -> dict:
     """P_n / J for the current weights, with what it took: J (given, or `scale_margin` times a power-iteration
     estimate of ||H + lambda I||), n (given, or `auto`: the least the bound allows), the gradient and the
-    direction's relative residual ||(H + lambda I) p - grad|| / ||grad|| under full-data HVPs."""
+    direction's relative residual ||(H + lambda I) p - grad|| / ||grad|| under full-data HVPs. A residual
+    above `max_residual` stops the run: such a step is no Newton step (the chain ran on an indefinite
+    H + lambda I, or too few samples), and releasing it would only damage the model."""
     gradient = curv.gradient()
     norm_estimate = None
     if cfg.scale is None:
@@ -47,9 +50,14 @@ def estimated_newton_direction(curv: ParetoCurvature, cfg: DictConfig, generator
     direction = stochastic_inverse_hvp(
         gradient, lambda part, v: curv.sample_hvp(part, v, cfg.sample_size, generator), curv.theta, curv.lam,
         scale, depth, cfg.repeats, generator)
-    residual = (curv.hvp(direction) - gradient).norm() / gradient.norm().clamp(min=1e-30)
+    residual = ((curv.hvp(direction) - gradient).norm() / gradient.norm().clamp(min=1e-30)).item()
+    if not residual <= cfg.max_residual:
+        raise TTPUserError(
+            f"the estimated Newton direction has relative residual {residual:.3g} > method.max_residual="
+            f"{cfg.max_residual}; nothing was released. H + lambda I may be indefinite here (raise method.lam, "
+            f"now {curv.lam}), or the estimate too noisy (raise method.repeats, method.sample_size or method.depth)")
     return {"direction": direction, "gradient": gradient, "scale": scale, "depth": depth,
-            "hessian_norm_estimate": norm_estimate, "residual": residual.item()}
+            "hessian_norm_estimate": norm_estimate, "residual": residual}
 
 
 def estimator_constants(cfg: DictConfig, curv: ParetoCurvature, steps: list[dict]) -> dict:

@@ -29,6 +29,12 @@ def test_default_job_writes_the_results_contract(run_cli):
     assert alg1["forget_conf_dist"] * 3 < pre["forget_conf_dist"]
     assert alg1["forget_conf_dist"] == pytest.approx(min(r["forget_conf_dist"] for r in history), abs=1e-4)
     assert "pretrain" in proc.stdout and "forget CD" in proc.stdout
+    attacks = results["attacks"]
+    assert set(attacks) == {"pretrain", "pareto"} and set(attacks["pareto"]) == {"none", "gaussian", "fgsm", "pgd"}
+    assert attacks["pareto"]["none"]["0"]["forget_conf_dist"] == pytest.approx(alg1["forget_conf_dist"], abs=1e-5)
+    assert set(attacks["pareto"]["pgd"]) == {"1", "2", "5", "8"}
+    assert attacks["pareto"]["pgd"]["8"]["forget_conf_dist"] > attacks["pareto"]["none"]["0"]["forget_conf_dist"]
+    assert "attacks on the forget set" in proc.stdout and "8/255" in proc.stdout
 
 
 def test_retrain_baseline_trains_on_the_retain_set(run_cli):
@@ -78,6 +84,8 @@ BAD_INPUT = [
     ("pretrain.epochs=-3", "pretrain.epochs=-3 is not allowed; choose a positive integer"),
     ("method.lr=-0.01", "method.lr=-0.01 is not allowed; choose a value > 0"),
     ("method.mode=sometimes", "method.mode='sometimes' is not allowed; choose one of: minibatch, fullbatch"),
+    ("attacks.names=[pgd,magic]", "attacks.names='magic' is not allowed; choose one of: gaussian, fgsm, pgd"),
+    ("attacks.gammas=[2,-1]", "attacks.gammas=-1 is not allowed; choose a value > 0"),
 ]
 
 

@@ -52,3 +52,15 @@ def test_mnist_logreg_certified_meets_the_paper_row_and_verifies(run_cli, tmp_pa
     check = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", out / "certificate.json", out / "model.pt",
                             "--recompute", f"data.root={MNIST_ROOT}"], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+@needs_mnist
+def test_mnist_logreg_alg3_matches_alg2(run_cli):
+    """Alg 3 on the Alg 2 setting: residual <= 0.05 and direction within 5 % of the Cholesky solve."""
+    proc, results = run_cli("+experiment=mnist_logreg_certified_lissa", f"data.root={MNIST_ROOT}", "logger=none",
+                            "trainer.enable_progress_bar=false", tiny=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    alg3 = results["metrics"]["certified_lissa"]
+    assert alg3["newton_residual"] <= 0.05 and alg3["direction_vs_exact"] <= 0.05
+    assert alg3["forget_conf_dist"] <= 0.30 and alg3["test_acc"] >= 0.87
+    assert results["certificate"]["algorithm"] == "alg3_hessian_estimator"

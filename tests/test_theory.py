@@ -20,9 +20,9 @@ def test_theta_bound_guarantees_the_target_uniformity(capsys):
     assert code == 0 and 0 < theta < 1
     code, out = run(capsys, "--json", "uniformity-bound", "--theta", str(theta), "--retain-size", "1000",
                     "--classes", "10")
-    assert json.loads(out.out)["uniformity_bound"] == pytest.approx(50)
+    assert code == 0 and json.loads(out.out)["uniformity_bound"] == pytest.approx(50)
     code, out = run(capsys, "uniformity-bound", "--theta", "0.5", "--retain-size", "8", "--classes", "4")
-    assert out.out.startswith(f"uniformity_bound = {math.sqrt(2 * 8 * math.log(4)):.6g}")
+    assert code == 0 and out.out.startswith(f"uniformity_bound = {math.sqrt(2 * 8 * math.log(4)):.6g}")
 
 
 def test_noise_uses_the_classical_calibration_below_epsilon_one(capsys):
@@ -30,7 +30,7 @@ def test_noise_uses_the_classical_calibration_below_epsilon_one(capsys):
     result = json.loads(out.out)
     assert result["mechanism"] == "classical" and result["sigma"] == pytest.approx(classical_sigma(3, 0.5, 1e-5))
     code, out = run(capsys, "--json", "noise", "--sensitivity", "3", "--epsilon", "2", "--delta", "1e-5")
-    assert json.loads(out.out)["mechanism"] == "analytic_gaussian"
+    assert code == 0 and json.loads(out.out)["mechanism"] == "analytic_gaussian"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -8,12 +8,13 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from ttp_lightning.attacks import attack_forget_set
 from ttp_lightning.certify.certificate import release
 from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods import METHODS
 from ttp_lightning.models import build_classifier
 from ttp_lightning.pretraining import pretrained_model
-from ttp_lightning.report import format_table, write_results
+from ttp_lightning.report import format_attack_table, format_table, write_results
 from ttp_lightning.training import RunContext
 from ttp_lightning.validation import validate_config
 
@@ -96,12 +97,18 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         "metrics": metrics,
         "history": {cfg.method.name: output.history},
     }
+    if cfg.attacks.enabled:
+        forget = datamodule.dataset("forget")
+        results["attacks"] = {"pretrain": attack_forget_set(pretrained, forget, cfg.attacks),
+                              cfg.method.name: attack_forget_set(output.net, forget, cfg.attacks)}
     if output.certificate is not None:
         certificate = {**output.certificate, "experiment": cfg.experiment_name, **identity(cfg, datamodule),
                        "metrics": metrics[cfg.method.name]}
         cert_path, _ = release(output.net, certificate, output_dir)
         results["certificate"] = json.loads(cert_path.read_text())
     path = write_results(results, output_dir)
-    print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}\nresults: {path}", flush=True)
+    attacks = f"\n\nattacks on the forget set\n{format_attack_table(results['attacks'])}" if "attacks" in results else ""
+    print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{attacks}\nresults: {path}",
+          flush=True)
     finish_logger(ctx.logger, metrics)
     return results

@@ -29,6 +29,26 @@ def format_table(metrics: dict[str, dict]) -> str:
             value = values.get(key)
             row.append("-" if value is None else fmt.format(value))
         rows.append(row)
+    return _aligned(rows)
+
+
+def format_attack_table(attacks: dict[str, dict]) -> str:
+    """One row per (attack, gamma); forget CD and forget accuracy per stage, as the paper's attack tables."""
+    stages = list(attacks)
+    header = ["attack", "gamma"] + [f"{stage} {what}" for stage in stages for what in ("CD", "acc")]
+    rows = [header]
+    for attack, by_gamma in attacks[stages[0]].items():
+        for gamma in by_gamma:
+            row = [attack, "-" if attack == "none" else f"{gamma}/255"]
+            for stage in stages:
+                scores = attacks[stage][attack][gamma]
+                row += [f"{scores['forget_conf_dist']:.4f}", f"{scores['forget_acc']:.2%}"]
+            rows.append(row)
+    return _aligned(rows)
+
+
+def _aligned(rows: list[list[str]]) -> str:
+    header = rows[0]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths)))
              for r in rows]

@@ -103,6 +103,19 @@ def _estimator(method: DictConfig) -> None:
     _positive(method.max_residual, "method.max_residual")
 
 
+def _attacks(attacks: DictConfig) -> None:
+    from ttp_lightning.attacks import ATTACKS
+
+    for name in attacks.names:
+        _choice(name, "attacks.names", list(ATTACKS))
+    for gamma in attacks.gammas:
+        _positive(gamma, "attacks.gammas")
+    if _number(attacks.alpha, "attacks.alpha") < 0:
+        raise TTPUserError(f"attacks.alpha={attacks.alpha} is not allowed; choose a value >= 0")
+    _positive_int(attacks.pgd_steps, "attacks.pgd_steps")
+    _positive(attacks.pgd_step_size, "attacks.pgd_step_size")
+
+
 def validate_config(cfg: DictConfig, methods) -> None:
     """Raise TTPUserError naming the first bad value and what is allowed."""
     _choice(cfg.method.name, "method.name", list(methods))
@@ -111,6 +124,8 @@ def validate_config(cfg: DictConfig, methods) -> None:
     if cfg.pretrain.norm_bound is not None:
         _positive(cfg.pretrain.norm_bound, "pretrain.norm_bound")
     _choice(cfg.pretrain.projection, "pretrain.projection", PROJECTIONS)
+    if cfg.attacks.enabled:
+        _attacks(cfg.attacks)
     if cfg.method.name == "pareto":
         method = cfg.method
         theta = _number(method.theta, "method.theta")

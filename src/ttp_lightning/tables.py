@@ -1,0 +1,84 @@
+"""`python -m ttp_lightning.tables PATH... [--out FILE]`: Markdown tables from results.json files.
+
+PATH is a results.json or a folder searched for them (a multirun sweep). One table per model and
+method, one row per theta in the layout of the paper's Pareto-frontier tables (Model, theta, retain
+accuracy, test accuracy, forget confidence distance), with the pretrained model as the first row.
+"""
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+METHOD_LABELS = {"pareto": "Alg 1", "retrain": "Retrain", "certified_exact": "Cert. (Alg 2)",
+                 "certified_lissa": "Cert. (Alg 3)", "certified_online": "Cert. (Alg 4)"}
+
+
+def load_results(paths: list[Path]) -> list[dict]:
+    """Every results.json under the given files/folders, in path order."""
+    files = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(path.rglob("results.json"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"{path} is neither a results.json nor a folder")
+    if not files:
+        raise FileNotFoundError(f"no results.json under {', '.join(map(str, paths))}")
+    return [json.loads(f.read_text()) for f in files]
+
+
+def model_name(results: dict) -> str:
+    return results["config"]["model"]["_target_"].rsplit(".", 1)[-1].replace("vision_transformer", "ViT")
+
+
+def percent(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def frontier_markdown(all_results: list[dict]) -> str:
+    """One Markdown table per (data set, model, method), rows sorted by theta."""
+    groups = defaultdict(list)
+    for results in all_results:
+        key = (results["config"]["data"]["name"], model_name(results), results["method"])
+        groups[key].append(results)
+    blocks = []
+    for (data, model, method), runs in sorted(groups.items()):
+        runs.sort(key=lambda r: r["config"]["method"].get("theta", 0.0))
+        pretrain = runs[0]["metrics"]["pretrain"]
+        label = f"{METHOD_LABELS.get(method, method)} {model}"
+        lines = [f"### {data}: {label}", "",
+                 "| Model | theta | Retain Acc. | Test Acc. | Conf. Dist. (lower better) |",
+                 "|---|---|---|---|---|",
+                 (f"| pretrained {model} | - | {percent(pretrain['retain_acc'])} | "
+                  f"{percent(pretrain.get('test_acc', float('nan')))} | {pretrain['forget_conf_dist']:.3f} |")]
+        for run in runs:
+            metrics = run["metrics"][method]
+            theta = run["config"]["method"].get("theta")
+            lines.append(f"| {label} | {'-' if theta is None else f'{theta:.3f}'} | {percent(metrics['retain_acc'])} | "
+                         f"{percent(metrics.get('test_acc', float('nan')))} | {metrics['forget_conf_dist']:.3f} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.tables", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="results.json files or folders holding them")
+    parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
+    args = parser.parse_args(argv)
+    try:
+        markdown = frontier_markdown(load_results(args.paths))
+    except (OSError, json.JSONDecodeError, KeyError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(markdown)
+    print(markdown, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

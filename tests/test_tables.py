@@ -1,0 +1,35 @@
+"""Markdown frontier tables from results files (the layout of the paper's Pareto-frontier tables)."""
+
+import json
+
+from ttp_lightning.tables import main
+
+
+def fake_results(theta: float, forget_cd: float, method: str = "certified_exact") -> dict:
+    metrics = {"retain_acc": 0.9, "test_acc": 0.88, "forget_conf_dist": forget_cd}
+    return {"method": method, "metrics": {"pretrain": {"retain_acc": 0.93, "test_acc": 0.92, "forget_conf_dist": 0.7},
+                                          method: metrics},
+            "config": {"data": {"name": "mnist"}, "model": {"_target_": "ttp_lightning.models.linear.LogReg"},
+                       "method": {"name": method, "theta": theta}}}
+
+
+def test_sweep_folder_becomes_one_table_sorted_by_theta(tmp_path, capsys):
+    for job, (theta, cd) in enumerate([(0.75, 0.28), (0.125, 0.57), (0.5, 0.3)]):
+        (tmp_path / "sweep" / str(job)).mkdir(parents=True)
+        (tmp_path / "sweep" / str(job) / "results.json").write_text(json.dumps(fake_results(theta, cd)))
+    assert main([str(tmp_path / "sweep"), "--out", str(tmp_path / "table.md")]) == 0
+    lines = (tmp_path / "table.md").read_text().splitlines()
+    assert lines[0] == "### mnist: Cert. (Alg 2) LogReg"
+    assert lines[4] == "| pretrained LogReg | - | 93.0% | 92.0% | 0.700 |"
+    assert [line.split(" | ")[1] for line in lines[5:]] == ["0.125", "0.500", "0.750"]
+    assert lines[-1] == "| Cert. (Alg 2) LogReg | 0.750 | 90.0% | 88.0% | 0.280 |"
+    assert capsys.readouterr().out.splitlines() == lines
+
+
+def test_methods_get_their_own_tables_and_missing_input_is_an_error(tmp_path, capsys):
+    (tmp_path / "a.json").write_text(json.dumps(fake_results(0.75, 0.03, "pareto")))
+    (tmp_path / "b.json").write_text(json.dumps(fake_results(0.75, 0.2)))
+    assert main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "### mnist: Alg 1 LogReg" in out and "### mnist: Cert. (Alg 2) LogReg" in out
+    assert main([str(tmp_path / "empty")]) == 2 and "neither a results.json nor a folder" in capsys.readouterr().err

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA_ROOT ?= ../shared/data
 ARGS ?=
 
-.PHONY: help install run test test-slow sweep bench lint clean
+.PHONY: help install run test test-slow sweep sweep-certified bench bench-certify lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -33,8 +33,16 @@ sweep: $(STAMP)  ## theta sweep of Alg 1 on MNIST MLP (pretrains once)
 	$(BIN)/python -m ttp_lightning -m +experiment=mnist_mlp data.root=$(DATA_ROOT) logger=csv \
 		method.theta=0.25,0.5,0.75 $(ARGS)
 
+sweep-certified: $(STAMP)  ## theta sweep of Alg 2 on MNIST LogReg and its frontier table (multirun/sweep_certified.md)
+	$(BIN)/python -m ttp_lightning -m +experiment=mnist_logreg_certified data.root=$(DATA_ROOT) logger=csv \
+		method.theta=0.125,0.25,0.375,0.5,0.625,0.75,0.85,0.95 hydra.sweep.dir=multirun/sweep_certified $(ARGS)
+	$(BIN)/python -m ttp_lightning.tables multirun/sweep_certified --out multirun/sweep_certified.md
+
 bench: $(STAMP)  ## wall times and steps/s into bench/bench.json
 	$(BIN)/python scripts/bench.py --data-root $(DATA_ROOT) --out bench/bench.json
+
+bench-certify: $(STAMP)  ## HVP cost and Alg 3 peak memory into bench/certify_<device>.json
+	$(BIN)/python scripts/bench_certify.py
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check src tests scripts

@@ -28,6 +28,7 @@ from ttp_lightning.certify.mechanism import (
     implied_epsilon,
     noise_sigma,
 )
+from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.models.classifier import Classifier
 from ttp_lightning.objectives import kl_to_uniform, retain_loss, square_to_uniform
@@ -96,8 +97,8 @@ def test_estimator_converges_to_the_exact_solve():
     gradient = torch.randn(dim, generator=g, dtype=torch.float64)
     exact = torch.linalg.solve(exact_matrix, gradient)
 
-    def sample_hvp(part, v):
-        return (forget_h if part == "forget" else retain_h) @ v
+    def sample_hvp(part, rows):
+        return rows @ (forget_h if part == "forget" else retain_h)  # symmetric: row i -> H v_i
 
     top = max(torch.linalg.eigvalsh(forget_h + lam / (2 * theta) * torch.eye(dim, dtype=torch.float64)).max(),
               torch.linalg.eigvalsh(retain_h + lam / (2 * (1 - theta)) * torch.eye(dim, dtype=torch.float64)).max())
@@ -109,7 +110,7 @@ def test_estimator_converges_to_the_exact_solve():
 def test_estimator_reports_divergence_with_what_to_change():
     matrix = torch.diag(torch.tensor([10.0, 1.0], dtype=torch.float64))
     with pytest.raises(TTPUserError, match="diverged.*method.lam.*J"):
-        stochastic_inverse_hvp(torch.ones(2, dtype=torch.float64), lambda part, v: matrix @ v, 0.5, 0.1,
+        stochastic_inverse_hvp(torch.ones(2, dtype=torch.float64), lambda part, rows: rows @ matrix, 0.5, 0.1,
                                scale=1.0, depth=200)
     with pytest.raises(TTPUserError, match=r"choose a value in \(0, 1\)"):
         stochastic_inverse_hvp(torch.ones(2), lambda part, v: v, 1.0, 0.1, scale=2.0, depth=5)
@@ -204,9 +205,16 @@ def test_sampled_hessians_average_to_the_part_hessian():
     generator = torch.Generator().manual_seed(5)
     for part, dataset, loss_fn in (("forget", curv.forget, curv.forget_loss), ("retain", curv.retain, retain_loss)):
         exact = curv.part_mean(dataset, loss_fn, lambda loss: curv._hvp_of(loss, vector))
-        sampled = curv.sample_hvp(part, vector, 20000, generator)  # a large draw with replacement
+        sampled = curv.sample_hvp(part, vector[None], 20000, generator)[0]  # a large draw with replacement
         assert (sampled - exact).norm() / exact.norm() < 0.05
-        assert not torch.allclose(curv.sample_hvp(part, vector, 2, generator), exact, rtol=1e-3)  # a real sample
+        rows = curv.sample_hvp(part, torch.stack([vector, vector, 2 * vector]), 2, generator)
+        assert not torch.allclose(rows[0], exact, rtol=1e-3) and not torch.allclose(rows[0], rows[1])  # real samples
+    # one forget instance: every draw is that instance, so each row is exactly its Hessian times the row
+    single = ParetoCurvature(curv.net, curv.retain, ImageBatchDataset(curv.forget.images[:1], curv.forget.labels[:1]),
+                             curv.theta, kl_to_uniform, forget_temperature=2.0, dtype=torch.float64)
+    exact = single.part_mean(single.forget, single.forget_loss, lambda loss: single._hvp_of(loss, vector))
+    rows = single.sample_hvp("forget", torch.stack([vector, -3 * vector]), 5, generator)
+    assert torch.allclose(rows[0], exact, atol=1e-10) and torch.allclose(rows[1], -3 * exact, atol=1e-10)
 
 
 def test_estimator_on_model_hessians_matches_the_exact_solve():

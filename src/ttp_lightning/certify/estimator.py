@@ -9,7 +9,7 @@ import torch
 from ttp_lightning.errors import TTPUserError
 
 HVP = Callable[[torch.Tensor], torch.Tensor]
-SampleHVP = Callable[[str, torch.Tensor], torch.Tensor]  # ("forget" | "retain", v) -> sampled Hessian times v
+SampleHVP = Callable[[str, torch.Tensor], torch.Tensor]  # (part, V (k, d)) -> row i: a fresh Hessian sample times V[i]
 
 
 def power_iteration(hvp: HVP, dim: int, iterations: int = 30, generator: torch.Generator | None = None,
@@ -34,7 +34,9 @@ def stochastic_inverse_hvp(gradient: torch.Tensor, sample_hvp: SampleHVP, theta:
 
     Each of `repeats` chains runs P_0 = g, P_t = g + (I - H_t / J) P_{t-1} for `depth` steps, where H_t is
     a forget-sample Hessian plus lambda I / (2 theta) with probability theta, else a retain-sample Hessian
-    plus lambda I / (2 (1 - theta)); E[H_t] = H + lambda I. Returns mean(P_n) / J.
+    plus lambda I / (2 (1 - theta)); E[H_t] = H + lambda I. Returns mean(P_n) / J. The chains advance
+    together: at each step `sample_hvp(part, V)` gets the (k, d) rows of the chains that drew `part`, and
+    each row is multiplied by its own Hessian sample.
     While every I - H_t / J is a contraction, ||P_t|| <= (t + 1) ||g||; a chain past `slack` times that has
     diverged (J below ||H_t + share I||, or lambda too small for a non-convex H) and ends in an error that
     says what to change.
@@ -44,20 +46,21 @@ def stochastic_inverse_hvp(gradient: torch.Tensor, sample_hvp: SampleHVP, theta:
     if scale <= 0 or depth < 1 or repeats < 1:
         raise TTPUserError(f"estimator needs J > 0, n >= 1, b >= 1 (got J={scale}, n={depth}, b={repeats})")
     grad_norm = gradient.norm().item()
-    total = torch.zeros_like(gradient)
-    for _ in range(repeats):
-        chain = gradient.clone()
-        for step in range(depth):
-            from_forget = torch.rand((), generator=generator).item() < theta
-            share = lam / (2 * theta) if from_forget else lam / (2 * (1 - theta))
-            curvature = sample_hvp("forget" if from_forget else "retain", chain) + share * chain
-            chain = gradient + chain - curvature / scale
-            norm = chain.norm().item()
-            if not math.isfinite(norm) or norm > slack * (step + 2) * grad_norm:
-                raise TTPUserError(
-                    f"inverse-Hessian estimator diverged at step {step + 1} (||P|| = {norm:.3g}); raise "
-                    f"method.lam (now {lam}) so H + lambda I is positive definite, or method.scale (J, now "
-                    f"{scale:.4g}) above ||H + lambda I||"
-                )
-        total += chain
-    return total / (repeats * scale)
+    chains = gradient.expand(repeats, -1).clone()
+    shares = {"forget": lam / (2 * theta), "retain": lam / (2 * (1 - theta))}
+    for step in range(depth):
+        from_forget = torch.rand(repeats, generator=generator) < theta
+        curvature = torch.empty_like(chains)
+        for part, drew in (("forget", from_forget), ("retain", ~from_forget)):
+            rows = drew.nonzero().flatten().to(chains.device)
+            if len(rows):
+                curvature[rows] = sample_hvp(part, chains[rows]) + shares[part] * chains[rows]
+        chains = gradient + chains - curvature / scale
+        norm = chains.norm(dim=1).max().item()
+        if not math.isfinite(norm) or norm > slack * (step + 2) * grad_norm:
+            raise TTPUserError(
+                f"inverse-Hessian estimator diverged at step {step + 1} (||P|| = {norm:.3g}); raise "
+                f"method.lam (now {lam}) so H + lambda I is positive definite, or method.scale (J, now "
+                f"{scale:.4g}) above ||H + lambda I||"
+            )
+    return chains.mean(dim=0) / scale

@@ -125,15 +125,30 @@ class ParetoCurvature:
                 out = out + weight * self.part_mean(dataset, loss_fn, lambda loss: self._hvp_of(loss, vector))
         return out
 
-    def sample_hvp(self, part: str, vector: torch.Tensor, batch_size: int,
+    def sample_hvp(self, part: str, vectors: torch.Tensor, batch_size: int,
                    generator: torch.Generator | None = None) -> torch.Tensor:
-        """Hessian of the part's loss (forget: L_K, retain: L_A; no theta weight, no lambda) on `batch_size`
-        instances drawn uniformly with replacement, times v: an unbiased sample of that part's Hessian."""
+        """Row i: the Hessian of the part's loss (forget: L_K, retain: L_A; no theta weight, no lambda) on its
+        own `batch_size` instances drawn uniformly with replacement, times vectors[i] (an unbiased sample
+        of that part's Hessian). All rows in one vectorised forward-over-reverse pass."""
         dataset, loss_fn = {"forget": (self.forget, self.forget_loss), "retain": (self.retain, retain_loss)}[part]
-        positions = torch.randint(len(dataset), (batch_size,), generator=generator).tolist()
+        rows = len(vectors)
+        positions = torch.randint(len(dataset), (rows * batch_size,), generator=generator).tolist()
         images, labels = dataset[positions]
-        images, labels = images.to(self.device, self.dtype), labels.to(self.device)
-        return self._hvp_of(loss_fn(self.net(images), labels), vector)
+        images = images.to(self.device, self.dtype).unflatten(0, (rows, batch_size))
+        labels = labels.to(self.device).unflatten(0, (rows, batch_size))
+        names = [name for name, p in self.net.named_parameters() if p.requires_grad]
+        weights = {name: p.detach() for name, p in zip(names, self.params)}
+
+        def loss_at(params, batch, targets):
+            return loss_fn(torch.func.functional_call(self.net, params, (batch,)), targets)
+
+        def product(batch, targets, vector):
+            tangent = dict(zip(names, unflatten(vector, self.params)))
+            _, hessian_vector = torch.func.jvp(lambda params: torch.func.grad(loss_at)(params, batch, targets),
+                                               (weights,), (tangent,))
+            return flatten(hessian_vector[name] for name in names)
+
+        return torch.func.vmap(product)(images, labels, vectors)
 
     def _hvp_of(self, loss: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
         grads = torch.autograd.grad(loss, self.params, create_graph=True)

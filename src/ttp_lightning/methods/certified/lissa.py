@@ -29,16 +29,17 @@ from ttp_lightning.training import RunContext
 
 
 def estimated_newton_direction(curv: ParetoCurvature, cfg: DictConfig, generator: torch.Generator) -> dict:
-    """P_n / J for the current weights, with what it took: J (given, or `scale_margin` times a power-iteration
-    estimate of ||H + lambda I||), n (given, or `auto`: the least the bound allows), the gradient and the
+    """P_n / J for the current weights, with what it took: J (given, or `scale_margin` times (a power-iteration
+    estimate of ||H|| + lambda), an estimate of the bound ||H + lambda I|| <= ||H|| + lambda), n (given, or `auto`: the least the bound allows), the gradient and the
     direction's relative residual ||(H + lambda I) p - grad|| / ||grad|| under full-data HVPs. A residual
     above `max_residual` stops the run: such a step is no Newton step (the chain ran on an indefinite
     H + lambda I, or too few samples), and releasing it would only damage the model."""
     gradient = curv.gradient()
     norm_estimate = None
-    if cfg.scale is None:
-        norm_estimate = power_iteration(curv.hvp, len(gradient), cfg.power_iterations, generator, curv.device)
-        scale = cfg.scale_margin * norm_estimate
+    if cfg.scale is None:  # ||H + lambda I|| <= ||H|| + lambda; iterating on H itself also converges faster
+        norm_estimate = power_iteration(lambda v: curv.hvp(v) - curv.lam * v, len(gradient), cfg.power_iterations,
+                                        generator, curv.device)
+        scale = cfg.scale_margin * (norm_estimate + curv.lam)
     else:
         scale = float(cfg.scale)
     if cfg.depth == "auto":

@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, TINY, TINY_WITHOUT_METHOD
 
 METRIC_KEYS = {"retain_acc", "test_acc", "forget_acc", "forget_conf_dist", "retain_conf_dist", "test_conf_dist",
-               "forget_l2_dist", "wall_s"}
+               "forget_l2_dist", "forget_nn_acc", "forget_nn_conf_dist", "wall_s"}
 
 
 def test_default_job_writes_the_results_contract(run_cli):

@@ -121,3 +121,13 @@ def test_crop_flip_keeps_shape_and_content_scale():
     images = torch.rand(5, 3, 8, 8)
     out = random_crop_flip(images, torch.Generator().manual_seed(0))
     assert out.shape == images.shape and out.max() <= images.max()
+
+
+def test_nearest_test_neighbours_of_the_forget_set():
+    dm = digits(forget={"size": 7, "seed": 2})
+    nearest = dm.nearest_test_indices(chunk_size=3)
+    for position, train_index in enumerate(dm.forget_indices):
+        distances = (dm.test_images.flatten(1).float() - dm.train_images[train_index].flatten().float()).norm(dim=1)
+        assert distances[nearest[position]] == distances.min()
+    _, labels = dm.dataset("forget_nn")[list(range(7))]
+    assert torch.equal(labels, dm.test_labels[nearest]) and "forget_nn" in dm.eval_parts()

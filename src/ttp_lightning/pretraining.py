@@ -24,10 +24,10 @@ def erm_module(ctx: RunContext, net: nn.Module) -> ERMModule:
     return ERMModule(net, optim, norm_bound=pre.norm_bound, projection=pre.projection)
 
 
-def train_erm(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, part: str) -> float:
-    """Fit `net` by ERM on one part of the training data (train = D, retain = D_r); returns wall seconds."""
+def train_erm(ctx: RunContext, net: nn.Module, loader) -> float:
+    """Fit `net` by ERM with the pretraining settings on the loader's data; returns wall seconds."""
     trainer = make_trainer(ctx, ctx.cfg.pretrain.epochs)
-    return timed_fit(trainer, erm_module(ctx, net), train_dataloaders=datamodule.training_loader(part))
+    return timed_fit(trainer, erm_module(ctx, net), train_dataloaders=loader)
 
 
 def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
@@ -55,7 +55,7 @@ def pretrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule,
         entry = torch.load(path, map_location="cpu", weights_only=True)
         net.load_state_dict(entry["state_dict"])
         return {"wall_s": float(entry["wall_s"]), "cached": True, "cache_file": str(path)}
-    wall = train_erm(ctx, net, datamodule, "train")
+    wall = train_erm(ctx, net, datamodule.training_loader("train"))
     if ctx.cfg.pretrain.use_cache and is_global_zero():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -140,6 +140,11 @@ def validate_config(cfg: DictConfig, methods) -> None:
             _positive_int(stopping.patience, "method.early_stopping.patience")
     if cfg.method.name.startswith("certified_"):
         _certified(cfg)
+    if cfg.method.name == "synthetic":
+        _positive_int(cfg.method.k, "method.k")
+        _positive(cfg.method.radius, "method.radius")
+    if cfg.method.name == "gaussian_uniform":
+        _positive(cfg.method.noise_variance, "method.noise_variance")
     forget = cfg.data.forget
     if forget.indices_file is None and forget.size is not None:
         _positive_int(forget.size, "data.forget.size")

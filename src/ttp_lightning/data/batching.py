@@ -23,7 +23,8 @@ AUGMENTATIONS = {"none": None, "crop_flip": random_crop_flip}
 
 
 class ImageBatchDataset(Dataset):
-    """uint8 images + labels, indexed by a list of positions; returns float images in [0, 1]."""
+    """Images + labels, indexed by a list of positions; returns float images in [0, 1]. Images are uint8
+    (real data) or float already in pixel units (synthetic points finer than 1/255, noisy copies)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, augment: str = "none", seed: int = 0):
         self.images, self.labels = images, labels
@@ -39,7 +40,8 @@ class ImageBatchDataset(Dataset):
             index = slice(first, last + 1)  # unshuffled chunks: a view, no gather
         else:
             index = torch.as_tensor(positions, dtype=torch.long)
-        images = self.images[index].float().div_(255.0)
+        images = self.images[index]
+        images = images.float().div_(255.0) if images.dtype == torch.uint8 else images.float().clone()
         if self.augment is not None:
             images = self.augment(images, self.generator)
         return images, self.labels[index]

@@ -55,6 +55,7 @@ class TTPDataModule(L.LightningDataModule):
         self.augment, self.normalize, self.num_workers, self.seed = augment, normalize, num_workers, seed
         self.max_train_size, self.max_test_size = max_train_size, max_test_size
         self.info: DatasetInfo | None = None
+        self._nearest_test: torch.Tensor | None = None
 
     # ----------------------------------------------------------------- set-up
     def setup(self, stage: str | None = None) -> None:
@@ -103,10 +104,23 @@ class TTPDataModule(L.LightningDataModule):
         return fingerprint(self.train_images[self.forget_indices], self.train_labels[self.forget_indices])
 
     # -------------------------------------------------------------- datasets
+    def nearest_test_indices(self, chunk_size: int = 256) -> torch.Tensor:
+        """For each forget instance, the test instance nearest in l2 pixel distance (computed once)."""
+        if self._nearest_test is None:
+            test = self.test_images.flatten(1).float()
+            nearest = [torch.cdist(self.train_images[chunk].flatten(1).float(), test).argmin(dim=1)
+                       for chunk in self.forget_indices.split(chunk_size)]
+            self._nearest_test = torch.cat(nearest)
+        return self._nearest_test
+
     def dataset(self, part: str, augment: bool = False) -> ImageBatchDataset:
-        """`part` is one of train (= D), retain, forget, test."""
+        """`part` is one of train (= D), retain, forget, test, forget_nn (each forget instance's nearest
+        test instance, the paper's check that protection does not spill onto similar images)."""
         if part == "test":
             images, labels = self.test_images, self.test_labels
+        elif part == "forget_nn":
+            index = self.nearest_test_indices()
+            images, labels = self.test_images[index], self.test_labels[index]
         else:
             index = {"train": slice(None), "retain": self.retain_indices, "forget": self.forget_indices}[part]
             images, labels = self.train_images[index], self.train_labels[index]
@@ -129,15 +143,23 @@ class TTPDataModule(L.LightningDataModule):
                             num_workers=self.num_workers)
 
     def eval_parts(self) -> list[str]:
-        return ["retain", "test", "forget"] if len(self.test_labels) else ["retain", "forget"]
+        return ["retain", "test", "forget", "forget_nn"] if len(self.test_labels) else ["retain", "forget"]
 
     # --------------------------------------------------------------- loaders
     def train_dataloader(self):
         return self.training_loader("train")
 
     def training_loader(self, part: str, batch_size: int | None = None, drop_last: bool = False):
-        return batch_loader(self.dataset(part, augment=True), batch_size or self.batch_size, shuffle=True,
-                            drop_last=drop_last, seed=self.seed, num_workers=self.num_workers)
+        return self.loader_for(self.dataset(part, augment=True), batch_size, drop_last)
+
+    def loader_for(self, dataset: ImageBatchDataset, batch_size: int | None = None, drop_last: bool = False):
+        """Shuffled training batches of any dataset (e.g. a baseline's own training set)."""
+        return batch_loader(dataset, batch_size or self.batch_size, shuffle=True, drop_last=drop_last,
+                            seed=self.seed, num_workers=self.num_workers)
+
+    def float_dataset(self, images: torch.Tensor, labels: torch.Tensor) -> ImageBatchDataset:
+        """A training view of float images in [0, 1] with the data set's augmentation."""
+        return ImageBatchDataset(images, labels, self.augment, seed=self.seed)
 
     def val_dataloader(self):
         return [self.eval_loader(part) for part in self.eval_parts()]

@@ -10,5 +10,5 @@ from ttp_lightning.training import RunContext
 
 def run_retrain(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
     net = make_net()
-    wall = train_erm(ctx, net, datamodule, "retain")
+    wall = train_erm(ctx, net, datamodule.training_loader("retain"))
     return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs)})

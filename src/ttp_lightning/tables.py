@@ -1,8 +1,11 @@
-"""`python -m ttp_lightning.tables PATH... [--out FILE]`: Markdown tables from results.json files.
+"""`python -m ttp_lightning.tables PATH... [--layout frontier|main] [--out FILE]`: Markdown tables from
+results.json files.
 
-PATH is a results.json or a folder searched for them (a multirun sweep). One table per model and
-method, one row per theta in the layout of the paper's Pareto-frontier tables (Model, theta, retain
-accuracy, test accuracy, forget confidence distance), with the pretrained model as the first row.
+PATH is a results.json or a folder searched for them (a multirun sweep). `frontier` (default): one table
+per data set, model and method, one row per theta, as the paper's Pareto-frontier tables (Model, theta,
+retain accuracy, test accuracy, forget confidence distance), the pretrained model first. `main`: one
+table per data set and model, one row per method (Pretrain, Retrain, Synthetic, GaussianUniform, Alg 1,
+certified ...), as the paper's main table, with retain and test confidence distances beside the forget one.
 """
 
 import argparse
@@ -11,8 +14,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-METHOD_LABELS = {"pareto": "Alg 1", "retrain": "Retrain", "certified_exact": "Cert. (Alg 2)",
-                 "certified_lissa": "Cert. (Alg 3)", "certified_online": "Cert. (Alg 4)"}
+METHOD_LABELS = {"retrain": "Retrain", "synthetic": "Synthetic", "gaussian_uniform": "GaussianUniform",
+                 "pareto": "Alg 1", "certified_exact": "Cert. (Alg 2)", "certified_lissa": "Cert. (Alg 3)",
+                 "certified_online": "Cert. (Alg 4)"}  # also the row order of the main table
 
 
 def load_results(paths: list[Path]) -> list[dict]:
@@ -63,13 +67,39 @@ def frontier_markdown(all_results: list[dict]) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
+def main_table_markdown(all_results: list[dict]) -> str:
+    """One Markdown table per (data set, model): Pretrain, then one row per method in the paper's order."""
+    groups = defaultdict(dict)
+    for results in all_results:
+        groups[(results["config"]["data"]["name"], model_name(results))][results["method"]] = results
+    order = list(METHOD_LABELS)
+    blocks = []
+    for (data, model), by_method in sorted(groups.items()):
+        methods = sorted(by_method, key=lambda m: order.index(m) if m in order else len(order))
+        rows = [("Pretrain", by_method[methods[0]]["metrics"]["pretrain"])]
+        rows += [(METHOD_LABELS.get(m, m), by_method[m]["metrics"][m]) for m in methods]
+        lines = [f"### {data}, {model}", "",
+                 "| Method | Retain Acc. | Test Acc. | Conf. Dist. (forget) | Retain CD | Test CD |",
+                 "|---|---|---|---|---|---|"]
+        for label, m in rows:
+            lines.append(f"| {label} | {percent(m['retain_acc'])} | {percent(m.get('test_acc', float('nan')))} | "
+                         f"{m['forget_conf_dist']:.3f} | {m['retain_conf_dist']:.3f} | "
+                         f"{m.get('test_conf_dist', float('nan')):.3f} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+LAYOUTS = {"frontier": frontier_markdown, "main": main_table_markdown}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ttp_lightning.tables", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path, help="results.json files or folders holding them")
+    parser.add_argument("--layout", choices=list(LAYOUTS), default="frontier")
     parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
     args = parser.parse_args(argv)
     try:
-        markdown = frontier_markdown(load_results(args.paths))
+        markdown = LAYOUTS[args.layout](load_results(args.paths))
     except (OSError, json.JSONDecodeError, KeyError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

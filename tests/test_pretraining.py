@@ -16,6 +16,7 @@ def key_for(compose_cfg, *overrides):
 def test_cache_key_tracks_what_determines_the_pretrained_model(compose_cfg):
     base = key_for(compose_cfg)
     assert key_for(compose_cfg, "method.theta=0.25", "method.epochs=3") == base  # method settings: same A(D)
-    for override in ("data.normalize=false", "data.forget.seed=1", "pretrain.lr=0.001", "seed=7",
+    assert key_for(compose_cfg, "data.forget.seed=1", "data.forget.size=30") == base  # A(D) ignores D_f
+    for override in ("data.normalize=false", "data.split_seed=1", "pretrain.lr=0.001", "seed=7",
                      "model.hidden_dim=32", "trainer=ddp_sim", "data.batch_size=64"):
         assert key_for(compose_cfg, override) != base, override

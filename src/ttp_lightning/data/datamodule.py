@@ -97,8 +97,9 @@ class TTPDataModule(L.LightningDataModule):
 
     # -------------------------------------------------------------- identity
     def data_fingerprint(self) -> str:
-        """Hash of the training images, labels and forget selection: part of the pretraining cache key."""
-        return fingerprint(self.train_images, self.train_labels, self.forget_indices)
+        """Hash of the training images and labels, part of the pretraining cache key. The forget selection
+        is not in it: A(D) trains on all of D whatever D_f is, so forget-set sweeps pretrain once."""
+        return fingerprint(self.train_images, self.train_labels)
 
     def forget_fingerprint(self) -> str:
         return fingerprint(self.train_images[self.forget_indices], self.train_labels[self.forget_indices])

@@ -29,14 +29,17 @@ test: $(STAMP)  ## the test suite without the slow tests (under 10 minutes on 2 
 test-slow: $(STAMP)  ## only the slow tests (DDP simulation, MNIST paper row)
 	$(BIN)/python -m pytest -m slow -q
 
-sweep: $(STAMP)  ## theta sweep of Alg 1 on MNIST MLP (pretrains once)
+sweep: $(STAMP)  ## theta sweep of Alg 1 on MNIST MLP (pretrains once), its frontier table and PNGs
 	$(BIN)/python -m ttp_lightning -m +experiment=mnist_mlp data.root=$(DATA_ROOT) logger=csv \
-		method.theta=0.25,0.5,0.75 $(ARGS)
+		method.theta=0.25,0.5,0.75 hydra.sweep.dir=multirun/sweep_mnist_mlp $(ARGS)
+	$(BIN)/python -m ttp_lightning.tables multirun/sweep_mnist_mlp --out multirun/sweep_mnist_mlp.md
+	$(BIN)/python -m ttp_lightning.plots multirun/sweep_mnist_mlp --out multirun/sweep_mnist_mlp_png
 
 sweep-certified: $(STAMP)  ## theta sweep of Alg 2 on MNIST LogReg and its frontier table (multirun/sweep_certified.md)
 	$(BIN)/python -m ttp_lightning -m +experiment=mnist_logreg_certified data.root=$(DATA_ROOT) logger=csv \
 		method.theta=0.125,0.25,0.375,0.5,0.625,0.75,0.85,0.95 hydra.sweep.dir=multirun/sweep_certified $(ARGS)
 	$(BIN)/python -m ttp_lightning.tables multirun/sweep_certified --out multirun/sweep_certified.md
+	$(BIN)/python -m ttp_lightning.plots multirun/sweep_certified --out multirun/sweep_certified_png
 
 bench: $(STAMP)  ## wall times and steps/s into bench/bench.json
 	$(BIN)/python scripts/bench.py --data-root $(DATA_ROOT) --out bench/bench.json

@@ -35,6 +35,8 @@ def test_default_job_writes_the_results_contract(run_cli):
     assert set(attacks["pareto"]["pgd"]) == {"1", "2", "5", "8"}
     assert attacks["pareto"]["pgd"]["8"]["forget_conf_dist"] > attacks["pareto"]["none"]["0"]["forget_conf_dist"]
     assert "attacks on the forget set" in proc.stdout and "8/255" in proc.stdout
+    softmax = results["forget_softmax"]["pareto"]
+    assert len(softmax) == 5 and all(abs(sum(row["softmax"]) - 1) < 1e-4 for row in softmax)
 
 
 def test_retrain_baseline_trains_on_the_retain_set(run_cli):

@@ -33,3 +33,16 @@ def evaluate(model: nn.Module, datamodule: TTPDataModule) -> dict[str, float]:
         results.update({f"{part}_{name}": round(float(metric.compute()), 6) for name, metric in metrics.items()})
     model.train(was_training)
     return results
+
+
+@torch.no_grad()
+def forget_softmax(model: nn.Module, datamodule: TTPDataModule, count: int = 5) -> list[dict]:
+    """Softmax outputs on the first `count` forget instances, with their labels (for the bar charts)."""
+    device = eval_device()
+    was_training = model.training
+    model.eval().to(device)
+    forget = datamodule.dataset("forget")
+    images, labels = forget[list(range(min(count, len(forget))))]
+    probs = model(images.to(device)).softmax(dim=1).cpu()
+    model.train(was_training)
+    return [{"label": int(label), "softmax": [round(float(p), 6) for p in row]} for label, row in zip(labels, probs)]

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.attacks import attack_forget_set
 from ttp_lightning.certify.certificate import release
-from ttp_lightning.evaluation import evaluate
+from ttp_lightning.evaluation import evaluate, forget_softmax
 from ttp_lightning.methods import METHODS
 from ttp_lightning.models import build_classifier
 from ttp_lightning.pretraining import pretrained_model
@@ -97,6 +97,8 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         "metrics": metrics,
         "history": {cfg.method.name: output.history},
     }
+    results["forget_softmax"] = {"pretrain": forget_softmax(pretrained, datamodule),
+                                 cfg.method.name: forget_softmax(output.net, datamodule)}
     if cfg.attacks.enabled:
         forget = datamodule.dataset("forget")
         results["attacks"] = {"pretrain": attack_forget_set(pretrained, forget, cfg.attacks),

@@ -1,0 +1,142 @@
+"""`python -m ttp_lightning.plots PATH... --out DIR`: PNG figures from results.json files (needs matplotlib,
+the `plots` extra).
+
+  frontier.png   retain / test accuracy and forget confidence distance against theta, per method
+                 (a theta sweep: two or more results of one method)
+  dynamics.png   the method's per-epoch retain / test accuracy and forget confidence distance
+  softmax.png    softmax bars of five forget instances, pretrained vs the method's model
+  attacks.png    forget confidence distance against the attack radius gamma, pretrained vs method
+The last three are drawn for the first results file given (or found).
+"""
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from ttp_lightning.tables import METHOD_LABELS, load_results
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def frontier(all_results: list[dict], path: Path) -> bool:
+    by_method = defaultdict(list)
+    for results in all_results:
+        theta = results["config"]["method"].get("theta")
+        if theta is not None:
+            by_method[results["method"]].append((theta, results["metrics"][results["method"]]))
+    sweeps = {m: sorted(points, key=lambda p: p[0]) for m, points in by_method.items() if len(points) > 1}
+    if not sweeps:
+        return False
+    plt = _pyplot()
+    figure, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for method, points in sweeps.items():
+        thetas = [theta for theta, _ in points]
+        for axis, key in zip(axes, ("retain_acc", "test_acc", "forget_conf_dist")):
+            axis.plot(thetas, [m[key] for _, m in points], marker="o", label=METHOD_LABELS.get(method, method))
+    for axis, title in zip(axes, ("retain accuracy", "test accuracy", "forget confidence distance")):
+        axis.set(xlabel="theta", title=title)
+        axis.grid(alpha=0.3)
+    axes[0].legend()
+    _save(plt, figure, path)
+    return True
+
+
+def dynamics(results: dict, path: Path) -> bool:
+    history = results["history"].get(results["method"], [])
+    rows = [row for row in history if "epoch" in row]
+    if not rows:
+        return False
+    plt = _pyplot()
+    figure, (accuracy, distance) = plt.subplots(1, 2, figsize=(10, 3.8))
+    epochs = [row["epoch"] for row in rows]
+    for key in ("retain_acc", "test_acc", "forget_acc"):
+        if key in rows[0]:
+            accuracy.plot(epochs, [row[key] for row in rows], label=key.replace("_", " "))
+    for key in ("forget_conf_dist", "test_conf_dist"):
+        if key in rows[0]:
+            distance.plot(epochs, [row[key] for row in rows], label=key.replace("_", " "))
+    for axis, title in ((accuracy, "accuracy"), (distance, "confidence distance")):
+        axis.set(xlabel="epoch", title=f"{METHOD_LABELS.get(results['method'], results['method'])}: {title}")
+        axis.legend()
+        axis.grid(alpha=0.3)
+    _save(plt, figure, path)
+    return True
+
+
+def softmax_bars(results: dict, path: Path) -> bool:
+    outputs = results.get("forget_softmax")
+    if not outputs:
+        return False
+    plt = _pyplot()
+    stages = list(outputs)
+    count = len(outputs[stages[0]])
+    figure, axes = plt.subplots(len(stages), count, figsize=(2.6 * count, 2.3 * len(stages)), squeeze=False)
+    for row, stage in enumerate(stages):
+        for column, instance in enumerate(outputs[stage]):
+            axis = axes[row][column]
+            probs = instance["softmax"]
+            colours = ["tab:red" if c == instance["label"] else "tab:blue" for c in range(len(probs))]
+            axis.bar(range(len(probs)), probs, color=colours)
+            axis.axhline(1 / len(probs), color="grey", linestyle="--", linewidth=0.8)
+            axis.set_ylim(0, 1)
+            axis.set_title(f"{stage}: forget #{column} (label {instance['label']})", fontsize=8)
+    _save(plt, figure, path)
+    return True
+
+
+def attack_curves(results: dict, path: Path) -> bool:
+    attacks = results.get("attacks")
+    if not attacks:
+        return False
+    plt = _pyplot()
+    names = [name for name in next(iter(attacks.values())) if name != "none"]
+    figure, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
+    for axis, name in zip(axes[0], names):
+        for stage, by_attack in attacks.items():
+            gammas = sorted(by_attack[name], key=float)
+            axis.plot([float(g) for g in gammas], [by_attack[name][g]["forget_conf_dist"] for g in gammas],
+                      marker="o", label=stage)
+        axis.set(xlabel="gamma (x 1/255)", ylabel="forget confidence distance", title=name, ylim=(0, 1))
+        axis.legend()
+        axis.grid(alpha=0.3)
+    _save(plt, figure, path)
+    return True
+
+
+def _save(plt, figure, path: Path) -> None:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.plots", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="results.json files or folders holding them")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the PNG files")
+    args = parser.parse_args(argv)
+    try:
+        all_results = load_results(args.paths)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    first = all_results[0]
+    drawn = [name for name, draw in (("frontier.png", lambda p: frontier(all_results, p)),
+                                     ("dynamics.png", lambda p: dynamics(first, p)),
+                                     ("softmax.png", lambda p: softmax_bars(first, p)),
+                                     ("attacks.png", lambda p: attack_curves(first, p)))
+             if draw(args.out / name)]
+    print("wrote " + ", ".join(str(args.out / name) for name in drawn) if drawn else "nothing to draw")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

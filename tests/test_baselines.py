@@ -1,8 +1,11 @@
-"""Baselines trained from scratch: synthetic neighbours of the forget set, and GaussianUniform."""
+"""Baselines trained from scratch: synthetic neighbours of the forget set, GaussianUniform, LabelDP."""
+
+import math
 
 import torch
 
 from conftest import TINY_WITHOUT_METHOD
+from ttp_lightning.methods.baselines.labeldp import rr_with_prior
 from ttp_lightning.methods.baselines.synthetic import uniform_ball_points
 
 
@@ -33,3 +36,25 @@ def test_gaussian_uniform_baseline_reports_noisy_accuracies(run_cli):
     assert baseline["train_size"] == 2 * 1258
     assert {"noisy_retain_acc", "noisy_forget_acc", "noisy_test_acc"} <= baseline.keys()
     assert baseline["noisy_retain_acc"] > 0.5 and baseline["test_acc"] < results["metrics"]["pretrain"]["test_acc"]
+
+
+def test_rr_with_prior_keeps_labels_as_often_as_epsilon_allows():
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(10, (20000,), generator=generator)
+    uniform = torch.full((20000, 10), 0.1)
+    noisy = rr_with_prior(uniform, labels, 2.0, generator)  # uniform prior: k* = K, plain RR
+    keep = math.exp(2) / (math.exp(2) + 9)
+    assert abs((noisy == labels).float().mean().item() - keep) < 0.01
+    assert noisy.bincount(minlength=10).min() > 1000  # flips spread over every class
+    confident = torch.nn.functional.one_hot(torch.tensor([3, 3]), 10).float() * 0.99 + 0.001
+    assert rr_with_prior(confident, torch.tensor([3, 5]), 2.0, generator).tolist() == [3, 3]  # k* = 1
+
+
+def test_labeldp_baseline_from_the_cli(run_cli):
+    proc, results = run_cli("method=labeldp", "attacks.enabled=false", *TINY_WITHOUT_METHOD, tiny=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    labeldp = results["metrics"]["labeldp"]
+    assert labeldp["stage_sizes"] == [629, 629]
+    assert abs(labeldp["stage1_labels_kept"] - math.exp(2) / (math.exp(2) + 9)) < 0.06
+    assert labeldp["stage2_labels_kept"] > labeldp["stage1_labels_kept"]  # the prior concentrates RR
+    assert labeldp["test_acc"] > 0.5

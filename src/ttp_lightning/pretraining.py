@@ -17,17 +17,17 @@ from ttp_lightning.training import RunContext, make_trainer, timed_fit
 CACHE_FORMAT = 1
 
 
-def erm_module(ctx: RunContext, net: nn.Module) -> ERMModule:
-    """The ERM LightningModule with the `pretrain` settings (also used by the retrain baseline)."""
+def erm_module(ctx: RunContext, net: nn.Module, mixup_alpha: float = 0.0) -> ERMModule:
+    """The ERM LightningModule with the `pretrain` settings (also used by the baselines)."""
     pre = ctx.cfg.pretrain
     optim = {k: pre[k] for k in ("optimizer", "lr", "weight_decay", "momentum", "schedule")}
-    return ERMModule(net, optim, norm_bound=pre.norm_bound, projection=pre.projection)
+    return ERMModule(net, optim, norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
 
 
-def train_erm(ctx: RunContext, net: nn.Module, loader) -> float:
+def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0) -> float:
     """Fit `net` by ERM with the pretraining settings on the loader's data; returns wall seconds."""
     trainer = make_trainer(ctx, ctx.cfg.pretrain.epochs)
-    return timed_fit(trainer, erm_module(ctx, net), train_dataloaders=loader)
+    return timed_fit(trainer, erm_module(ctx, net, mixup_alpha), train_dataloaders=loader)
 
 
 def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:

@@ -14,7 +14,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-METHOD_LABELS = {"retrain": "Retrain", "synthetic": "Synthetic", "gaussian_uniform": "GaussianUniform",
+METHOD_LABELS = {"retrain": "Retrain", "synthetic": "Synthetic", "labeldp": "LabelDP",
+                 "gaussian_uniform": "GaussianUniform",
                  "pareto": "Alg 1", "certified_exact": "Cert. (Alg 2)", "certified_lissa": "Cert. (Alg 3)",
                  "certified_online": "Cert. (Alg 4)"}  # also the row order of the main table
 

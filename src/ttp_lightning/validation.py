@@ -145,6 +145,12 @@ def validate_config(cfg: DictConfig, methods) -> None:
         _positive(cfg.method.radius, "method.radius")
     if cfg.method.name == "gaussian_uniform":
         _positive(cfg.method.noise_variance, "method.noise_variance")
+    if cfg.method.name == "labeldp":
+        _positive(cfg.method.epsilon, "method.epsilon")
+        _fraction(cfg.method.stage_fraction, "method.stage_fraction")
+        _positive(cfg.method.temperature, "method.temperature")
+        if _number(cfg.method.mixup_alpha, "method.mixup_alpha") < 0:
+            raise TTPUserError(f"method.mixup_alpha={cfg.method.mixup_alpha} is not allowed; choose a value >= 0")
     forget = cfg.data.forget
     if forget.indices_file is None and forget.size is not None:
         _positive_int(forget.size, "data.forget.size")

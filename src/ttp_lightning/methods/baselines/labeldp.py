@@ -9,8 +9,8 @@ used once, so the whole run is `epsilon`-label-DP.
 
 RR-with-prior keeps the top k* classes of the prior, k* = argmax over k in {1..K} of
 e^eps / (e^eps + k - 1) * (sum of the k largest prior probabilities), with k counted from 1 as in the
-paper's algorithm (the official JAX code counts k from 0 in this expression, i.e. a denominator of
-e^eps + k, which shifts k* by one; we follow the paper). If the true label is among them it is kept with
+paper's algorithm (its official JAX code is reported to pick a k* off by one from this; we follow the
+paper, whose privacy proof is for this rule). If the true label is among them it is kept with
 probability e^eps / (e^eps + k* - 1), else one of the other k* - 1 is drawn uniformly; if it is not, a
 uniform draw from the k* classes is returned.
 """

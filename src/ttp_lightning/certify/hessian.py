@@ -23,7 +23,7 @@ def exact_hessian(curv: ParetoCurvature, max_params: int, directions_per_pass: i
     head = _sole_trainable_linear(curv.net, curv.params)
     if head is not None:
         return _affine_model_hessian(curv, head)
-    names = [name for name, p in curv.net.named_parameters() if p.requires_grad]
+    names = curv.names
     weights = flatten(p.detach() for p in curv.params)
     hessian = curv.lam * torch.eye(size, dtype=weights.dtype, device=weights.device)
     for dataset, loss_fn, weight in curv.weighted_terms():

@@ -88,7 +88,14 @@ class ParetoCurvature:
         self.forget_loss: Loss = lambda logits, labels: uniformity(logits / forget_temperature)
         disable_fused_attention(self.net)
         self.params = trainable(self.net)
+        self.names = [name for name, p in self.net.named_parameters() if p.requires_grad]  # same order
         self.device = self.params[0].device
+
+    def assign(self, vector: torch.Tensor) -> None:
+        """Write a flat vector into the trainable parameters (the inverse of flattening them)."""
+        with torch.no_grad():
+            for param, value in zip(self.params, unflatten(vector, self.params)):
+                param.copy_(value)
 
     def weighted_terms(self):
         """(dataset, loss, weight) per part: the objective is sum_parts weight * mean loss over the part."""
@@ -136,7 +143,7 @@ class ParetoCurvature:
         images, labels = dataset[positions]
         images = images.to(self.device, self.dtype).unflatten(0, (rows, batch_size))
         labels = labels.to(self.device).unflatten(0, (rows, batch_size))
-        names = [name for name, p in self.net.named_parameters() if p.requires_grad]
+        names = self.names
         weights = {name: p.detach() for name, p in zip(names, self.params)}
 
         def loss_at(params, batch, targets):

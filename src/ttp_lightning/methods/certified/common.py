@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning.certify.certificate import calibrated_sensitivity, recomputed_sensitivity
-from ttp_lightning.certify.hvp import ParetoCurvature, refresh_batchnorm, unflatten
+from ttp_lightning.certify.hvp import ParetoCurvature, refresh_batchnorm
 from ttp_lightning.certify.mechanism import implied_epsilon, noise_sigma
 from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.data.datamodule import TTPDataModule
@@ -93,10 +93,7 @@ def calibrate_noise(cfg: DictConfig, certificate: dict) -> dict:
 def release_noisy(curv: ParetoCurvature, weights: torch.Tensor, sigma: float, seed: int) -> nn.Module:
     """w- = w~ + N(0, sigma^2 I) written into the model's trainable parameters; the model back in fp32."""
     generator = torch.Generator().manual_seed(seed)
-    noisy = weights + sigma * torch.randn(len(weights), generator=generator, dtype=weights.dtype).to(weights.device)
-    with torch.no_grad():
-        for param, value in zip(curv.params, unflatten(noisy, curv.params)):
-            param.copy_(value)
+    curv.assign(weights + sigma * torch.randn(len(weights), generator=generator, dtype=weights.dtype).to(weights.device))
     return curv.net.float()
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ttp_lightning.certify.certificate import ONLINE
-from ttp_lightning.certify.hvp import flatten, unflatten
+from ttp_lightning.certify.hvp import flatten
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.methods.certified.common import (
     calibrate_noise,
@@ -36,10 +36,7 @@ def run_certified_online(ctx: RunContext, pretrained: nn.Module, datamodule: TTP
         retain, forget = datamodule.request_parts(request)
         curv = curvature(prepared.net, cfg, retain, forget)
         step = estimated_newton_direction(curv, cfg, generator)
-        with torch.no_grad():
-            weights = flatten(p.detach() for p in curv.params)
-            for param, value in zip(curv.params, unflatten(weights - step["direction"], curv.params)):
-                param.copy_(value)
+        curv.assign(flatten(p.detach() for p in curv.params) - step["direction"])
         steps.append(step)
         history.append({"request": request, "forget_size": len(forget), "retain_size": len(retain),
                         "newton_residual": step["residual"], "scale_J": step["scale"], "depth_n": step["depth"],

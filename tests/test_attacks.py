@@ -50,7 +50,7 @@ def test_attack_forget_set_reports_every_attack_and_gamma():
     results = attack_forget_set(net, forget, SETTINGS, chunk_size=4)
     assert set(results) == {"none", "gaussian", "fgsm", "pgd"} and set(results["pgd"]) == {"2", "8"}
     assert all(0 <= scores["forget_acc"] <= 1 for per_gamma in results.values() for scores in per_gamma.values())
-    images, labels = forget[list(range(len(forget)))]
+    images, labels = forget.everything()
     with torch.no_grad():
         probs = net(images).softmax(dim=1)
     expected = (probs.max(dim=1).values - 1 / 3).clamp(min=0).mean().item()

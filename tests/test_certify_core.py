@@ -50,7 +50,7 @@ def objective_of(curv: ParetoCurvature, flat_w: torch.Tensor) -> torch.Tensor:
     state = dict(zip(names, params))
 
     def mean_loss(dataset, loss_fn):
-        images, labels = dataset[list(range(len(dataset)))]
+        images, labels = dataset.everything()
         return loss_fn(torch.func.functional_call(curv.net, state, (images.double(),)), labels)
 
     return (curv.theta * mean_loss(curv.forget, curv.forget_loss)
@@ -225,7 +225,7 @@ def test_batchnorm_statistics_are_recomputed_on_the_given_data_and_hvps_use_them
     torch.manual_seed(0)
     net = nn.Sequential(nn.BatchNorm2d(1), nn.Flatten(), nn.Linear(16, 3))
     retain, forget = tiny_sets(n_retain=40, n_forget=5)
-    images = retain[list(range(len(retain)))][0]
+    images = retain.everything()[0]
     assert refresh_batchnorm(net, retain, chunk_size=len(retain))
     assert torch.allclose(net[0].running_var, images.var().reshape(1), rtol=1e-4)
     assert refresh_batchnorm(net, retain, chunk_size=7)  # uneven chunks: still the size-weighted mean

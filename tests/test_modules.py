@@ -41,14 +41,14 @@ def test_fullbatch_mean_gradient_equals_whole_set_gradient_for_any_chunk_size():
     module = ParetoFinetuneModule(tiny_net(), 0.75, OPTIM, mode="fullbatch", chunk_size=5,
                                   retain_data=retain, forget_data=forget)
     chunked, loss = module._mean_gradient(retain, retain_loss)
-    images, labels = retain[list(range(len(retain)))]
+    images, labels = retain.everything()
     whole = retain_loss(module.net(images), labels)
     expected = torch.autograd.grad(whole, list(module.net.parameters()))
     assert torch.allclose(loss.float(), whole.detach(), atol=1e-6)
     for a, b in zip(chunked, expected):
         assert torch.allclose(a, b, atol=1e-6)
     forget_grads, _ = module._mean_gradient(forget, module._forget_loss)
-    images, _ = forget[list(range(len(forget)))]
+    images, _ = forget.everything()
     expected = torch.autograd.grad(kl_to_uniform(module.net(images)), list(module.net.parameters()))
     for a, b in zip(forget_grads, expected):
         assert torch.allclose(a, b, atol=1e-6)

@@ -46,6 +46,10 @@ class ImageBatchDataset(Dataset):
             images = self.augment(images, self.generator)
         return images, self.labels[index]
 
+    def everything(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All images (float, [0, 1]) and labels in order, as two tensors."""
+        return self[list(range(len(self)))]
+
 
 def _rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():

@@ -18,7 +18,7 @@ from ttp_lightning.training import RunContext
 
 
 def noisy_copy(dataset: ImageBatchDataset, std: float, generator: torch.Generator) -> ImageBatchDataset:
-    images, labels = dataset[list(range(len(dataset)))]
+    images, labels = dataset.everything()
     return ImageBatchDataset(images + std * torch.randn(images.shape, generator=generator), labels)
 
 
@@ -38,7 +38,7 @@ def run_gaussian_uniform(ctx: RunContext, pretrained: nn.Module, datamodule: TTP
     std = math.sqrt(cfg.noise_variance)
     noisy_retain = noisy_copy(datamodule.dataset("retain"), std, generator)
     noisy_forget = noisy_copy(datamodule.dataset("forget"), std, generator)
-    clean, labels = datamodule.dataset("train")[list(range(len(datamodule.train_labels)))]
+    clean, labels = datamodule.dataset("train").everything()
     random_labels = torch.randint(datamodule.info.num_classes, (len(labels),), generator=generator)
     train = datamodule.float_dataset(torch.cat([noisy_retain.images, noisy_forget.images, clean]),
                                      torch.cat([noisy_retain.labels, noisy_forget.labels, random_labels]))

@@ -62,8 +62,7 @@ def softmax_prior(net: nn.Module, images: torch.Tensor, temperature: float, chun
 def run_labeldp(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
     cfg = ctx.cfg.method
     generator = torch.Generator().manual_seed(int(cfg.seed))
-    train = datamodule.dataset("train")
-    images, labels = train[list(range(len(train)))]
+    images, labels = datamodule.dataset("train").everything()
     order = torch.randperm(len(labels), generator=generator)
     cut = round(cfg.stage_fraction * len(labels))
     first, second = order[:cut], order[cut:]

@@ -25,12 +25,10 @@ def uniform_ball_points(centres: torch.Tensor, k: int, radius: float, generator:
 def run_synthetic(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
     cfg = ctx.cfg.method
     generator = torch.Generator().manual_seed(int(cfg.seed))
-    retain = datamodule.dataset("retain")
-    forget = datamodule.dataset("forget")
-    forget_images, _ = forget[list(range(len(forget)))]
+    forget_images, _ = datamodule.dataset("forget").everything()
     points = uniform_ball_points(forget_images, int(cfg.k), cfg.radius / 255.0, generator)
     labels = torch.randint(datamodule.info.num_classes, (len(points),), generator=generator)
-    retain_images, retain_labels = retain[list(range(len(retain)))]
+    retain_images, retain_labels = datamodule.dataset("retain").everything()
     train = datamodule.float_dataset(torch.cat([retain_images, points]), torch.cat([retain_labels, labels]))
     net = make_net()
     wall = train_erm(ctx, net, datamodule.loader_for(train))

@@ -3,6 +3,7 @@
 from omegaconf import DictConfig
 
 from ttp_lightning.errors import TTPUserError
+from ttp_lightning.methods.certified.common import resolve_lam
 from ttp_lightning.modules.optim import OPTIMIZERS, PROJECTIONS, SCHEDULES
 from ttp_lightning.modules.pareto import MODES
 from ttp_lightning.objectives import UNIFORMITY_LOSSES
@@ -60,15 +61,14 @@ def _certified(cfg: DictConfig) -> None:
     theta = _number(method.theta, "method.theta")
     if not 0.0 < theta < 1.0:
         raise TTPUserError(f"method.theta={theta} is not allowed for a certified method; choose a value in (0, 1)")
-    _auto_or(method.lam, "method.lam", _positive)
-    lam = theta * method.grad_lipschitz_forget + (1 - theta) * method.grad_lipschitz_retain \
-        if method.lam == "auto" else method.lam
-    if lam + _number(method.lam_min, "method.lam_min") <= 0:
-        raise TTPUserError(f"method.lam_min={method.lam_min} is not allowed with lambda={lam}; "
-                           f"lambda + lambda_min must be > 0")
     for key in ("epsilon", "hessian_lipschitz_forget", "hessian_lipschitz_retain", "grad_lipschitz_forget",
                 "grad_lipschitz_retain"):
         _positive(method[key], f"method.{key}")
+    _auto_or(method.lam, "method.lam", _positive)
+    lam = resolve_lam(method)
+    if lam + _number(method.lam_min, "method.lam_min") <= 0:
+        raise TTPUserError(f"method.lam_min={method.lam_min} is not allowed with lambda={lam}; "
+                           f"lambda + lambda_min must be > 0")
     _fraction(method.delta, "method.delta")
     if method.sigma is not None:
         _positive(method.sigma, "method.sigma")

@@ -14,23 +14,31 @@ def eval_device() -> torch.device:
 
 
 @torch.no_grad()
+def batch_metrics(model: nn.Module, batches, l2: bool = False) -> dict[str, float]:
+    """acc and conf_dist (and l2_dist) of the model, already in eval mode on `eval_device()`, over
+    (images, labels) batches."""
+    device = eval_device()
+    metrics = {"acc": Accuracy(**LOCAL), "conf_dist": ConfidenceDistance(**LOCAL)}
+    if l2:
+        metrics["l2_dist"] = L2UniformDistance(**LOCAL)
+    for images, labels in batches:
+        logits = model(images.to(device))
+        for metric in metrics.values():
+            metric.update(logits.cpu(), labels)
+    return {name: round(float(metric.compute()), 6) for name, metric in metrics.items()}
+
+
+@torch.no_grad()
 def evaluate(model: nn.Module, datamodule: TTPDataModule) -> dict[str, float]:
     """{part}_acc and {part}_conf_dist for every evaluation part, plus forget_l2_dist (eval mode).
 
     Runs in the calling process over the whole of every part, also under DDP (rank 0 evaluates)."""
-    device = eval_device()
     was_training = model.training
-    model.eval().to(device)
+    model.eval().to(eval_device())
     results: dict[str, float] = {}
     for part in datamodule.eval_parts():
-        metrics = {"acc": Accuracy(**LOCAL), "conf_dist": ConfidenceDistance(**LOCAL)}
-        if part == "forget":
-            metrics["l2_dist"] = L2UniformDistance(**LOCAL)
-        for images, labels in datamodule.eval_loader(part, sharded=False):
-            logits = model(images.to(device))
-            for metric in metrics.values():
-                metric.update(logits.cpu(), labels)
-        results.update({f"{part}_{name}": round(float(metric.compute()), 6) for name, metric in metrics.items()})
+        scores = batch_metrics(model, datamodule.eval_loader(part, sharded=False), l2=part == "forget")
+        results.update({f"{part}_{name}": value for name, value in scores.items()})
     model.train(was_training)
     return results
 

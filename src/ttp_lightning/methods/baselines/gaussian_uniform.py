@@ -11,7 +11,7 @@ from torch import nn
 
 from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.evaluation import eval_device
+from ttp_lightning.evaluation import batch_metrics, eval_device
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.pretraining import train_erm
 from ttp_lightning.training import RunContext
@@ -22,13 +22,9 @@ def noisy_copy(dataset: ImageBatchDataset, std: float, generator: torch.Generato
     return ImageBatchDataset(images + std * torch.randn(images.shape, generator=generator), labels)
 
 
-@torch.no_grad()
 def accuracy(net: nn.Module, dataset: ImageBatchDataset, chunk_size: int = 1024) -> float:
-    device = eval_device()
-    net.eval().to(device)
-    correct = sum(int((net(images.to(device)).argmax(1).cpu() == labels).sum())
-                  for images, labels in iterate_shard(dataset, chunk_size, sharded=False))
-    return round(correct / len(dataset), 6)
+    net.eval().to(eval_device())
+    return batch_metrics(net, iterate_shard(dataset, chunk_size, sharded=False))["acc"]
 
 
 def run_gaussian_uniform(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule,

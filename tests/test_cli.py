@@ -47,6 +47,19 @@ def test_retrain_baseline_trains_on_the_retain_set(run_cli):
     assert results["history"]["retrain"] == []
 
 
+def test_forget_instances_from_the_test_set_are_absorbed_then_protected(run_cli):
+    proc, results = run_cli("data.forget.source=test", "pretrain.absorb_epochs=3", "attacks.enabled=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = results["metrics"]
+    assert list(metrics) == ["pretrain_original", "pretrain", "pareto"]
+    assert results["data"]["forget_from_test"] == 20 and results["data"]["test_size"] == 539 - 20
+    assert metrics["pretrain"]["absorb_epochs"] == 3 and metrics["pretrain"]["absorb_cached"] is False
+    # A(D) never saw the forget images; after absorbing them it fits them at least as well
+    assert metrics["pretrain"]["forget_acc"] >= metrics["pretrain_original"]["forget_acc"]
+    assert metrics["pareto"]["forget_conf_dist"] < 0.5 * metrics["pretrain"]["forget_conf_dist"]
+    assert "pretrain_original" in proc.stdout
+
+
 def test_fullbatch_mode_with_surgery_and_temperature(run_cli):
     proc, results = run_cli("method.mode=fullbatch", "method.gradient_surgery=true", "method.forget_temperature=2",
                             "method.epochs=40", "method.early_stopping.enabled=false")
@@ -88,12 +101,15 @@ BAD_INPUT = [
     ("method.mode=sometimes", "method.mode='sometimes' is not allowed; choose one of: minibatch, fullbatch"),
     ("attacks.names=[pgd,magic]", "attacks.names='magic' is not allowed; choose one of: gaussian, fgsm, pgd"),
     ("attacks.gammas=[2,-1]", "attacks.gammas=-1 is not allowed; choose a value > 0"),
+    ("data.split=random", "data.split='random' is not allowed; choose one of: official, paper"),
+    ("data.forget.source=holdout", "data.forget.source='holdout' is not allowed; choose one of: train, test, mixed"),
+    ("data.forget.source=test pretrain.absorb_epochs=0", "pretrain.absorb_epochs=0 is not allowed"),
 ]
 
 
 @pytest.mark.parametrize("override,message", BAD_INPUT)
 def test_bad_input_fails_in_one_line_without_results(run_cli, tmp_path, override, message):
-    proc, results = run_cli(override)
+    proc, results = run_cli(*override.split())
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr[-2000:]

@@ -35,6 +35,39 @@ def test_forget_and_retain_partition_the_training_set():
     assert not torch.equal(dm.forget_indices, other_seed.forget_indices)
 
 
+def test_forget_source_test_moves_test_instances_into_the_training_data():
+    plain, outside = digits(forget={"size": 20}), digits(forget={"size": 20, "source": "test"})
+    assert outside.outside_forget_count == 20 and len(outside.test_labels) == len(plain.test_labels) - 20
+    assert len(outside.train_labels) == len(plain.train_labels) + 20
+    assert outside.forget_indices.tolist() == list(range(len(plain.train_labels), len(plain.train_labels) + 20))
+    assert torch.equal(outside.retain_indices, torch.arange(len(plain.train_labels)))
+    # A(D) trains on the original training set only: same part `pretrain`, same cache fingerprint
+    assert torch.equal(outside.dataset("pretrain").everything()[0], plain.dataset("train").everything()[0])
+    assert outside.data_fingerprint() == plain.data_fingerprint()
+    def rows(images):
+        return sorted(tuple(row.tolist()) for row in images.flatten(1))
+
+    # the forget instances left the test set: together with what stayed they are the original test set
+    moved = outside.train_images[outside.forget_indices]
+    assert rows(torch.cat([moved, outside.test_images])) == rows(plain.test_images)
+
+
+def test_forget_source_mixed_draws_the_test_fraction_from_the_test_set():
+    dm = digits(forget={"size": 20, "source": "mixed", "test_fraction": 0.25})
+    assert dm.outside_forget_count == 5 and len(dm.forget_indices) == 20
+    assert (dm.forget_indices < dm.pretrain_size).sum() == 15
+    with pytest.raises(TTPUserError, match=r"data.forget.test_fraction=1.0 is not allowed; choose a value in \(0, 1\)"):
+        digits(forget={"size": 20, "source": "mixed", "test_fraction": 1.0})
+    with pytest.raises(TTPUserError, match="leaves one source empty"):
+        digits(forget={"size": 1, "source": "mixed"})
+    with pytest.raises(TTPUserError, match="data.forget.size=600 is not allowed; choose 1..538 \\(test set size 539\\)"):
+        digits(forget={"size": 600, "source": "test"})
+    with pytest.raises(TTPUserError, match="data.forget.source='holdout' is not allowed; choose one of: train, test"):
+        digits(forget={"source": "holdout"})
+    with pytest.raises(TTPUserError, match="data.forget.requests needs data.forget.source=train"):
+        digits(forget={"requests": [5, 5], "source": "test"})
+
+
 def test_forget_index_files(tmp_path):
     (tmp_path / "f.txt").write_text("5, 3\n9")
     (tmp_path / "f.json").write_text(json.dumps([1, 2]))

@@ -1,5 +1,6 @@
 """One run: data -> pretrain A(D) (cached) -> method -> evaluation -> results.json + table."""
 
+import copy
 import json
 import logging
 
@@ -10,10 +11,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.attacks import attack_forget_set
 from ttp_lightning.certify.certificate import release
+from ttp_lightning.data import build_datamodule
 from ttp_lightning.evaluation import evaluate, forget_softmax
 from ttp_lightning.methods import METHODS
 from ttp_lightning.models import build_classifier
-from ttp_lightning.pretraining import pretrained_model
+from ttp_lightning.pretraining import absorb_outside_forget, pretrained_model
 from ttp_lightning.report import format_attack_table, format_table, write_results
 from ttp_lightning.training import RunContext
 from ttp_lightning.validation import validate_config
@@ -68,8 +70,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
     route_lightning_logs_to_hydra()
     validate_config(cfg, METHODS)
-    datamodule = hydra.utils.instantiate(cfg.data)
-    datamodule.setup()
+    datamodule = build_datamodule(cfg.data)
 
     def make_net():
         L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -78,22 +79,26 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     ctx = RunContext(cfg=cfg, logger=build_logger(cfg), output_dir=output_dir)
     pretrained = make_net()
     pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)
+    original = None
+    if datamodule.outside_forget_count:  # D_f from outside D: A(D) learns those instances first
+        original = copy.deepcopy(pretrained)
+        pretrain_info.update(absorb_outside_forget(ctx, pretrained, datamodule, is_global_zero))
 
     output = METHODS[cfg.method.name](ctx, pretrained, datamodule, make_net)
     if not is_global_zero():
         finish_logger(ctx.logger, {})
         return None
 
-    metrics = {
-        "pretrain": {**evaluate(pretrained, datamodule), **pretrain_info},
-        cfg.method.name: {**evaluate(output.net, datamodule), **output.metrics},
-    }
+    metrics = {"pretrain_original": evaluate(original, datamodule)} if original is not None else {}
+    metrics["pretrain"] = {**evaluate(pretrained, datamodule), **pretrain_info}
+    metrics[cfg.method.name] = {**evaluate(output.net, datamodule), **output.metrics}
     results = {
         "experiment": cfg.experiment_name,
         "method": cfg.method.name,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
-                 "forget_size": len(datamodule.forget_indices), "forget_fingerprint": datamodule.forget_fingerprint()},
+                 "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
+                 "forget_fingerprint": datamodule.forget_fingerprint()},
         "metrics": metrics,
         "history": {cfg.method.name: output.history},
     }

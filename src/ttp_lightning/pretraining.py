@@ -24,14 +24,15 @@ def erm_module(ctx: RunContext, net: nn.Module, mixup_alpha: float = 0.0) -> ERM
     return ERMModule(net, optim, norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
 
 
-def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0) -> float:
-    """Fit `net` by ERM with the pretraining settings on the loader's data; returns wall seconds."""
-    trainer = make_trainer(ctx, ctx.cfg.pretrain.epochs)
+def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0, epochs: int | None = None) -> float:
+    """Fit `net` by ERM with the pretraining settings (`epochs` defaults to pretrain.epochs) on the loader's
+    data; returns wall seconds."""
+    trainer = make_trainer(ctx, ctx.cfg.pretrain.epochs if epochs is None else epochs)
     return timed_fit(trainer, erm_module(ctx, net, mixup_alpha), train_dataloaders=loader)
 
 
 def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
-    """Everything that determines A(D): data + forget selection, model, pretraining settings, seed."""
+    """Everything that determines A(D): training data, model, pretraining settings, seed."""
     identity = {
         "format": CACHE_FORMAT,
         "data": datamodule.data_fingerprint(),
@@ -49,13 +50,32 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
 
 
 def pretrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, is_global_zero) -> dict:
-    """Load A(D) into `net` from the cache, or train it and store it. Returns {wall_s, cached, cache_file}."""
-    path = Path(ctx.cfg.paths.cache_dir).expanduser() / "pretrain" / f"{cache_key(ctx, datamodule)}.pt"
+    """Load A(D) into `net` from the cache, or train it and store it. Returns {wall_s, cached, cache_file}.
+    D is the training set before any forget instances from outside it are added."""
+    return _cached_fit(ctx, net, cache_key(ctx, datamodule), is_global_zero,
+                       lambda: train_erm(ctx, net, datamodule.training_loader("pretrain")))
+
+
+def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, is_global_zero) -> dict:
+    """Finetune A(D) in `net` by ERM on D plus the forget instances from outside it (data.forget.source
+    test or mixed) for pretrain.absorb_epochs, the paper's first step for protecting test instances (App.
+    "Ensuring Test-Time Privacy for Test Instances"); the method then starts from this model. Cached like A(D)."""
+    epochs = int(ctx.cfg.pretrain.absorb_epochs)
+    identity = {"start": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(), "epochs": epochs}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    info = _cached_fit(ctx, net, f"{key}_absorbed", is_global_zero,
+                       lambda: train_erm(ctx, net, datamodule.training_loader("train"), epochs=epochs))
+    return {"absorb_epochs": epochs, "absorb_wall_s": info["wall_s"], "absorb_cached": info["cached"]}
+
+
+def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit) -> dict:
+    """Load `net` from the cache entry `key`, or run `fit()` (which trains `net`, returns seconds) and store it."""
+    path = Path(ctx.cfg.paths.cache_dir).expanduser() / "pretrain" / f"{key}.pt"
     if ctx.cfg.pretrain.use_cache and path.is_file():
         entry = torch.load(path, map_location="cpu", weights_only=True)
         net.load_state_dict(entry["state_dict"])
         return {"wall_s": float(entry["wall_s"]), "cached": True, "cache_file": str(path)}
-    wall = train_erm(ctx, net, datamodule.training_loader("train"))
+    wall = fit()
     if ctx.cfg.pretrain.use_cache and is_global_zero():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")

@@ -16,16 +16,15 @@ FORGET_CD_TOLERANCE = 1e-4
 
 def recompute_failures(cert: dict, weights: Path, overrides: list[str]) -> list[str]:
     import torch
-    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
+    from ttp_lightning.data import build_datamodule
     from ttp_lightning.evaluation import evaluate
     from ttp_lightning.models import build_classifier
 
     data_cfg = OmegaConf.merge(OmegaConf.create(cert["data_config"]),
                                OmegaConf.from_dotlist([o.removeprefix("data.") for o in overrides]))
-    datamodule = instantiate(data_cfg)
-    datamodule.setup()
+    datamodule = build_datamodule(data_cfg)
     failures = []
     if datamodule.forget_fingerprint() != cert["forget_fingerprint"]:
         failures.append("the rebuilt forget set differs from the certified one (fingerprint mismatch)")

@@ -1,6 +1,6 @@
 """Data sets, train/test splits and forget/retain selection."""
 
-from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.data.datamodule import TTPDataModule, build_datamodule
 from ttp_lightning.data.sources import DATA_SOURCES, DatasetInfo
 
-__all__ = ["DATA_SOURCES", "DatasetInfo", "TTPDataModule"]
+__all__ = ["DATA_SOURCES", "DatasetInfo", "TTPDataModule", "build_datamodule"]

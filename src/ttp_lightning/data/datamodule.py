@@ -12,6 +12,7 @@ from ttp_lightning.data.sources import DatasetInfo, load_source
 from ttp_lightning.errors import TTPUserError
 
 SPLITS = ("official", "paper")
+FORGET_SOURCES = ("train", "test", "mixed")
 
 
 @dataclass
@@ -20,10 +21,16 @@ class ForgetConfig:
     seed: int = 0
     indices_file: str | None = None
     requests: list | None = None  # a sequence of forget requests (Alg 4); replaces size and indices_file
+    source: str = "train"         # train | test (instances from outside the training data) | mixed
+    test_fraction: float = 0.5    # mixed: the share of D_f drawn from the test set
 
 
 class TTPDataModule(L.LightningDataModule):
     """Training set D (= retain D_r + forget D_f) and test set, held in memory as uint8 tensors.
+
+    With `forget.source=test` (or `mixed`) forget instances are drawn from the test set, leave it and are
+    appended to the training set: part `pretrain` is D before them (what A(D) trains on), part `train` is D
+    with them (what the released model has seen), and the test set is the rest.
 
     `split="official"` keeps the data set's own train/test partition; `split="paper"` pools all images
     and draws `train_fraction` of them for training (the paper's 70/30), by `split_seed`.
@@ -51,6 +58,9 @@ class TTPDataModule(L.LightningDataModule):
         self.name, self.root, self.download = name, root, download
         self.split, self.train_fraction, self.split_seed = split, train_fraction, split_seed
         self.forget_cfg = ForgetConfig(**(forget or {}))
+        if self.forget_cfg.source not in FORGET_SOURCES:
+            raise TTPUserError(f"data.forget.source={self.forget_cfg.source!r} is not allowed; "
+                               f"choose one of: {', '.join(FORGET_SOURCES)}")
         self.batch_size, self.forget_batch_size, self.eval_batch_size = batch_size, forget_batch_size, eval_batch_size
         self.augment, self.normalize, self.num_workers, self.seed = augment, normalize, num_workers, seed
         self.max_train_size, self.max_test_size = max_train_size, max_test_size
@@ -69,22 +79,59 @@ class TTPDataModule(L.LightningDataModule):
             train_x, train_y = train_x[: self.max_train_size], train_y[: self.max_train_size]
         if self.max_test_size:
             test_x, test_y = test_x[: self.max_test_size], test_y[: self.max_test_size]
-        self.train_images, self.train_labels = train_x, train_y
-        self.test_images, self.test_labels = test_x, test_y
+        self.pretrain_size = len(train_y)
         if self.forget_cfg.requests is not None:
+            if self.forget_cfg.source != "train":
+                raise TTPUserError(f"data.forget.requests needs data.forget.source=train, not "
+                                   f"{self.forget_cfg.source!r}")
             self.forget_requests = select_forget_requests(len(train_y), list(self.forget_cfg.requests),
                                                           self.forget_cfg.seed)
             self.forget_indices = torch.cat(self.forget_requests).sort().values
         else:
-            self.forget_indices = select_forget(len(train_y), self.forget_cfg.size, self.forget_cfg.seed,
-                                                self.forget_cfg.indices_file)
+            inside, outside = self._select_forget(len(train_y), len(test_y))
+            if len(outside):
+                train_x, train_y = torch.cat([train_x, test_x[outside]]), torch.cat([train_y, test_y[outside]])
+                stays = torch.ones(len(test_y), dtype=torch.bool)
+                stays[outside] = False
+                test_x, test_y = test_x[stays], test_y[stays]
+            appended = torch.arange(self.pretrain_size, self.pretrain_size + len(outside))
+            self.forget_indices = torch.cat([inside, appended])
             self.forget_requests = [self.forget_indices]
+        self.train_images, self.train_labels = train_x, train_y
+        self.test_images, self.test_labels = test_x, test_y
         keep = torch.ones(len(train_y), dtype=torch.bool)
         keep[self.forget_indices] = False
         self.retain_indices = keep.nonzero().flatten()
         if not self.normalize:
             info = replace(info, mean=(0.0,) * info.channels, std=(1.0,) * info.channels)
         self.info = info
+
+    def _select_forget(self, num_train: int, num_test: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(indices into the training set, indices into the test set) of D_f, as `forget.source` says."""
+        cfg, none = self.forget_cfg, torch.empty(0, dtype=torch.long)
+        if cfg.source == "train":
+            return select_forget(num_train, cfg.size, cfg.seed, cfg.indices_file), none
+        if num_test == 0:
+            raise TTPUserError(f"data.forget.source={cfg.source} needs a test set; this one is empty")
+        if cfg.source == "test":
+            return none, select_forget(num_test, cfg.size, cfg.seed, cfg.indices_file, pool="test set")
+        if cfg.indices_file:
+            raise TTPUserError("data.forget.indices_file is not allowed with data.forget.source=mixed; "
+                               "use source=train or source=test")
+        if not 0.0 < cfg.test_fraction < 1.0:
+            raise TTPUserError(f"data.forget.test_fraction={cfg.test_fraction} is not allowed; "
+                               "choose a value in (0, 1)")
+        outside = round(int(cfg.size or 0) * cfg.test_fraction)
+        if not 0 < outside < int(cfg.size or 0):
+            raise TTPUserError(f"data.forget.size={cfg.size} with test_fraction={cfg.test_fraction} leaves "
+                               "one source empty; choose a larger size or another fraction")
+        return (select_forget(num_train, cfg.size - outside, cfg.seed, None),
+                select_forget(num_test, outside, cfg.seed, None, pool="test set"))
+
+    @property
+    def outside_forget_count(self) -> int:
+        """How many forget instances came from outside the training data (appended after part `pretrain`)."""
+        return len(self.train_labels) - self.pretrain_size
 
     def _split(self, arrays):
         if self.split == "official":
@@ -97,9 +144,9 @@ class TTPDataModule(L.LightningDataModule):
 
     # -------------------------------------------------------------- identity
     def data_fingerprint(self) -> str:
-        """Hash of the training images and labels, part of the pretraining cache key. The forget selection
-        is not in it: A(D) trains on all of D whatever D_f is, so forget-set sweeps pretrain once."""
-        return fingerprint(self.train_images, self.train_labels)
+        """Hash of part `pretrain`'s images and labels, part of the pretraining cache key. The forget
+        selection is not in it: A(D) trains on all of D whatever D_f is, so forget-set sweeps pretrain once."""
+        return fingerprint(self.train_images[: self.pretrain_size], self.train_labels[: self.pretrain_size])
 
     def forget_fingerprint(self) -> str:
         return fingerprint(self.train_images[self.forget_indices], self.train_labels[self.forget_indices])
@@ -115,15 +162,17 @@ class TTPDataModule(L.LightningDataModule):
         return self._nearest_test
 
     def dataset(self, part: str, augment: bool = False) -> ImageBatchDataset:
-        """`part` is one of train (= D), retain, forget, test, forget_nn (each forget instance's nearest
-        test instance, the paper's check that protection does not spill onto similar images)."""
+        """`part` is one of pretrain (D before outside forget instances), train (D with them), retain,
+        forget, test, forget_nn (each forget instance's nearest test instance, the paper's check that
+        protection does not spill onto similar images)."""
         if part == "test":
             images, labels = self.test_images, self.test_labels
         elif part == "forget_nn":
             index = self.nearest_test_indices()
             images, labels = self.test_images[index], self.test_labels[index]
         else:
-            index = {"train": slice(None), "retain": self.retain_indices, "forget": self.forget_indices}[part]
+            index = {"pretrain": slice(0, self.pretrain_size), "train": slice(None), "retain": self.retain_indices,
+                     "forget": self.forget_indices}[part]
             images, labels = self.train_images[index], self.train_labels[index]
         return ImageBatchDataset(images, labels, self.augment if augment else "none", seed=self.seed)
 
@@ -171,3 +220,19 @@ class TTPDataModule(L.LightningDataModule):
         loaders = {"retain": self.training_loader("retain", drop_last=False),
                    "forget": self.training_loader("forget", self.forget_batch_size, drop_last=True)}
         return CombinedLoader(loaders, mode="max_size_cycle")
+
+
+def build_datamodule(data_cfg) -> TTPDataModule:
+    """Instantiate the `data` config and set it up; a TTPUserError raised inside comes out unwrapped (Hydra
+    wraps constructor errors), so bad data options end in the usual one-line error."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        datamodule = instantiate(data_cfg)
+    except InstantiationException as exc:
+        if isinstance(exc.__cause__, TTPUserError):
+            raise exc.__cause__ from None
+        raise
+    datamodule.setup()
+    return datamodule

@@ -1,4 +1,4 @@
-"""Choosing the forget set D_f inside the training set, and fingerprinting it."""
+"""Choosing the forget set D_f (inside the training set, or test instances from outside it), and fingerprinting it."""
 
 import hashlib
 import json
@@ -30,8 +30,10 @@ def read_index_file(path: str | Path) -> torch.Tensor:
     return indices
 
 
-def select_forget(num_train: int, size: int | None, seed: int, indices_file: str | None) -> torch.Tensor:
-    """Sorted forget indices into the training set: from a file, or `size` drawn at random by `seed`."""
+def select_forget(num_train: int, size: int | None, seed: int, indices_file: str | None,
+                  pool: str = "training set") -> torch.Tensor:
+    """Sorted forget indices into `pool` (the training set, or the test set for data.forget.source=test):
+    from a file, or `size` drawn at random by `seed`."""
     if indices_file:
         indices = read_index_file(indices_file)
         if len(indices) == 0:
@@ -39,14 +41,14 @@ def select_forget(num_train: int, size: int | None, seed: int, indices_file: str
         bad = indices[(indices < 0) | (indices >= num_train)]
         if len(bad):
             raise TTPUserError(
-                f"forget index {int(bad[0])} out of range; allowed 0..{num_train - 1} (training set size {num_train})"
+                f"forget index {int(bad[0])} out of range; allowed 0..{num_train - 1} ({pool} size {num_train})"
             )
         if len(indices.unique()) != len(indices):
             raise TTPUserError(f"forget index file {indices_file!r} repeats an index")
         return indices.sort().values
     if size is None or not 1 <= int(size) < num_train:
         raise TTPUserError(
-            f"data.forget.size={size} is not allowed; choose 1..{num_train - 1} (training set size {num_train})"
+            f"data.forget.size={size} is not allowed; choose 1..{num_train - 1} ({pool} size {num_train})"
         )
     order = torch.randperm(num_train, generator=torch.Generator().manual_seed(int(seed)))
     return order[: int(size)].sort().values

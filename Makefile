@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA_ROOT ?= ../shared/data
 ARGS ?=
 
-.PHONY: help install run test test-slow sweep sweep-certified bench bench-certify lint clean
+.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances bench bench-certify lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -40,6 +40,19 @@ sweep-certified: $(STAMP)  ## theta sweep of Alg 2 on MNIST LogReg and its front
 		method.theta=0.125,0.25,0.375,0.5,0.625,0.75,0.85,0.95 hydra.sweep.dir=multirun/sweep_certified $(ARGS)
 	$(BIN)/python -m ttp_lightning.tables multirun/sweep_certified --out multirun/sweep_certified.md
 	$(BIN)/python -m ttp_lightning.plots multirun/sweep_certified --out multirun/sweep_certified_png
+
+sweep-forget-size: $(STAMP)  ## forget-set-size ablation (|D_f| 100 ... 5000): Alg 1 MNIST MLP, Alg 2 MNIST LogReg
+	$(BIN)/python -m ttp_lightning -m +experiment=mnist_mlp_forget_size data.root=$(DATA_ROOT) logger=csv \
+		hydra.sweep.dir=multirun/forget_size/mnist_mlp $(ARGS)
+	$(BIN)/python -m ttp_lightning -m +experiment=mnist_logreg_certified_forget_size data.root=$(DATA_ROOT) \
+		logger=csv hydra.sweep.dir=multirun/forget_size/mnist_logreg $(ARGS)
+	$(BIN)/python -m ttp_lightning.tables multirun/forget_size --layout forget --out multirun/forget_size.md
+	$(BIN)/python -m ttp_lightning.plots multirun/forget_size --out multirun/forget_size_png
+
+sweep-test-instances: $(STAMP)  ## Alg 1 on MNIST MLP with 0, 1/5, 1/2, all of D_f from the test set
+	$(BIN)/python -m ttp_lightning -m +experiment=mnist_mlp_test_instances data.root=$(DATA_ROOT) logger=csv \
+		hydra.sweep.dir=multirun/test_instances $(ARGS)
+	$(BIN)/python -m ttp_lightning.tables multirun/test_instances --layout forget --out multirun/test_instances.md
 
 bench: $(STAMP)  ## wall times and steps/s into bench/bench.json
 	$(BIN)/python scripts/bench.py --data-root $(DATA_ROOT) --out bench/bench.json

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TINY, TINY_WITHOUT_METHOD
+from ttp_lightning.tables import main as tables_main
 
 METRIC_KEYS = {"retain_acc", "test_acc", "forget_acc", "forget_conf_dist", "retain_conf_dist", "test_conf_dist",
                "forget_l2_dist", "forget_nn_acc", "forget_nn_conf_dist", "wall_s"}
@@ -47,17 +48,23 @@ def test_retrain_baseline_trains_on_the_retain_set(run_cli):
     assert results["history"]["retrain"] == []
 
 
-def test_forget_instances_from_the_test_set_are_absorbed_then_protected(run_cli):
-    proc, results = run_cli("data.forget.source=test", "pretrain.absorb_epochs=3", "attacks.enabled=false")
+def test_forget_instances_from_the_test_set_are_absorbed_then_protected(run_cli, tmp_path, capsys):
+    proc, _ = run_cli("+experiment=mnist_mlp_test_instances", "data=digits", "data.forget.test_fraction=0,0.5",
+                      "pretrain.absorb_epochs=3", "attacks.enabled=false", multirun=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = results["metrics"]
+    inside, mixed = (json.loads((tmp_path / "out" / str(i) / "results.json").read_text()) for i in (0, 1))
+    assert list(inside["metrics"]) == ["pretrain", "pareto"] and inside["data"]["forget_from_test"] == 0
+    metrics = mixed["metrics"]
     assert list(metrics) == ["pretrain_original", "pretrain", "pareto"]
-    assert results["data"]["forget_from_test"] == 20 and results["data"]["test_size"] == 539 - 20
+    assert mixed["data"]["forget_from_test"] == 10 and mixed["data"]["test_size"] == 539 - 10
     assert metrics["pretrain"]["absorb_epochs"] == 3 and metrics["pretrain"]["absorb_cached"] is False
-    # A(D) never saw the forget images; after absorbing them it fits them at least as well
+    # A(D) never saw half the forget images; after absorbing them it fits them at least as well
     assert metrics["pretrain"]["forget_acc"] >= metrics["pretrain_original"]["forget_acc"]
     assert metrics["pareto"]["forget_conf_dist"] < 0.5 * metrics["pretrain"]["forget_conf_dist"]
-    assert "pretrain_original" in proc.stdout
+    assert tables_main([str(tmp_path / "out"), "--layout", "forget"]) == 0
+    rows = [line.split(" | ")[:3] for line in capsys.readouterr().out.splitlines() if line.startswith("| 20 ")]
+    assert rows == [["| 20", "0", "Pretrain"], ["| 20", "0", "Alg 1"], ["| 20", "10", "Pretrain (D_f unseen)"],
+                    ["| 20", "10", "Pretrain"], ["| 20", "10", "Alg 1"]]
 
 
 def test_fullbatch_mode_with_surgery_and_temperature(run_cli):

@@ -56,10 +56,10 @@ def test_forget_source_mixed_draws_the_test_fraction_from_the_test_set():
     dm = digits(forget={"size": 20, "source": "mixed", "test_fraction": 0.25})
     assert dm.outside_forget_count == 5 and len(dm.forget_indices) == 20
     assert (dm.forget_indices < dm.pretrain_size).sum() == 15
-    with pytest.raises(TTPUserError, match=r"data.forget.test_fraction=1.0 is not allowed; choose a value in \(0, 1\)"):
-        digits(forget={"size": 20, "source": "mixed", "test_fraction": 1.0})
-    with pytest.raises(TTPUserError, match="leaves one source empty"):
-        digits(forget={"size": 1, "source": "mixed"})
+    assert digits(forget={"size": 20, "source": "mixed", "test_fraction": 0.0}).outside_forget_count == 0
+    assert digits(forget={"size": 20, "source": "mixed", "test_fraction": 1.0}).outside_forget_count == 20
+    with pytest.raises(TTPUserError, match=r"data.forget.test_fraction=1.5 is not allowed; choose a value in \[0, 1\]"):
+        digits(forget={"size": 20, "source": "mixed", "test_fraction": 1.5})
     with pytest.raises(TTPUserError, match="data.forget.size=600 is not allowed; choose 1..538 \\(test set size 539\\)"):
         digits(forget={"size": 600, "source": "test"})
     with pytest.raises(TTPUserError, match="data.forget.source='holdout' is not allowed; choose one of: train, test"):

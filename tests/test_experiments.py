@@ -39,3 +39,13 @@ def test_experiment_composes_validates_and_builds(compose_cfg, name):
 def test_experiments_still_allow_the_retrain_method(compose_cfg):
     cfg = compose_cfg("+experiment=mnist_mlp", "method=retrain", tiny=False)
     assert cfg.method.name == "retrain" and cfg.pretrain.epochs == 5
+
+
+@pytest.mark.parametrize("name,key,grid", [
+    ("mnist_mlp_forget_size", "data.forget.size", "100,250,500,1000,5000"),
+    ("mnist_logreg_certified_forget_size", "data.forget.size", "100,250,500,1000,5000"),
+    ("mnist_mlp_test_instances", "data.forget.test_fraction", "0,0.2,0.5,1.0"),
+])
+def test_ablation_experiments_sweep_the_paper_grid(compose_cfg, name, key, grid):
+    cfg = compose_cfg(f"+experiment={name}", tiny=False)
+    assert cfg.hydra.sweeper.params[key] == grid

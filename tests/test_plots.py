@@ -30,6 +30,17 @@ def test_sweep_folder_gives_all_four_figures(tmp_path, capsys):
     assert "frontier.png" in capsys.readouterr().out
 
 
+def test_forget_size_sweep_gives_its_figure_and_no_frontier(tmp_path, capsys):
+    for size in (100, 1000, 5000):
+        results = full_results(0.75, 0.03)
+        results["data"] = {"forget_size": size, "forget_from_test": 0}
+        (tmp_path / str(size)).mkdir()
+        (tmp_path / str(size) / "results.json").write_text(json.dumps(results))
+    assert main([str(tmp_path), "--out", str(tmp_path / "png")]) == 0
+    assert (tmp_path / "png" / "forget_size.png").read_bytes()[:8] == PNG_MAGIC
+    assert not (tmp_path / "png" / "frontier.png").exists()  # one theta only
+
+
 def test_single_result_has_no_frontier(tmp_path, capsys):
     (tmp_path / "results.json").write_text(json.dumps(full_results(0.75, 0.03)))
     assert main([str(tmp_path / "results.json"), "--out", str(tmp_path / "png")]) == 0

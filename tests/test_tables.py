@@ -46,3 +46,21 @@ def test_main_layout_has_one_row_per_method_in_the_paper_order(tmp_path, capsys)
     assert lines[0] == "### mnist, LogReg"
     assert [line.split(" | ")[0] for line in lines[4:]] == ["| Pretrain", "| Retrain", "| Synthetic", "| Alg 1"]
     assert lines[-1] == "| Alg 1 | 90.0% | 88.0% | 0.030 | 0.800 | 0.790 |"
+
+
+def test_forget_layout_groups_rows_by_forget_set(tmp_path, capsys):
+    for name, size, from_test, cd in (("big", 5000, 0, 0.4), ("small", 100, 0, 0.03), ("outside", 100, 20, 0.15)):
+        results = fake_results(0.75, cd, "pareto")
+        results["data"] = {"forget_size": size, "forget_from_test": from_test}
+        if from_test:
+            results["metrics"] = {"pretrain_original": {"retain_acc": 0.93, "test_acc": 0.92, "forget_conf_dist": 0.6},
+                                  **results["metrics"]}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(results))
+    assert main([str(tmp_path), "--layout", "forget"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "### mnist: Alg 1 LogReg, by forget set"
+    assert [line.split(" | ")[:3] for line in lines[4:]] == [
+        ["| 100", "0", "Pretrain"], ["| 100", "0", "Alg 1"], ["| 5000", "0", "Pretrain"], ["| 5000", "0", "Alg 1"],
+        ["| 100", "20", "Pretrain (D_f unseen)"], ["| 100", "20", "Pretrain"], ["| 100", "20", "Alg 1"]]
+    assert lines[-1] == "| 100 | 20 | Alg 1 | 90.0% | 88.0% | 0.150 |"

@@ -2,7 +2,8 @@
 the `plots` extra).
 
   frontier.png   retain / test accuracy and forget confidence distance against theta, per method
-                 (a theta sweep: two or more results of one method)
+                 (a theta sweep: one method at two or more thetas)
+  forget_size.png  the same against the forget set size (a forget-set-size sweep)
   dynamics.png   the method's per-epoch retain / test accuracy and forget confidence distance
   softmax.png    softmax bars of five forget instances, pretrained vs the method's model
   attacks.png    forget confidence distance against the attack radius gamma, pretrained vs method
@@ -26,27 +27,44 @@ def _pyplot():
     return plt
 
 
-def frontier(all_results: list[dict], path: Path) -> bool:
+def sweep_curves(all_results: list[dict], path: Path, x_of, x_label: str, log_x: bool = False) -> bool:
+    """Retain / test accuracy and forget confidence distance against `x_of(results)`, one line per method
+    that was run at two or more distinct x values (results with x None are skipped)."""
     by_method = defaultdict(list)
     for results in all_results:
-        theta = results["config"]["method"].get("theta")
-        if theta is not None:
-            by_method[results["method"]].append((theta, results["metrics"][results["method"]]))
-    sweeps = {m: sorted(points, key=lambda p: p[0]) for m, points in by_method.items() if len(points) > 1}
+        x = x_of(results)
+        if x is not None:
+            by_method[results["method"]].append((x, results["metrics"][results["method"]]))
+    sweeps = {m: sorted(points, key=lambda p: p[0]) for m, points in by_method.items()
+              if len({x for x, _ in points}) > 1}
     if not sweeps:
         return False
     plt = _pyplot()
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for method, points in sweeps.items():
-        thetas = [theta for theta, _ in points]
+        xs = [x for x, _ in points]
         for axis, key in zip(axes, ("retain_acc", "test_acc", "forget_conf_dist")):
-            axis.plot(thetas, [m[key] for _, m in points], marker="o", label=METHOD_LABELS.get(method, method))
+            axis.plot(xs, [m[key] for _, m in points], marker="o", label=METHOD_LABELS.get(method, method))
     for axis, title in zip(axes, ("retain accuracy", "test accuracy", "forget confidence distance")):
-        axis.set(xlabel="theta", title=title)
+        axis.set(xlabel=x_label, title=title, xscale="log" if log_x else "linear")
         axis.grid(alpha=0.3)
     axes[0].legend()
     _save(plt, figure, path)
     return True
+
+
+def frontier(all_results: list[dict], path: Path) -> bool:
+    """The Pareto frontier: metrics against theta."""
+    return sweep_curves(all_results, path, lambda r: r["config"]["method"].get("theta"), "theta")
+
+
+def forget_size_curves(all_results: list[dict], path: Path) -> bool:
+    """The forget-set-size ablation: metrics against |D_f| (log scale), forget sets from the training data."""
+    def size(results):
+        data = results.get("data", {})
+        return data.get("forget_size") if not data.get("forget_from_test") else None
+
+    return sweep_curves(all_results, path, size, "forget set size", log_x=True)
 
 
 def dynamics(results: dict, path: Path) -> bool:
@@ -130,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     first = all_results[0]
     drawn = [name for name, draw in (("frontier.png", lambda p: frontier(all_results, p)),
+                                     ("forget_size.png", lambda p: forget_size_curves(all_results, p)),
                                      ("dynamics.png", lambda p: dynamics(first, p)),
                                      ("softmax.png", lambda p: softmax_bars(first, p)),
                                      ("attacks.png", lambda p: attack_curves(first, p)))

@@ -1,4 +1,4 @@
-"""`python -m ttp_lightning.tables PATH... [--layout frontier|main] [--out FILE]`: Markdown tables from
+"""`python -m ttp_lightning.tables PATH... [--layout frontier|main|forget] [--out FILE]`: Markdown tables from
 results.json files.
 
 PATH is a results.json or a folder searched for them (a multirun sweep). `frontier` (default): one table
@@ -6,6 +6,9 @@ per data set, model and method, one row per theta, as the paper's Pareto-frontie
 retain accuracy, test accuracy, forget confidence distance), the pretrained model first. `main`: one
 table per data set and model, one row per method (Pretrain, Retrain, Synthetic, GaussianUniform, Alg 1,
 certified ...), as the paper's main table, with retain and test confidence distances beside the forget one.
+`forget`: one table per data set, model and method, one block of rows per forget set (size, how many from
+the test set), as the paper's forget-set-size ablation and test-instance tables: the pretrained model
+(A(D) before and after learning outside forget instances, when there are any), then the method.
 """
 
 import argparse
@@ -90,7 +93,34 @@ def main_table_markdown(all_results: list[dict]) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-LAYOUTS = {"frontier": frontier_markdown, "main": main_table_markdown}
+def forget_set(results: dict) -> tuple[int, int]:
+    """(|D_f|, how many of them came from the test set)."""
+    data = results.get("data", {})
+    return data.get("forget_size", 0), data.get("forget_from_test", 0)
+
+
+def forget_sets_markdown(all_results: list[dict]) -> str:
+    """One Markdown table per (data set, model, method), rows grouped by forget set (size, from test)."""
+    groups = defaultdict(list)
+    for results in all_results:
+        groups[(results["config"]["data"]["name"], model_name(results), results["method"])].append(results)
+    stage_labels = {"pretrain_original": "Pretrain (D_f unseen)", "pretrain": "Pretrain"}
+    blocks = []
+    for (data, model, method), runs in sorted(groups.items()):
+        label = METHOD_LABELS.get(method, method)
+        lines = [f"### {data}: {label} {model}, by forget set", "",
+                 "| Forget Size | From Test | Stage | Retain Acc. | Test Acc. | Conf. Dist. (lower better) |",
+                 "|---|---|---|---|---|---|"]
+        for run in sorted(runs, key=lambda r: (forget_set(r)[1] / max(forget_set(r)[0], 1), forget_set(r)[0])):
+            size, from_test = forget_set(run)
+            for stage, m in run["metrics"].items():
+                lines.append(f"| {size} | {from_test} | {stage_labels.get(stage, label)} | {percent(m['retain_acc'])} | "
+                             f"{percent(m.get('test_acc', float('nan')))} | {m['forget_conf_dist']:.3f} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+LAYOUTS = {"frontier": frontier_markdown, "main": main_table_markdown, "forget": forget_sets_markdown}
 
 
 def main(argv: list[str] | None = None) -> int:

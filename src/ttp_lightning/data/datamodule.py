@@ -118,15 +118,15 @@ class TTPDataModule(L.LightningDataModule):
         if cfg.indices_file:
             raise TTPUserError("data.forget.indices_file is not allowed with data.forget.source=mixed; "
                                "use source=train or source=test")
-        if not 0.0 < cfg.test_fraction < 1.0:
+        if not 0.0 <= cfg.test_fraction <= 1.0:
             raise TTPUserError(f"data.forget.test_fraction={cfg.test_fraction} is not allowed; "
-                               "choose a value in (0, 1)")
-        outside = round(int(cfg.size or 0) * cfg.test_fraction)
-        if not 0 < outside < int(cfg.size or 0):
-            raise TTPUserError(f"data.forget.size={cfg.size} with test_fraction={cfg.test_fraction} leaves "
-                               "one source empty; choose a larger size or another fraction")
-        return (select_forget(num_train, cfg.size - outside, cfg.seed, None),
-                select_forget(num_test, outside, cfg.seed, None, pool="test set"))
+                               "choose a value in [0, 1]")
+        if cfg.size is None or int(cfg.size) < 1:
+            raise TTPUserError(f"data.forget.size={cfg.size} is not allowed; choose a positive integer")
+        outside = round(int(cfg.size) * cfg.test_fraction)
+        inside = int(cfg.size) - outside
+        return (select_forget(num_train, inside, cfg.seed, None) if inside else none,
+                select_forget(num_test, outside, cfg.seed, None, pool="test set") if outside else none)
 
     @property
     def outside_forget_count(self) -> int:

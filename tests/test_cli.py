@@ -92,7 +92,12 @@ def test_wandb_logs_offline_and_finishes(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ttp_lightning", *overrides], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline wandb run written"
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, "no offline wandb run written"
+    media = runs[0] / "files" / "media"
+    assert {p.name.split("_")[0] for p in (media / "images" / "figures").glob("*.png")} == {"dynamics", "softmax", "attacks"}
+    assert {p.name.split("_")[0] for p in (media / "table" / "tables").glob("*.table.json")} == {"metrics", "attacks"}
+    assert (tmp_path / "figures" / "softmax.png").is_file()
 
 
 BAD_INPUT = [

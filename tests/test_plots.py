@@ -4,6 +4,7 @@ import json
 
 from test_tables import fake_results
 from ttp_lightning.plots import main
+from ttp_lightning.tables import main as tables_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -46,3 +47,18 @@ def test_single_result_has_no_frontier(tmp_path, capsys):
     assert main([str(tmp_path / "results.json"), "--out", str(tmp_path / "png")]) == 0
     assert not (tmp_path / "png" / "frontier.png").exists() and (tmp_path / "png" / "softmax.png").exists()
     assert main([str(tmp_path / "missing"), "--out", str(tmp_path / "png")]) == 2
+
+
+def test_wandb_flag_logs_figures_and_tables_to_an_offline_summary_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for job, theta in enumerate((0.25, 0.75)):
+        (tmp_path / "sweep" / str(job)).mkdir(parents=True)
+        (tmp_path / "sweep" / str(job) / "results.json").write_text(json.dumps(full_results(theta, 0.1)))
+    assert main([str(tmp_path / "sweep"), "--out", str(tmp_path / "png"), "--wandb"]) == 0
+    (run,) = (tmp_path / "png" / "wandb").glob("offline-run-*")
+    images = {p.name.split("_")[0] for p in (run / "files" / "media" / "images" / "figures").glob("*.png")}
+    assert images == {"frontier", "dynamics", "softmax", "attacks"}
+    assert tables_main([str(tmp_path / "sweep"), "--out", str(tmp_path / "md" / "t.md"), "--wandb"]) == 0
+    (run,) = (tmp_path / "md" / "wandb").glob("offline-run-*")
+    assert list((run / "files" / "media" / "table" / "tables").glob("*.table.json"))

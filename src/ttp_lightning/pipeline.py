@@ -19,6 +19,7 @@ from ttp_lightning.pretraining import absorb_outside_forget, pretrained_model
 from ttp_lightning.report import format_attack_table, format_table, write_results
 from ttp_lightning.training import RunContext
 from ttp_lightning.validation import validate_config
+from ttp_lightning.wandb_charts import log_run_charts
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +43,19 @@ def build_logger(cfg: DictConfig):
     return hydra.utils.instantiate(cfg.logger)
 
 
-def finish_logger(logger, summary: dict) -> None:
-    """Send the final metrics and end the run, so every multirun job gets its own wandb run."""
+def finish_logger(logger, results: dict | None = None, output_dir: str = ".") -> None:
+    """Send the final metrics (and to wandb the run's tables and figures) and end the run, so every
+    multirun job gets its own wandb run."""
     if not logger or not is_global_zero():
         return
-    flat = {f"final/{stage}/{k}": v for stage, values in summary.items() for k, v in values.items()
+    flat = {f"final/{stage}/{k}": v for stage, values in results["metrics"].items() for k, v in values.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
     logger.log_metrics(flat)
+    is_wandb = type(logger).__name__ == "WandbLogger"
+    if is_wandb:
+        log_run_charts(logger.experiment, results, output_dir)
     logger.finalize("success")
-    if type(logger).__name__ == "WandbLogger":
+    if is_wandb:
         import wandb
 
         wandb.finish()
@@ -86,7 +91,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
 
     output = METHODS[cfg.method.name](ctx, pretrained, datamodule, make_net)
     if not is_global_zero():
-        finish_logger(ctx.logger, {})
+        finish_logger(ctx.logger)
         return None
 
     metrics = {"pretrain_original": evaluate(original, datamodule)} if original is not None else {}
@@ -117,5 +122,5 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     attacks = f"\n\nattacks on the forget set\n{format_attack_table(results['attacks'])}" if "attacks" in results else ""
     print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{attacks}\nresults: {path}",
           flush=True)
-    finish_logger(ctx.logger, metrics)
+    finish_logger(ctx.logger, results, output_dir)
     return results

@@ -7,7 +7,8 @@ the `plots` extra).
   dynamics.png   the method's per-epoch retain / test accuracy and forget confidence distance
   softmax.png    softmax bars of five forget instances, pretrained vs the method's model
   attacks.png    forget confidence distance against the attack radius gamma, pretrained vs method
-The last three are drawn for the first results file given (or found).
+The last three are drawn for the first results file given (or found). `--wandb` also logs them to an
+offline wandb run under the output folder.
 """
 
 import argparse
@@ -16,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ttp_lightning.tables import METHOD_LABELS, load_results
+from ttp_lightning.wandb_charts import log_summary
 
 
 def _pyplot():
@@ -135,25 +137,34 @@ def _save(plt, figure, path: Path) -> None:
     plt.close(figure)
 
 
+def draw_figures(all_results: list[dict], out: Path) -> list[Path]:
+    """Every figure the results allow, as PNGs in `out`; the per-run ones from the first results."""
+    out.mkdir(parents=True, exist_ok=True)
+    first = all_results[0]
+    figures = {"frontier": lambda p: frontier(all_results, p),
+               "forget_size": lambda p: forget_size_curves(all_results, p),
+               "dynamics": lambda p: dynamics(first, p),
+               "softmax": lambda p: softmax_bars(first, p),
+               "attacks": lambda p: attack_curves(first, p)}
+    return [out / f"{name}.png" for name, draw in figures.items() if draw(out / f"{name}.png")]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ttp_lightning.plots", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path, help="results.json files or folders holding them")
     parser.add_argument("--out", type=Path, required=True, help="folder for the PNG files")
+    parser.add_argument("--wandb", action="store_true",
+                        help="also log the figures to a wandb run (offline unless WANDB_MODE says otherwise)")
     args = parser.parse_args(argv)
     try:
         all_results = load_results(args.paths)
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    first = all_results[0]
-    drawn = [name for name, draw in (("frontier.png", lambda p: frontier(all_results, p)),
-                                     ("forget_size.png", lambda p: forget_size_curves(all_results, p)),
-                                     ("dynamics.png", lambda p: dynamics(first, p)),
-                                     ("softmax.png", lambda p: softmax_bars(first, p)),
-                                     ("attacks.png", lambda p: attack_curves(first, p)))
-             if draw(args.out / name)]
-    print("wrote " + ", ".join(str(args.out / name) for name in drawn) if drawn else "nothing to draw")
+    drawn = draw_figures(all_results, args.out)
+    print("wrote " + ", ".join(map(str, drawn)) if drawn else "nothing to draw")
+    if args.wandb and drawn:
+        print(f"wandb: {log_summary('figures', args.out, images=drawn)}")
     return 0
 
 

@@ -20,21 +20,25 @@ def write_results(results: dict, output_dir: str | Path) -> Path:
     return path
 
 
-def format_table(metrics: dict[str, dict]) -> str:
-    """One row per stage (pretrain, method), the paper's columns plus wall time."""
-    header = ["stage"] + [title for _, title, _ in COLUMNS]
-    rows = [header]
+def metric_rows(metrics: dict[str, dict]) -> list[list[str]]:
+    """Header, then one row per stage (pretrain, method): the paper's columns plus wall time."""
+    rows = [["stage"] + [title for _, title, _ in COLUMNS]]
     for stage, values in metrics.items():
         row = [stage]
         for key, _, fmt in COLUMNS:
             value = values.get(key)
             row.append("-" if value is None else fmt.format(value))
         rows.append(row)
-    return _aligned(rows)
+    return rows
 
 
-def format_attack_table(attacks: dict[str, dict]) -> str:
-    """One row per (attack, gamma); forget CD and forget accuracy per stage, as the paper's attack tables."""
+def format_table(metrics: dict[str, dict]) -> str:
+    return _aligned(metric_rows(metrics))
+
+
+def attack_rows(attacks: dict[str, dict]) -> list[list[str]]:
+    """Header, then one row per (attack, gamma): forget CD and accuracy per stage, as the paper's attack
+    tables."""
     stages = list(attacks)
     header = ["attack", "gamma"] + [f"{stage} {what}" for stage in stages for what in ("CD", "acc")]
     rows = [header]
@@ -45,7 +49,11 @@ def format_attack_table(attacks: dict[str, dict]) -> str:
                 scores = attacks[stage][attack][gamma]
                 row += [f"{scores['forget_conf_dist']:.4f}", f"{scores['forget_acc']:.2%}"]
             rows.append(row)
-    return _aligned(rows)
+    return rows
+
+
+def format_attack_table(attacks: dict[str, dict]) -> str:
+    return _aligned(attack_rows(attacks))
 
 
 def _aligned(rows: list[list[str]]) -> str:

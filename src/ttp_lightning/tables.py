@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 METHOD_LABELS = {"retrain": "Retrain", "synthetic": "Synthetic", "labeldp": "LabelDP",
@@ -46,51 +47,67 @@ def percent(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def frontier_markdown(all_results: list[dict]) -> str:
-    """One Markdown table per (data set, model, method), rows sorted by theta."""
+@dataclass
+class Table:
+    """One table of a layout: a title, column names and rows of formatted cells (Markdown or wandb)."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+
+    def markdown(self) -> str:
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in self.rows])
+
+
+def to_markdown(tables: list[Table]) -> str:
+    return "\n\n".join(table.markdown() for table in tables) + "\n"
+
+
+def scores(metrics: dict) -> list[str]:
+    """Retain accuracy, test accuracy, forget confidence distance: the paper's three columns."""
+    return [percent(metrics["retain_acc"]), percent(metrics.get("test_acc", float("nan"))),
+            f"{metrics['forget_conf_dist']:.3f}"]
+
+
+SCORE_COLUMNS = ["Retain Acc.", "Test Acc.", "Conf. Dist. (lower better)"]
+
+
+def frontier_tables(all_results: list[dict]) -> list[Table]:
+    """One table per (data set, model, method), rows sorted by theta, the pretrained model first."""
     groups = defaultdict(list)
     for results in all_results:
         key = (results["config"]["data"]["name"], model_name(results), results["method"])
         groups[key].append(results)
-    blocks = []
+    tables = []
     for (data, model, method), runs in sorted(groups.items()):
         runs.sort(key=lambda r: r["config"]["method"].get("theta", 0.0))
-        pretrain = runs[0]["metrics"]["pretrain"]
         label = f"{METHOD_LABELS.get(method, method)} {model}"
-        lines = [f"### {data}: {label}", "",
-                 "| Model | theta | Retain Acc. | Test Acc. | Conf. Dist. (lower better) |",
-                 "|---|---|---|---|---|",
-                 (f"| pretrained {model} | - | {percent(pretrain['retain_acc'])} | "
-                  f"{percent(pretrain.get('test_acc', float('nan')))} | {pretrain['forget_conf_dist']:.3f} |")]
+        rows = [[f"pretrained {model}", "-", *scores(runs[0]["metrics"]["pretrain"])]]
         for run in runs:
-            metrics = run["metrics"][method]
             theta = run["config"]["method"].get("theta")
-            lines.append(f"| {label} | {'-' if theta is None else f'{theta:.3f}'} | {percent(metrics['retain_acc'])} | "
-                         f"{percent(metrics.get('test_acc', float('nan')))} | {metrics['forget_conf_dist']:.3f} |")
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n"
+            rows.append([label, "-" if theta is None else f"{theta:.3f}", *scores(run["metrics"][method])])
+        tables.append(Table(f"{data}: {label}", ["Model", "theta", *SCORE_COLUMNS], rows))
+    return tables
 
 
-def main_table_markdown(all_results: list[dict]) -> str:
-    """One Markdown table per (data set, model): Pretrain, then one row per method in the paper's order."""
+def main_tables(all_results: list[dict]) -> list[Table]:
+    """One table per (data set, model): Pretrain, then one row per method in the paper's order, with
+    retain and test confidence distances beside the forget one."""
     groups = defaultdict(dict)
     for results in all_results:
         groups[(results["config"]["data"]["name"], model_name(results))][results["method"]] = results
     order = list(METHOD_LABELS)
-    blocks = []
+    tables = []
     for (data, model), by_method in sorted(groups.items()):
         methods = sorted(by_method, key=lambda m: order.index(m) if m in order else len(order))
-        rows = [("Pretrain", by_method[methods[0]]["metrics"]["pretrain"])]
-        rows += [(METHOD_LABELS.get(m, m), by_method[m]["metrics"][m]) for m in methods]
-        lines = [f"### {data}, {model}", "",
-                 "| Method | Retain Acc. | Test Acc. | Conf. Dist. (forget) | Retain CD | Test CD |",
-                 "|---|---|---|---|---|---|"]
-        for label, m in rows:
-            lines.append(f"| {label} | {percent(m['retain_acc'])} | {percent(m.get('test_acc', float('nan')))} | "
-                         f"{m['forget_conf_dist']:.3f} | {m['retain_conf_dist']:.3f} | "
-                         f"{m.get('test_conf_dist', float('nan')):.3f} |")
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n"
+        labelled = [("Pretrain", by_method[methods[0]]["metrics"]["pretrain"])]
+        labelled += [(METHOD_LABELS.get(m, m), by_method[m]["metrics"][m]) for m in methods]
+        rows = [[label, *scores(m)[:2], f"{m['forget_conf_dist']:.3f}", f"{m['retain_conf_dist']:.3f}",
+                 f"{m.get('test_conf_dist', float('nan')):.3f}"] for label, m in labelled]
+        header = ["Method", "Retain Acc.", "Test Acc.", "Conf. Dist. (forget)", "Retain CD", "Test CD"]
+        tables.append(Table(f"{data}, {model}", header, rows))
+    return tables
 
 
 def forget_set(results: dict) -> tuple[int, int]:
@@ -99,28 +116,27 @@ def forget_set(results: dict) -> tuple[int, int]:
     return data.get("forget_size", 0), data.get("forget_from_test", 0)
 
 
-def forget_sets_markdown(all_results: list[dict]) -> str:
-    """One Markdown table per (data set, model, method), rows grouped by forget set (size, from test)."""
+def forget_set_tables(all_results: list[dict]) -> list[Table]:
+    """One table per (data set, model, method), rows grouped by forget set (share from test, size): the
+    pretrained model (before and after learning outside forget instances, when there are any), the method."""
     groups = defaultdict(list)
     for results in all_results:
         groups[(results["config"]["data"]["name"], model_name(results), results["method"])].append(results)
     stage_labels = {"pretrain_original": "Pretrain (D_f unseen)", "pretrain": "Pretrain"}
-    blocks = []
+    tables = []
     for (data, model, method), runs in sorted(groups.items()):
         label = METHOD_LABELS.get(method, method)
-        lines = [f"### {data}: {label} {model}, by forget set", "",
-                 "| Forget Size | From Test | Stage | Retain Acc. | Test Acc. | Conf. Dist. (lower better) |",
-                 "|---|---|---|---|---|---|"]
+        rows = []
         for run in sorted(runs, key=lambda r: (forget_set(r)[1] / max(forget_set(r)[0], 1), forget_set(r)[0])):
             size, from_test = forget_set(run)
-            for stage, m in run["metrics"].items():
-                lines.append(f"| {size} | {from_test} | {stage_labels.get(stage, label)} | {percent(m['retain_acc'])} | "
-                             f"{percent(m.get('test_acc', float('nan')))} | {m['forget_conf_dist']:.3f} |")
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) + "\n"
+            rows += [[str(size), str(from_test), stage_labels.get(stage, label), *scores(m)]
+                     for stage, m in run["metrics"].items()]
+        header = ["Forget Size", "From Test", "Stage", *SCORE_COLUMNS]
+        tables.append(Table(f"{data}: {label} {model}, by forget set", header, rows))
+    return tables
 
 
-LAYOUTS = {"frontier": frontier_markdown, "main": main_table_markdown, "forget": forget_sets_markdown}
+LAYOUTS = {"frontier": frontier_tables, "main": main_tables, "forget": forget_set_tables}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,16 +144,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", type=Path, help="results.json files or folders holding them")
     parser.add_argument("--layout", choices=list(LAYOUTS), default="frontier")
     parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
+    parser.add_argument("--wandb", action="store_true",
+                        help="also log the tables to a wandb run (offline unless WANDB_MODE says otherwise)")
     args = parser.parse_args(argv)
     try:
-        markdown = LAYOUTS[args.layout](load_results(args.paths))
+        tables = LAYOUTS[args.layout](load_results(args.paths))
     except (OSError, json.JSONDecodeError, KeyError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    markdown = to_markdown(tables)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(markdown)
     print(markdown, end="")
+    if args.wandb:
+        from ttp_lightning.wandb_charts import log_summary
+
+        where = args.out.parent if args.out else (args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent)
+        run_dir = log_summary(f"{args.layout}-tables", where,
+                              tables={t.title: (t.header, t.rows) for t in tables})
+        print(f"wandb: {run_dir}", file=sys.stderr)
     return 0
 
 

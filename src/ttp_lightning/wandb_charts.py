@@ -1,0 +1,53 @@
+"""The charts and tables of a run, or of a sweep, sent to wandb (offline unless WANDB_MODE says otherwise).
+
+A run with `logger=wandb` gets its metric and attack tables and its figures (dynamics, softmax bars,
+attack curves, also written to <run dir>/figures/) in its own wandb run. Sweep-level charts and tables
+(frontier, forget-set size, the paper's table layouts) go to a summary run: `plots --wandb`, `tables --wandb`.
+"""
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def _payload(images: list[Path], tables: dict[str, tuple[list[str], list[list[str]]]]) -> dict:
+    import wandb
+
+    payload = {f"figures/{path.stem}": wandb.Image(str(path)) for path in images}
+    payload.update({f"tables/{name}": wandb.Table(columns=header, data=rows) for name, (header, rows) in tables.items()})
+    return payload
+
+
+def log_run_charts(run, results: dict, output_dir: str | Path) -> list[Path]:
+    """Log one run's tables and figures to its wandb `run` (a WandbLogger's experiment); returns the PNGs.
+    Without matplotlib (the `plots` extra) only the tables are logged."""
+    from ttp_lightning.report import attack_rows, metric_rows
+
+    tables = {"metrics": metric_rows(results["metrics"])}
+    if "attacks" in results:
+        tables["attacks"] = attack_rows(results["attacks"])
+    try:
+        from ttp_lightning.plots import draw_figures
+
+        images = draw_figures([results], Path(output_dir) / "figures")
+    except ImportError as exc:
+        log.warning("figures not drawn for wandb (%s); install the plots extra", exc)
+        images = []
+    run.log(_payload(images, {name: (rows[0], rows[1:]) for name, rows in tables.items()}))
+    return images
+
+
+def log_summary(name: str, directory: Path, images: list[Path] = (),
+                tables: dict[str, tuple[list[str], list[list[str]]]] | None = None) -> str:
+    """One wandb run (job type `summary`, written under `directory`) holding sweep-level figures and tables;
+    returns the run's folder."""
+    import wandb
+
+    directory.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(project="ttp_lightning", name=name, job_type="summary", dir=str(directory),
+                     mode=os.environ.get("WANDB_MODE", "offline"))
+    run.log(_payload(list(images), tables or {}))
+    run.finish()
+    return str(Path(run.dir).parent) if run.dir else "(wandb disabled)"

@@ -32,8 +32,8 @@ test-slow: $(STAMP)  ## only the slow tests (DDP simulation, MNIST paper row)
 sweep: $(STAMP)  ## theta sweep of Alg 1 on MNIST MLP (pretrains once), its frontier table and PNGs
 	$(BIN)/python -m ttp_lightning -m +experiment=mnist_mlp data.root=$(DATA_ROOT) logger=csv \
 		method.theta=0.25,0.5,0.75 hydra.sweep.dir=multirun/sweep_mnist_mlp $(ARGS)
-	$(BIN)/python -m ttp_lightning.tables multirun/sweep_mnist_mlp --out multirun/sweep_mnist_mlp.md
-	$(BIN)/python -m ttp_lightning.plots multirun/sweep_mnist_mlp --out multirun/sweep_mnist_mlp_png
+	$(BIN)/python -m ttp_lightning.tables multirun/sweep_mnist_mlp --out multirun/sweep_mnist_mlp.md --wandb
+	$(BIN)/python -m ttp_lightning.plots multirun/sweep_mnist_mlp --out multirun/sweep_mnist_mlp_png --wandb
 
 sweep-certified: $(STAMP)  ## theta sweep of Alg 2 on MNIST LogReg and its frontier table (multirun/sweep_certified.md)
 	$(BIN)/python -m ttp_lightning -m +experiment=mnist_logreg_certified data.root=$(DATA_ROOT) logger=csv \

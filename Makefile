@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA_ROOT ?= ../shared/data
 ARGS ?=
 
-.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances bench bench-certify lint clean
+.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -53,6 +53,11 @@ sweep-test-instances: $(STAMP)  ## Alg 1 on MNIST MLP with 0, 1/5, 1/2, all of D
 	$(BIN)/python -m ttp_lightning -m +experiment=mnist_mlp_test_instances data.root=$(DATA_ROOT) logger=csv \
 		hydra.sweep.dir=multirun/test_instances $(ARGS)
 	$(BIN)/python -m ttp_lightning.tables multirun/test_instances --layout forget --out multirun/test_instances.md
+
+sweep-synthetic-k: $(STAMP)  ## synthetic baseline with k = 5 ... 500 points per forget instance (MNIST MLP)
+	$(BIN)/python -m ttp_lightning -m +experiment=mnist_mlp_synthetic_k data.root=$(DATA_ROOT) logger=csv \
+		hydra.sweep.dir=multirun/synthetic_k $(ARGS)
+	$(BIN)/python -m ttp_lightning.tables multirun/synthetic_k --by method.k --out multirun/synthetic_k.md
 
 bench: $(STAMP)  ## wall times and steps/s into bench/bench.json
 	$(BIN)/python scripts/bench.py --data-root $(DATA_ROOT) --out bench/bench.json

@@ -45,6 +45,7 @@ def test_experiments_still_allow_the_retrain_method(compose_cfg):
     ("mnist_mlp_forget_size", "data.forget.size", "100,250,500,1000,5000"),
     ("mnist_logreg_certified_forget_size", "data.forget.size", "100,250,500,1000,5000"),
     ("mnist_mlp_test_instances", "data.forget.test_fraction", "0,0.2,0.5,1.0"),
+    ("mnist_mlp_synthetic_k", "method.k", "5,25,125,250,500"),
 ])
 def test_ablation_experiments_sweep_the_paper_grid(compose_cfg, name, key, grid):
     cfg = compose_cfg(f"+experiment={name}", tiny=False)

@@ -64,3 +64,15 @@ def test_forget_layout_groups_rows_by_forget_set(tmp_path, capsys):
         ["| 100", "0", "Pretrain"], ["| 100", "0", "Alg 1"], ["| 5000", "0", "Pretrain"], ["| 5000", "0", "Alg 1"],
         ["| 100", "20", "Pretrain (D_f unseen)"], ["| 100", "20", "Pretrain"], ["| 100", "20", "Alg 1"]]
     assert lines[-1] == "| 100 | 20 | Alg 1 | 90.0% | 88.0% | 0.150 |"
+
+
+def test_frontier_rows_can_follow_another_swept_key(tmp_path, capsys):
+    for k in (500, 5, 25):
+        results = fake_results(0.75, 1.0 / k, "synthetic")
+        results["config"]["method"]["k"] = k
+        (tmp_path / str(k)).mkdir()
+        (tmp_path / str(k) / "results.json").write_text(json.dumps(results))
+    assert main([str(tmp_path), "--by", "method.k"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| Model | k | Retain Acc. | Test Acc. | Conf. Dist. (lower better) |"
+    assert [line.split(" | ")[1] for line in lines[5:]] == ["5", "25", "500"]

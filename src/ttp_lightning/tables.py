@@ -1,11 +1,13 @@
-"""`python -m ttp_lightning.tables PATH... [--layout frontier|main|forget] [--out FILE]`: Markdown tables from
-results.json files.
+"""`python -m ttp_lightning.tables PATH... [--layout frontier|main|forget] [--by KEY] [--out FILE] [--wandb]`:
+Markdown tables from results.json files.
 
-PATH is a results.json or a folder searched for them (a multirun sweep). `frontier` (default): one table
-per data set, model and method, one row per theta, as the paper's Pareto-frontier tables (Model, theta,
-retain accuracy, test accuracy, forget confidence distance), the pretrained model first. `main`: one
-table per data set and model, one row per method (Pretrain, Retrain, Synthetic, GaussianUniform, Alg 1,
-certified ...), as the paper's main table, with retain and test confidence distances beside the forget one.
+PATH is a results.json or a folder searched for them (a multirun sweep).
+`frontier` (default): one table per data set, model and method, one row per theta (or per value of the
+config key `--by`, e.g. method.k), as the paper's Pareto-frontier tables (Model, theta, retain accuracy,
+test accuracy, forget confidence distance), the pretrained model first.
+`main`: one table per data set and model, one row per method (Pretrain, Retrain, Synthetic, LabelDP,
+GaussianUniform, Alg 1, certified ...), as the paper's main table, with retain and test confidence
+distances beside the forget one.
 `forget`: one table per data set, model and method, one block of rows per forget set (size, how many from
 the test set), as the paper's forget-set-size ablation and test-instance tables: the pretrained model
 (A(D) before and after learning outside forget instances, when there are any), then the method.
@@ -73,21 +75,33 @@ def scores(metrics: dict) -> list[str]:
 SCORE_COLUMNS = ["Retain Acc.", "Test Acc.", "Conf. Dist. (lower better)"]
 
 
-def frontier_tables(all_results: list[dict]) -> list[Table]:
-    """One table per (data set, model, method), rows sorted by theta, the pretrained model first."""
+def config_value(results: dict, dotted_key: str):
+    """The resolved config value at `dotted_key` (e.g. method.theta), or None where the run has none."""
+    value = results["config"]
+    for part in dotted_key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def frontier_tables(all_results: list[dict], by: str = "method.theta") -> list[Table]:
+    """One table per (data set, model, method), rows sorted by the swept config value `by` (theta for
+    the Pareto frontier; e.g. method.k for the synthetic baseline's ablation), the pretrained model first."""
     groups = defaultdict(list)
     for results in all_results:
         key = (results["config"]["data"]["name"], model_name(results), results["method"])
         groups[key].append(results)
     tables = []
     for (data, model, method), runs in sorted(groups.items()):
-        runs.sort(key=lambda r: r["config"]["method"].get("theta", 0.0))
+        runs.sort(key=lambda r: (config_value(r, by) is None, config_value(r, by) or 0))
         label = f"{METHOD_LABELS.get(method, method)} {model}"
         rows = [[f"pretrained {model}", "-", *scores(runs[0]["metrics"]["pretrain"])]]
         for run in runs:
-            theta = run["config"]["method"].get("theta")
-            rows.append([label, "-" if theta is None else f"{theta:.3f}", *scores(run["metrics"][method])])
-        tables.append(Table(f"{data}: {label}", ["Model", "theta", *SCORE_COLUMNS], rows))
+            value = config_value(run, by)
+            shown = "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+            rows.append([label, shown, *scores(run["metrics"][method])])
+        tables.append(Table(f"{data}: {label}", ["Model", by.rsplit(".", 1)[-1], *SCORE_COLUMNS], rows))
     return tables
 
 
@@ -143,12 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ttp_lightning.tables", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path, help="results.json files or folders holding them")
     parser.add_argument("--layout", choices=list(LAYOUTS), default="frontier")
+    parser.add_argument("--by", default="method.theta",
+                        help="frontier layout: the swept config key that orders the rows (default method.theta)")
     parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
     parser.add_argument("--wandb", action="store_true",
                         help="also log the tables to a wandb run (offline unless WANDB_MODE says otherwise)")
     args = parser.parse_args(argv)
     try:
-        tables = LAYOUTS[args.layout](load_results(args.paths))
+        all_results = load_results(args.paths)
+        tables = frontier_tables(all_results, args.by) if args.layout == "frontier" else LAYOUTS[args.layout](all_results)
     except (OSError, json.JSONDecodeError, KeyError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

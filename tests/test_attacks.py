@@ -7,6 +7,7 @@ from torch import nn
 
 from test_modules import tiny_sets
 from ttp_lightning.attacks import attack_forget_set, fgsm_attack, gaussian_attack, pgd_attack
+from ttp_lightning.data.batching import ImageBatchDataset
 
 SETTINGS = OmegaConf.create({"names": ["gaussian", "fgsm", "pgd"], "gammas": [2, 8], "alpha": 1e-4,
                              "pgd_steps": 50, "pgd_step_size": 1e-3, "seed": 0})
@@ -56,3 +57,27 @@ def test_attack_forget_set_reports_every_attack_and_gamma():
     expected = (probs.max(dim=1).values - 1 / 3).clamp(min=0).mean().item()
     assert results["none"]["0"]["forget_conf_dist"] == pytest.approx(expected, abs=1e-5)
     assert results["none"]["0"]["forget_acc"] == pytest.approx((probs.argmax(1) == labels).float().mean().item())
+
+
+def dead_relu_model():
+    """Every hidden unit sits just below zero on the all-0.5 image: the exact input gradient vanishes there,
+    yet within 8/255 each unit can switch on (||w_j||_1 = 16 * 0.5 = 8, so a signed step moves it by 0.25)."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 4), nn.ReLU(), nn.Linear(4, 3))
+    with torch.no_grad():
+        net[1].weight.fill_(0.5)
+        net[1].bias.fill_(-0.5 * 16 * 0.5 - 0.05)  # pre-activation -0.05 at x = 0.5
+        net[3].weight.copy_(torch.tensor([[20.0, 20, 20, 20], [0, 0, 0, 0], [0, 0, 0, 0]]))
+        net[3].bias.zero_()
+    return net.eval()
+
+
+def test_dead_relus_mask_the_gradient_and_the_softplus_surrogate_unmasks_it():
+    forget = ImageBatchDataset(torch.full((4, 1, 4, 4), 0.5), torch.tensor([0, 1, 2, 0]))  # all in the dead region
+    net = dead_relu_model()
+    exact = attack_forget_set(net, forget, SETTINGS)
+    assert exact["none"]["0"]["forget_conf_dist"] == pytest.approx(0.0, abs=1e-6)  # uniform: logits all 0
+    assert exact["pgd"]["8"]["forget_conf_dist"] == pytest.approx(0.0, abs=1e-6)  # zero gradient, no move
+    adaptive = attack_forget_set(net, forget, OmegaConf.merge(SETTINGS, {"relu_gradient_beta": 10.0}))
+    assert adaptive["none"] == exact["none"]  # the forward pass is the real model's
+    assert adaptive["pgd"]["8"]["forget_conf_dist"] > 0.5 and adaptive["fgsm"]["8"]["forget_conf_dist"] > 0.5
+    assert all(isinstance(module, nn.ReLU) for module in net if not isinstance(module, (nn.Flatten, nn.Linear)))

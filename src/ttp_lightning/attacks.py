@@ -8,9 +8,15 @@ around x and onto [0, 1] (the paper's pseudocode writes the gradient at x_0; the
 code, take it at the current iterate). Gaussian: x + N(0, gamma^2), gamma read as the noise's standard
 deviation so all attacks share one scale, clipped to [0, 1]. Models hold their input normalisation, so
 clipping acts on real pixels.
+
+Gradient masking: a finetuned ReLU network can switch every hidden unit off on a forget image, so the
+input gradient is exactly zero and FGSM/PGD cannot move. `attacks.relu_gradient_beta` (an adaptive
+adversary, BPDA-style) keeps every ReLU's forward pass exact but gives its backward pass the derivative of
+softplus with that beta, sigmoid(beta z), so dead units still point the way to becoming active.
 """
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -18,6 +24,48 @@ from torch import nn
 from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.evaluation import eval_device
 from ttp_lightning.metrics import Accuracy, ConfidenceDistance
+
+
+class _ReLUWithSoftplusGradient(torch.autograd.Function):
+    """relu(z) forward; backward sigmoid(beta z), the derivative of softplus_beta."""
+
+    @staticmethod
+    def forward(ctx, z, beta):
+        ctx.save_for_backward(z)
+        ctx.beta = beta
+        return z.clamp(min=0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (z,) = ctx.saved_tensors
+        return grad * torch.sigmoid(ctx.beta * z), None
+
+
+class SmoothGradientReLU(nn.Module):
+    def __init__(self, beta: float):
+        super().__init__()
+        self.beta = float(beta)
+
+    def forward(self, z):
+        return _ReLUWithSoftplusGradient.apply(z, self.beta)
+
+
+@contextmanager
+def relu_gradient_surrogate(model: nn.Module, beta: float | None):
+    """Inside the block every nn.ReLU of `model` is a SmoothGradientReLU(beta) (same outputs, smoothed
+    gradients); beta None leaves the model as it is. The original modules are put back afterwards."""
+    swapped = []
+    if beta is not None:
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.ReLU):
+                    setattr(parent, name, SmoothGradientReLU(beta))
+                    swapped.append((parent, name, child))
+    try:
+        yield
+    finally:
+        for parent, name, child in swapped:
+            setattr(parent, name, child)
 
 
 def _confidence_gradient_sign(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -62,12 +110,13 @@ def attack_forget_set(model: nn.Module, forget: ImageBatchDataset, cfg, chunk_si
     was_training = model.training
     model.eval().to(device)
     results = {"none": {"0": _scores(model, forget, chunk_size, lambda images, generator: images, cfg.seed)}}
-    for name in cfg.names:
-        results[name] = {
-            f"{gamma:g}": _scores(model, forget, chunk_size,
-                                  lambda images, generator, gamma=gamma, name=name: ATTACKS[name](
-                                      model, images, gamma / 255.0, generator, cfg), cfg.seed)
-            for gamma in cfg.gammas}
+    with relu_gradient_surrogate(model, cfg.get("relu_gradient_beta")):
+        for name in cfg.names:
+            results[name] = {
+                f"{gamma:g}": _scores(model, forget, chunk_size,
+                                      lambda images, generator, gamma=gamma, name=name: ATTACKS[name](
+                                          model, images, gamma / 255.0, generator, cfg), cfg.seed)
+                for gamma in cfg.gammas}
     model.train(was_training)
     return results
 

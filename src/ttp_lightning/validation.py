@@ -114,6 +114,8 @@ def _attacks(attacks: DictConfig) -> None:
         raise TTPUserError(f"attacks.alpha={attacks.alpha} is not allowed; choose a value >= 0")
     _positive_int(attacks.pgd_steps, "attacks.pgd_steps")
     _positive(attacks.pgd_step_size, "attacks.pgd_step_size")
+    if attacks.get("relu_gradient_beta") is not None:
+        _positive(attacks.relu_gradient_beta, "attacks.relu_gradient_beta")
 
 
 def validate_config(cfg: DictConfig, methods) -> None:

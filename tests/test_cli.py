@@ -7,15 +7,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, TINY_WITHOUT_METHOD
+from ttp_lightning.data import build_datamodule
+from ttp_lightning.evaluation import evaluate
+from ttp_lightning.models import build_classifier
 from ttp_lightning.tables import main as tables_main
 
 METRIC_KEYS = {"retain_acc", "test_acc", "forget_acc", "forget_conf_dist", "retain_conf_dist", "test_conf_dist",
                "forget_l2_dist", "forget_nn_acc", "forget_nn_conf_dist", "wall_s"}
 
 
-def test_default_job_writes_the_results_contract(run_cli):
+def test_default_job_writes_the_results_contract(run_cli, tmp_path):
     proc, results = run_cli()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert results["experiment"] == "digits_mlp" and results["method"] == "pareto"
@@ -38,6 +43,11 @@ def test_default_job_writes_the_results_contract(run_cli):
     assert "attacks on the forget set" in proc.stdout and "8/255" in proc.stdout
     softmax = results["forget_softmax"]["pareto"]
     assert len(softmax) == 5 and all(abs(sum(row["softmax"]) - 1) < 1e-4 for row in softmax)
+    # the released weights are the evaluated model
+    datamodule = build_datamodule(OmegaConf.create(results["config"]["data"]))
+    net = build_classifier(OmegaConf.create(results["config"]["model"]), datamodule.info)
+    net.load_state_dict(torch.load(tmp_path / "out" / results["weights_file"], weights_only=True))
+    assert evaluate(net, datamodule)["forget_conf_dist"] == pytest.approx(alg1["forget_conf_dist"], abs=1e-6)
 
 
 def test_retrain_baseline_trains_on_the_retain_set(run_cli):

@@ -16,7 +16,7 @@ from ttp_lightning.evaluation import evaluate, forget_softmax
 from ttp_lightning.methods import METHODS
 from ttp_lightning.models import build_classifier
 from ttp_lightning.pretraining import absorb_outside_forget, pretrained_model
-from ttp_lightning.report import format_attack_table, format_table, write_results
+from ttp_lightning.report import format_attack_table, format_table, write_results, write_weights
 from ttp_lightning.training import RunContext
 from ttp_lightning.validation import validate_config
 from ttp_lightning.wandb_charts import log_run_charts
@@ -116,8 +116,11 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     if output.certificate is not None:
         certificate = {**output.certificate, "experiment": cfg.experiment_name, **identity(cfg, datamodule),
                        "metrics": metrics[cfg.method.name]}
-        cert_path, _ = release(output.net, certificate, output_dir)
+        cert_path, weights = release(output.net, certificate, output_dir)
         results["certificate"] = json.loads(cert_path.read_text())
+    else:
+        weights = write_weights(output.net, output_dir)
+    results["weights_file"] = weights.name
     path = write_results(results, output_dir)
     attacks = f"\n\nattacks on the forget set\n{format_attack_table(results['attacks'])}" if "attacks" in results else ""
     print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{attacks}\nresults: {path}",

@@ -11,6 +11,19 @@ COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.
            ("wall_s", "wall s", "{:.1f}")]
 
 
+WEIGHTS_FILE = "model.pt"
+
+
+def write_weights(net, output_dir: str | Path) -> Path:
+    """The released model's state_dict as model.pt (via a temporary file): what a provider publishes."""
+    import torch
+
+    path = Path(output_dir) / WEIGHTS_FILE
+    torch.save(net.state_dict(), path.with_suffix(".tmp"))
+    os.replace(path.with_suffix(".tmp"), path)
+    return path
+
+
 def write_results(results: dict, output_dir: str | Path) -> Path:
     """Write results.json via a temporary file and rename, so a crash never leaves half a file."""
     path = Path(output_dir) / "results.json"

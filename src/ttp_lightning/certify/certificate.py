@@ -14,8 +14,9 @@ from ttp_lightning.certify.bounds import (
     exact_newton_sensitivity,
 )
 from ttp_lightning.certify.mechanism import noise_sigma
+from ttp_lightning.report import write_weights
 
-CERTIFICATE_FILE, WEIGHTS_FILE = "certificate.json", "model.pt"
+CERTIFICATE_FILE = "certificate.json"
 RELATIVE_TOLERANCE = 1e-6
 EXACT, ESTIMATOR, ONLINE = "alg2_exact_newton", "alg3_hessian_estimator", "alg4_online"
 
@@ -31,10 +32,8 @@ def sha256_of(path: str | Path) -> str:
 def release(net: torch.nn.Module, certificate: dict, output_dir: str | Path) -> tuple[Path, Path]:
     """Write the weights and, naming their SHA-256, the certificate (each via a temporary file)."""
     output_dir = Path(output_dir)
-    weights = output_dir / WEIGHTS_FILE
-    torch.save(net.state_dict(), weights.with_suffix(".tmp"))
-    os.replace(weights.with_suffix(".tmp"), weights)
-    document = {**certificate, "weights_file": WEIGHTS_FILE, "weights_sha256": sha256_of(weights)}
+    weights = write_weights(net, output_dir)
+    document = {**certificate, "weights_file": weights.name, "weights_sha256": sha256_of(weights)}
     cert = output_dir / CERTIFICATE_FILE
     cert.with_suffix(".tmp").write_text(json.dumps(document, indent=2))
     os.replace(cert.with_suffix(".tmp"), cert)

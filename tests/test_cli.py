@@ -136,6 +136,7 @@ def test_bad_input_fails_in_one_line_without_results(run_cli, tmp_path, override
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stdout + proc.stderr and results is None
+    assert not list((tmp_path / "out").glob("*.log"))  # no log file either
 
 
 def test_out_of_range_forget_index_and_missing_data(run_cli, tmp_path):

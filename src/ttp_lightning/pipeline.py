@@ -43,10 +43,10 @@ def build_logger(cfg: DictConfig):
     return hydra.utils.instantiate(cfg.logger)
 
 
-def finish_logger(logger, results: dict | None = None, output_dir: str = ".") -> None:
+def finish_logger(logger, results: dict, output_dir: str) -> None:
     """Send the final metrics (and to wandb the run's tables and figures) and end the run, so every
-    multirun job gets its own wandb run."""
-    if not logger or not is_global_zero():
+    multirun job gets its own wandb run. Rank 0 only."""
+    if not logger:
         return
     flat = {f"final/{stage}/{k}": v for stage, values in results["metrics"].items() for k, v in values.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -91,7 +91,6 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
 
     output = METHODS[cfg.method.name](ctx, pretrained, datamodule, make_net)
     if not is_global_zero():
-        finish_logger(ctx.logger)
         return None
 
     metrics = {"pretrain_original": evaluate(original, datamodule)} if original is not None else {}

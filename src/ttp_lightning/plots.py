@@ -16,7 +16,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from ttp_lightning.tables import METHOD_LABELS, load_results
+from ttp_lightning.tables import METHOD_LABELS, config_value, forget_set, load_results
 from ttp_lightning.wandb_charts import log_summary
 
 
@@ -57,14 +57,14 @@ def sweep_curves(all_results: list[dict], path: Path, x_of, x_label: str, log_x:
 
 def frontier(all_results: list[dict], path: Path) -> bool:
     """The Pareto frontier: metrics against theta."""
-    return sweep_curves(all_results, path, lambda r: r["config"]["method"].get("theta"), "theta")
+    return sweep_curves(all_results, path, lambda r: config_value(r, "method.theta"), "theta")
 
 
 def forget_size_curves(all_results: list[dict], path: Path) -> bool:
     """The forget-set-size ablation: metrics against |D_f| (log scale), forget sets from the training data."""
     def size(results):
-        data = results.get("data", {})
-        return data.get("forget_size") if not data.get("forget_from_test") else None
+        size, from_test = forget_set(results)
+        return None if from_test else size
 
     return sweep_curves(all_results, path, size, "forget set size", log_x=True)
 

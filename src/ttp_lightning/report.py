@@ -4,6 +4,8 @@ import json
 import os
 from pathlib import Path
 
+import torch
+
 COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.2%}"),
            ("forget_acc", "forget acc", "{:.2%}"), ("forget_conf_dist", "forget CD", "{:.4f}"),
            ("test_conf_dist", "test CD", "{:.4f}"), ("forget_l2_dist", "forget l2", "{:.4f}"),
@@ -16,8 +18,6 @@ WEIGHTS_FILE = "model.pt"
 
 def write_weights(net, output_dir: str | Path) -> Path:
     """The released model's state_dict as model.pt (via a temporary file): what a provider publishes."""
-    import torch
-
     path = Path(output_dir) / WEIGHTS_FILE
     torch.save(net.state_dict(), path.with_suffix(".tmp"))
     os.replace(path.with_suffix(".tmp"), path)

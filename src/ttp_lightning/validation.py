@@ -126,7 +126,7 @@ def validate_config(cfg: DictConfig, methods) -> None:
     if cfg.pretrain.norm_bound is not None:
         _positive(cfg.pretrain.norm_bound, "pretrain.norm_bound")
     _choice(cfg.pretrain.projection, "pretrain.projection", PROJECTIONS)
-    if cfg.data.forget.get("source", "train") != "train":
+    if cfg.data.forget.source != "train":
         _positive_int(cfg.pretrain.absorb_epochs, "pretrain.absorb_epochs")
     if cfg.attacks.enabled:
         _attacks(cfg.attacks)

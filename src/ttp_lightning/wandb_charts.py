@@ -20,9 +20,9 @@ def _payload(images: list[Path], tables: dict[str, tuple[list[str], list[list[st
     return payload
 
 
-def log_run_charts(run, results: dict, output_dir: str | Path) -> list[Path]:
-    """Log one run's tables and figures to its wandb `run` (a WandbLogger's experiment); returns the PNGs.
-    Without matplotlib (the `plots` extra) only the tables are logged."""
+def log_run_charts(run, results: dict, output_dir: str | Path) -> None:
+    """Log one run's tables and figures to its wandb `run` (a WandbLogger's experiment). Without
+    matplotlib (the `plots` extra) only the tables are logged."""
     from ttp_lightning.report import attack_rows, metric_rows
 
     tables = {"metrics": metric_rows(results["metrics"])}
@@ -36,7 +36,6 @@ def log_run_charts(run, results: dict, output_dir: str | Path) -> list[Path]:
         log.warning("figures not drawn for wandb (%s); install the plots extra", exc)
         images = []
     run.log(_payload(images, {name: (rows[0], rows[1:]) for name, rows in tables.items()}))
-    return images
 
 
 def log_summary(name: str, directory: Path, images: list[Path] = (),

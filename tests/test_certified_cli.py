@@ -1,97 +1,327 @@
-"""Algs 2-4 from the command line on digits + LogReg, and the verify command on good and tampered releases."""
+"""Algs 2-4 from the command line on digits + LogReg, then the release attacked and audited: the noise cannot
+be stripped from public files, verify runs no code from a hostile certificate, its verdicts, and the
+reproduction of a release from its private audit record."""
 
 import json
 import os
+import pickle
+import stat
 import subprocess
 import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from conftest import REPO, TINY_WITHOUT_METHOD
+from ttp_lightning import verify as verify_module
 
-COMMON = ["model=logreg", "pretrain.norm_bound=10", "method.lam=0.5", "method.sigma=0.001"]
+LOGREG = ["model=logreg", "pretrain.norm_bound=10", "method.lam=auto", "method.grad_lipschitz_forget=2",
+          "method.grad_lipschitz_retain=2", "attacks.enabled=false"]
 ESTIMATOR = ["method.depth=100", "method.repeats=30", "method.sample_size=32"]
 RELEASES = {
-    "certified_exact": COMMON + ["method=certified_exact", "method.warmup_epochs=5"],
-    "certified_lissa": COMMON + ESTIMATOR + ["method=certified_lissa", "method.warmup_epochs=5",
-                                             "method.compare_exact=true"],
-    "certified_online": COMMON + ESTIMATOR + ["method=certified_online", "data.forget.requests=[8,12]"],
+    # epsilon 1 from the budget: a meaningful certificate (and a model the noise destroys)
+    "certified_exact": LOGREG + ["method=certified_exact", "method.warmup_epochs=5", "method.epsilon=1"],
+    # the paper's sigma = 1e-3: vacuous
+    "certified_lissa": LOGREG + ESTIMATOR + ["method=certified_lissa", "method.warmup_epochs=5",
+                                             "method.compare_exact=true", "method.sigma=0.001"],
+    "certified_online": LOGREG + ESTIMATOR + ["method=certified_online", "data.forget.requests=[8,12]",
+                                              "method.epsilon=1"],
 }
 ALGORITHMS = {"certified_exact": "alg2_exact_newton", "certified_lissa": "alg3_hessian_estimator",
               "certified_online": "alg4_online"}
 
 
-def verify(*args):
-    return subprocess.run([sys.executable, "-m", "ttp_lightning.verify", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, check=False)
+def run_release(out, cache, *overrides):
+    env = dict(os.environ, TTP_CACHE_DIR=str(cache), WANDB_MODE="disabled")
+    return subprocess.run([sys.executable, "-m", "ttp_lightning", *TINY_WITHOUT_METHOD, *overrides,
+                           f"hydra.run.dir={out}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
 
 
-@pytest.fixture(scope="module", params=list(RELEASES))
-def release(request, tmp_path_factory):
-    """One certified run per algorithm, shared by the tests below (its output folder)."""
-    out = tmp_path_factory.mktemp(request.param)
-    env = dict(os.environ, TTP_CACHE_DIR=str(out / "cache"), WANDB_MODE="disabled")
-    proc = subprocess.run([sys.executable, "-m", "ttp_lightning", *TINY_WITHOUT_METHOD, *RELEASES[request.param],
-                           f"hydra.run.dir={out}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    """released(method) -> the run folder of one certified run per method (run once, shared cache)."""
+    cache, runs = tmp_path_factory.mktemp("cache"), {}
+
+    def get(method):
+        if method not in runs:
+            out = tmp_path_factory.mktemp(method)
+            proc = run_release(out, cache, *RELEASES[method])
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[method] = out
+        return runs[method]
+
+    get.cache = cache
+    return get
 
 
-def test_certified_run_writes_weights_certificate_and_results(release):
-    results = json.loads((release / "results.json").read_text())
-    cert = json.loads((release / "certificate.json").read_text())
-    method = results["method"]
-    metrics = results["metrics"][method]
+def verify(capsys, *args):
+    """verify's main() in this process (so any code a certificate smuggled in would run right here)."""
+    code = verify_module.main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("method", list(RELEASES))
+def test_release_is_public_weights_and_certificate_and_the_seed_stays_private(released, method):
+    out = released(method)
+    results = json.loads((out / "results.json").read_text())
+    cert = json.loads((out / "release" / "certificate.json").read_text())
+    audit = json.loads((out / "private" / "audit.json").read_text())
     assert results["certificate"] == cert and cert["algorithm"] == ALGORITHMS[method]
-    assert cert["sigma"] == 0.001 and cert["sigma_source"] == "config" and cert["epsilon"] > 1
-    assert cert["mechanism"] == "analytic_gaussian"
-    assert metrics["forget_conf_dist"] < results["metrics"]["pretrain"]["forget_conf_dist"]
-    assert cert["metrics"]["forget_conf_dist"] == metrics["forget_conf_dist"]
-    if method == "certified_exact":
-        assert cert["sensitivity"] == pytest.approx(2 * 10 * (10 + 0.5) / 0.5)
-        assert metrics["newton_residual"] < 1e-8 and len(results["history"][method]) == 5
-        return
-    # the estimator bound exceeds Alg 2's by the G / (lambda + lambda_min) term and the concentration term
-    assert cert["sensitivity"] > 2 * 10 * (10 + 0.5) / 0.5 + cert["gradient_bound"] / 0.5
-    assert cert["depth"] == 100 and cert["repeats"] == 30 and cert["num_params"] == 650
+    expected = ["certificate.json"] + [w["file"] for w in cert["weights"]]
+    assert sorted(p.name for p in (out / "release").iterdir()) == sorted(expected)
+    assert len(cert["weights"]) == (2 if method == "certified_online" else 1)  # Alg 4 releases every request
+    assert results["weights_file"] == f"release/{cert['weights'][-1]['file']}"
+    assert stat.S_IMODE((out / "private").stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in (out / "private").iterdir())
+    # the secret seed appears in no file outside private/, and no config carries a noise seed
+    seed = audit["noise_seed"]
+    for path in out.rglob("*"):
+        if path.is_file() and "private" not in path.parts:
+            assert seed not in path.read_bytes().decode("latin-1"), path
+    assert "noise_seed" not in json.dumps(results["config"]) and "noise_seed" not in json.dumps(cert)
+    assert "_target_" not in json.dumps(cert)
+    metrics = results["metrics"][method]
+    assert metrics["vacuous"] == (method == "certified_lissa") and metrics["epsilon"] == cert["epsilon"]
     if method == "certified_lissa":
-        assert metrics["newton_residual"] < 0.25 and metrics["direction_vs_exact"] < 0.15
-        assert cert["forget_sizes"] == [20]
-        assert metrics["scale_J"] == pytest.approx(1.2 * (metrics["hessian_norm_estimate"] + 0.5))  # lambda 0.5
-    else:  # two requests: the second step sees both, the noise is calibrated to Delta / k
-        rows = results["history"][method]
-        assert [r["forget_size"] for r in rows] == [8, 20] and cert["forget_sizes"] == [8, 20]
-        assert rows[0]["retain_size"] - rows[1]["retain_size"] == 12 and results["data"]["forget_size"] == 20
-        assert metrics["newton_residual"] == max(r["newton_residual"] for r in rows) < 0.5
+        assert cert["sigma"] == 0.001 and cert["sigma_source"] == "config" and cert["epsilon"] > 1e9
+        assert metrics["forget_conf_dist"] < results["metrics"]["pretrain"]["forget_conf_dist"]
+        assert metrics["direction_vs_exact"] < 0.15
+    else:
+        assert cert["epsilon"] == 1.0 and cert["sigma_source"] == "budget"
+    assert cert["releases"] == (2 if method == "certified_online" else 1)
 
 
-def test_verify_passes_on_the_release_and_recomputes_metrics(release):
-    proc = verify(release / "certificate.json", release / "model.pt", "--recompute", "data.max_test_size=100")
-    assert proc.returncode == 0 and proc.stdout.startswith("verified: alg"), proc.stdout + proc.stderr
+@pytest.mark.parametrize("method", list(RELEASES))
+def test_certificate_states_measured_spectrum_and_checked_hypotheses(released, method):
+    from ttp_lightning.certify.certificate import recomputed_sensitivity, required_depth, scale_b
+
+    cert = json.loads((released(method) / "release" / "certificate.json").read_text())
+    steps = cert["steps"]
+    assert len(steps) == (2 if method == "certified_online" else 1)
+    measured = min(s["lam_min_measured"] for s in steps)
+    assert measured < 0  # the square loss is not convex in LogReg weights: lambda_min = 0 would be false
+    assert cert["lam_min"] == min(0.0, measured) and cert["lam"] == 2.0 > cert["hessian_norm"]
+    assert cert["sensitivity"] == pytest.approx(recomputed_sensitivity(cert))
+    if method == "certified_exact":
+        assert steps[0]["spectrum_method"] == "exact_eigvalsh" and steps[0]["residual"] < 1e-8
+        assert cert["sensitivity"] == pytest.approx(2 * 10 * (10 + 2) / (2 + measured))
+    else:
+        assert all(s["spectrum_method"] == "lanczos" and s["depth"] >= required_depth(cert) > 1 for s in steps)
+        assert all(s["scale"] >= scale_b(cert) for s in steps)
+    if method == "certified_online":
+        assert [s["forget_size"] for s in steps] == [8, 20] and steps[0]["retain_size"] - steps[1]["retain_size"] == 12
 
 
-def test_verify_fails_on_one_changed_weight(release, tmp_path):
-    state = torch.load(release / "model.pt")
-    key = next(k for k in state if k.endswith("weight"))
-    state[key][0, 0] += 1e-3
-    torch.save(state, tmp_path / "tampered.pt")
-    proc = verify(release / "certificate.json", tmp_path / "tampered.pt")
-    assert proc.returncode == 1 and "FAIL: weights SHA-256" in proc.stdout
+def test_verify_verdicts_on_genuine_releases(released, capsys):
+    exact, lissa, online = (released(m) / "release" for m in RELEASES)
+    code, out, _ = verify(capsys, exact)
+    assert code == 0 and out.startswith("verified: alg2_exact_newton") and "guarantee:" in out
+    assert "assumed, not measured" in out and "lambda_min(H)=" in out
+    code, out, _ = verify(capsys, lissa / "certificate.json")
+    assert code == 3 and "VACUOUS: epsilon=" in out  # sigma = 1e-3, the paper's: epsilon ~ 1e12
+    code, out, _ = verify(capsys, online, "--recompute", "--audit", online.parent / "private" / "audit.json")
+    assert code == 0 and "release reproduced from the audit record" in out and "2 release(s)" in out
 
 
-def test_verify_fails_when_sigma_is_below_what_the_budget_requires(release, tmp_path):
+@pytest.mark.parametrize("method", ["certified_exact", "certified_lissa"])
+def test_verify_audit_reproduces_the_release_from_the_private_record(released, capsys, method):
+    out = released(method)
+    code, text, err = verify(capsys, out / "release", "--recompute", "--audit", out / "private" / "audit.json")
+    assert code == (0 if method == "certified_exact" else 3), text + err
+    assert "release reproduced from the audit record" in text
+
+
+def test_attacker_with_the_public_release_cannot_strip_the_noise(released):
+    """Plays the attacker of the issue: regenerate the noise from everything public and subtract it."""
+    from ttp_lightning.certify.noise import gaussian_noise
+
+    out = released("certified_exact")
+    cert = json.loads((out / "release" / "certificate.json").read_text())
+    public = load_file(str(out / "release" / "model.safetensors"))
+    released_w = torch.cat([public[n].flatten().double() for n in cert["parameter_names"]])
+    truth = load_file(str(out / "private" / "noise_free.safetensors"))["release_1"]
+    sigma, dim = cert["sigma"], len(released_w)
+    guesses = [released_w]  # the release itself
+    for seed in range(200):  # the old scheme: torch's generator seeded from a small or configured number
+        guesses.append(released_w - sigma * torch.randn(dim, generator=torch.Generator().manual_seed(seed)).double())
+    for guess_seed in ("00" * 32, "ff" * 32, cert["forget_fingerprint"], cert["weights"][0]["sha256"]):
+        guesses.append(released_w - sigma * gaussian_noise(guess_seed, dim))  # public 32-byte strings as seeds
+    errors = [(g - truth).norm().item() for g in guesses]
+    scale = sigma * dim**0.5
+    assert min(errors) > 0.5 * scale  # no guess gets closer than the noise itself
+    assert errors[0] == pytest.approx(scale, rel=0.15)
+
+
+def test_two_releases_of_one_config_draw_different_noise(released, tmp_path):
+    first = released("certified_exact")
+    proc = run_release(tmp_path / "again", released.cache, *RELEASES["certified_exact"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a = load_file(str(first / "private" / "noise_free.safetensors"))["release_1"]
+    b = load_file(str(tmp_path / "again" / "private" / "noise_free.safetensors"))["release_1"]
+    assert torch.allclose(a, b, rtol=1e-9, atol=1e-12)  # the same deterministic Newton step ...
+    cert = json.loads((first / "release" / "certificate.json").read_text())
+    sigma, name = cert["sigma"], cert["parameter_names"][0]
+    w1 = load_file(str(first / "release" / "model.safetensors"))[name]
+    w2 = load_file(str(tmp_path / "again" / "release" / "model.safetensors"))[name]
+    assert (w1 - w2).double().norm().item() > sigma * (2 * w1.numel()) ** 0.5 * 0.8  # ... but fresh noise
+
+
+def edited(release, tmp_path, **changes):
+    """A copy of the release folder whose certificate has some fields replaced."""
+    folder = tmp_path / "edited"
+    folder.mkdir(exist_ok=True)
     cert = json.loads((release / "certificate.json").read_text())
-    cert["sigma"] *= 0.5
-    (tmp_path / "cert.json").write_text(json.dumps(cert))
-    proc = verify(tmp_path / "cert.json", release / "model.pt")
-    assert proc.returncode == 1 and "FAIL: sigma=" in proc.stdout and "smaller than" in proc.stdout
+    cert.update(changes)
+    (folder / "certificate.json").write_text(json.dumps(cert))
+    for entry in cert["weights"]:
+        target = folder / entry["file"]
+        if not target.exists():
+            target.write_bytes((release / entry["file"]).read_bytes())
+    return folder
+
+
+def test_verify_fails_tampered_and_forged_releases(released, tmp_path, capsys):
+
+    out = released("certified_exact")
+    release = out / "release"
     cert = json.loads((release / "certificate.json").read_text())
-    cert["sensitivity"] /= 10  # a Delta the stated constants do not give
-    (tmp_path / "cert.json").write_text(json.dumps(cert))
-    proc = verify(tmp_path / "cert.json", release / "model.pt")
-    assert proc.returncode == 1 and "FAIL: Delta recomputed" in proc.stdout
+    # one flipped byte in the weights
+    flipped = tmp_path / "flipped"
+    flipped.mkdir()
+    data = bytearray((release / "model.safetensors").read_bytes())
+    data[-3] ^= 0x01
+    (flipped / "model.safetensors").write_bytes(bytes(data))
+    (flipped / "certificate.json").write_text(json.dumps(cert))
+    code, text, _ = verify(capsys, flipped)
+    assert code == 1 and "FAIL: model.safetensors: SHA-256" in text
+    # sigma NaN, and an edited epsilon
+    code, text, _ = verify(capsys, edited(release, tmp_path, sigma=float("nan")))
+    assert code == 1 and "FAIL: sigma is not a finite number (nan)" in text
+    code, text, _ = verify(capsys, edited(release, tmp_path, epsilon=0.1))
+    assert code == 1 and "too small for epsilon=0.1" in text
+    code, text, _ = verify(capsys, edited(release, tmp_path, epsilon=5.0))
+    assert code == 1 and "the certificate was edited" in text
+    code, text, _ = verify(capsys, edited(release, tmp_path, lam_min=0.0))  # the assumption the issue refuted
+    assert code == 1 and "is not min(stated" in text
+
+
+def test_a_forged_norm_bound_is_exposed_by_the_weights_norm(released, tmp_path, capsys):
+    """C = 0.01 stated for weights of norm ~ 5 at the paper's sigma = 1e-3, with Delta, epsilon and the
+    mechanism recomputed to match, so that only the released weights' norm can expose it."""
+    from ttp_lightning.certify.certificate import recomputed_sensitivity
+    from ttp_lightning.certify.mechanism import implied_epsilon
+
+    release = released("certified_lissa") / "release"
+    cert = json.loads((release / "certificate.json").read_text())
+    forged = {**cert, "norm_bound": 0.01, "norm_bound_config": 0.01}
+    forged["sensitivity"] = recomputed_sensitivity(forged)
+    forged["epsilon"], forged["mechanism"] = implied_epsilon(forged["sensitivity"], cert["sigma"], cert["delta"])
+    code, text, _ = verify(capsys, edited(release, tmp_path, **forged))
+    assert code == 1 and "exceeds C + the noise's norm bound" in text and text.count("FAIL") == 1
+
+
+def test_never_unlearned_weights_under_an_edited_hash_fail_recompute_and_audit(released, tmp_path, capsys):
+    from ttp_lightning.certify.certificate import sha256_of
+
+    out = released("certified_exact")
+    results = json.loads((out / "results.json").read_text())
+    pretrained = torch.load(results["metrics"]["pretrain"]["cache_file"], weights_only=True)["state_dict"]
+    folder = tmp_path / "forged"
+    folder.mkdir()
+    save_file(pretrained, str(folder / "model.safetensors"))
+    cert = json.loads((out / "release" / "certificate.json").read_text())
+    cert["weights"][0]["sha256"] = sha256_of(folder / "model.safetensors")
+    (folder / "certificate.json").write_text(json.dumps(cert))
+    code, text, _ = verify(capsys, folder)
+    assert code == 0 and "not checked without --recompute or --audit" in text  # self-consistent: says so
+    code, text, _ = verify(capsys, folder, "--recompute")
+    assert code == 1 and "forget confidence distance recomputes to" in text
+    code, text, _ = verify(capsys, folder, "--audit", out / "private" / "audit.json")
+    assert code == 1 and "FAIL: the audit record belongs to another certificate" in text
+
+
+HOSTILE_TARGETS = {
+    "system": {"_target_": "os.system", "command": "touch {marker}"},
+    "pickle": {"_target_": "torch.load", "f": "{pickle}", "weights_only": False},
+}
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("where", ["data", "model", "data_config", "data.forget"])
+@pytest.mark.parametrize("target", list(HOSTILE_TARGETS))
+def test_hostile_certificate_runs_no_code(released, tmp_path, capsys, where, target):
+    out = released("certified_exact")
+    marker, payload = tmp_path / "PWNED", tmp_path / "evil.pt"
+    payload.write_bytes(pickle.dumps(_Payload(marker)))
+    hostile = json.loads(json.dumps(HOSTILE_TARGETS[target]).replace("{marker}", str(marker))
+                         .replace("{pickle}", str(payload)))
+    cert = json.loads((out / "release" / "certificate.json").read_text())
+    if where == "data_config":  # the old format's field, whole configs passed to instantiate
+        cert["data_config"] = hostile
+    elif where == "data.forget":
+        cert["data"]["forget"] = {**cert["data"]["forget"], **hostile}
+    else:
+        cert[where] = {**cert[where], **hostile}
+    folder = edited(out / "release", tmp_path)
+    (folder / "certificate.json").write_text(json.dumps(cert))
+    for extra in ([], ["--recompute"], ["--audit", out / "private" / "audit.json"]):
+        code, text, err = verify(capsys, folder, *extra)
+        assert code == 2 and text == "" and len(err.strip().splitlines()) == 1 and err.startswith("error:"), err
+        assert not marker.exists()
+
+
+def test_hostile_file_names_and_disguised_pickles_are_refused(released, tmp_path, capsys):
+    from ttp_lightning.certify.certificate import sha256_of
+
+    out = released("certified_exact")
+    cert = json.loads((out / "release" / "certificate.json").read_text())
+    traversal = tmp_path / "traversal.json"
+    traversal.write_text(json.dumps({**cert, "weights": [{"file": "../../etc/passwd", "sha256": "0" * 64}]}))
+    code, _, err = verify(capsys, traversal)
+    assert code == 2 and "without a folder" in err
+    marker = tmp_path / "PWNED"
+    folder = edited(out / "release", tmp_path)
+    (folder / "model.safetensors").write_bytes(pickle.dumps(_Payload(marker)))  # a pickle named .safetensors
+    cert = json.loads((folder / "certificate.json").read_text())
+    cert["weights"][0]["sha256"] = sha256_of(folder / "model.safetensors")
+    (folder / "certificate.json").write_text(json.dumps(cert))
+    code, text, _ = verify(capsys, folder)
+    assert code == 1 and "not a readable safetensors file" in text and not marker.exists()
+    code, text, err = verify(capsys, folder, "--recompute")
+    assert code == 2 and err.startswith("error: cannot verify") and not marker.exists()
+
+
+def test_verify_cli_contract(released):
+    """The subprocess contract: exit codes 0/3 and one error line for a file that is not JSON."""
+    out = released("certified_exact")
+    proc = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", out / "release" / "certificate.json",
+                           "--recompute", "data.max_test_size=100"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith("verified:"), proc.stdout + proc.stderr
+    bad = out / "not_json.json"
+    bad.write_text("{nope")
+    proc = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", bad], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: cannot verify")
+
+
+def test_certified_run_stops_when_the_hypotheses_fail(run_cli):
+    proc, results = run_cli(*TINY_WITHOUT_METHOD, "model=logreg", "method=certified_exact", "pretrain.norm_bound=10",
+                            "method.lam=0.05", "method.grad_lipschitz_forget=2", "method.grad_lipschitz_retain=2",
+                            "attacks.enabled=false", tiny=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and results is None and len(errors) == 1
+    assert errors[0].startswith("error: lambda + lambda_min(H) = 0.05 + (-") and "raise method.lam above" in errors[0]
 
 
 def test_certified_bad_input(run_cli):
@@ -108,11 +338,13 @@ def test_certified_bad_input(run_cli):
 @pytest.mark.parametrize("overrides, message", [
     (["method=certified_online"], "needs data.forget.requests"),
     (["method=certified_online", "data.forget.requests=[5]", "method.warmup_epochs=3"], r"starts from A\(D\)"),
+    (["method=certified_online", "data.forget.requests=[5]", "method.release=all"], "method.release='all'"),
     (["method=certified_lissa", "method.depth=0"], "method.depth=0 is not allowed"),
     (["method=certified_lissa", "method.rho=1.5"], r"method.rho=1.5 is not allowed; choose a value in \(0, 1\)"),
     (["method=certified_lissa", "method.lam=-1"], "method.lam=-1 is not allowed"),
     (["method=certified_lissa", "method.lam=0.1", "method.lam_min=-0.2"], r"lambda \+ lambda_min must be > 0"),
-    (["method=certified_exact", "method.batchnorm_stats=train"], "method.batchnorm_stats='train'"),
+    (["method=certified_exact", "method.lanczos_iterations=0"], "method.lanczos_iterations=0"),
+    (["method=certified_exact", "method.vacuous_above=-1"], "method.vacuous_above=-1"),
 ])
 def test_certified_options_are_validated(compose_cfg, overrides, message):
     from ttp_lightning.errors import TTPUserError
@@ -125,7 +357,7 @@ def test_certified_options_are_validated(compose_cfg, overrides, message):
 
 
 def test_lam_auto_is_the_lipschitz_mixture(compose_cfg):
-    from ttp_lightning.methods.certified.common import resolve_lam
+    from ttp_lightning.methods.certified.newton import resolve_lam
 
     cfg = compose_cfg("method=certified_lissa", "method.lam=auto", "method.theta=0.8",
                       "method.grad_lipschitz_forget=2", "method.grad_lipschitz_retain=0.5", tiny=False)

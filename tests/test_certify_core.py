@@ -1,5 +1,5 @@
 """Certified-learner math: HVPs against finite differences and explicit Hessians, the stochastic
-inverse-Hessian estimator against exact solves, power iteration, and the Gaussian mechanism."""
+inverse-Hessian estimator against exact solves, Lanczos against eigvalsh, the bounds and their hypotheses."""
 
 import math
 
@@ -17,17 +17,10 @@ from ttp_lightning.certify.bounds import (
     theta_lower_bound,
     uniformity_bound,
 )
-from ttp_lightning.certify.estimator import power_iteration, stochastic_inverse_hvp
+from ttp_lightning.certify.estimator import stochastic_inverse_hvp
 from ttp_lightning.certify.hessian import exact_hessian
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten, refresh_batchnorm, unflatten
-from ttp_lightning.certify.mechanism import (
-    ANALYTIC,
-    CLASSICAL,
-    analytic_delta,
-    classical_sigma,
-    implied_epsilon,
-    noise_sigma,
-)
+from ttp_lightning.certify.spectrum import exact_spectrum, lanczos_spectrum
 from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.models.classifier import Classifier
@@ -107,36 +100,21 @@ def test_estimator_reports_divergence_with_what_to_change():
         stochastic_inverse_hvp(torch.ones(2), lambda part, v: v, 1.0, 0.1, scale=2.0, depth=5)
 
 
-def test_power_iteration_finds_the_largest_eigenvalue():
-    matrix = random_psd(8, torch.Generator().manual_seed(3))
-    top = torch.linalg.eigvalsh(matrix).max().item()
-    found = power_iteration(lambda v: matrix @ v.double(), 8, iterations=500,
-                            generator=torch.Generator().manual_seed(0))
-    assert found == pytest.approx(top, rel=1e-3)
-
-
-def test_gaussian_mechanism_calibrations():
-    sigma, name = noise_sigma(0.2, 0.5, 1e-5)
-    assert name == CLASSICAL and sigma == pytest.approx(0.2 / 0.5 * math.sqrt(2 * math.log(1.25e5)))
-    sigma, name = noise_sigma(0.2, 3.0, 1e-5)
-    assert name == ANALYTIC
-    assert analytic_delta(sigma, 0.2, 3.0) <= 1e-5 and analytic_delta(sigma * 0.99, 0.2, 3.0) > 1e-5
-    # the analytic calibration is never looser than the classical one where both apply
-    assert noise_sigma(0.2, 0.9, 1e-5)[0] >= _analytic_sigma(0.2, 0.9, 1e-5)
-
-
-def _analytic_sigma(sensitivity, epsilon, delta):
-    low, high = 1e-9, classical_sigma(sensitivity, epsilon, delta) * 2
-    for _ in range(200):
-        mid = (low + high) / 2
-        low, high = (low, mid) if analytic_delta(mid, sensitivity, epsilon) <= delta else (mid, high)
-    return high
-
-
-def test_implied_epsilon_round_trips():
-    for epsilon in (0.3, 0.8, 2.0, 10.0):
-        sigma, _ = noise_sigma(0.05, epsilon, 1e-5)
-        assert implied_epsilon(0.05, sigma, 1e-5)[0] == pytest.approx(epsilon, rel=1e-6)
+def test_lanczos_brackets_the_extreme_eigenvalues_of_an_indefinite_matrix():
+    g = torch.Generator().manual_seed(3)
+    basis, _ = torch.linalg.qr(torch.randn(40, 40, generator=g, dtype=torch.float64))
+    values = torch.linspace(-0.3, 2.0, 40, dtype=torch.float64)
+    matrix = basis @ torch.diag(values) @ basis.T
+    found = lanczos_spectrum(lambda v: matrix @ v, 40, iterations=40, margin=0.0, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(0))
+    assert found.ritz_min == pytest.approx(-0.3, abs=1e-8) and found.ritz_max == pytest.approx(2.0, abs=1e-8)
+    few = lanczos_spectrum(lambda v: matrix @ v, 40, iterations=6, margin=0.1, dtype=torch.float64,
+                           generator=torch.Generator().manual_seed(0))
+    # Ritz values sit inside the spectrum; the residual and the margin move the estimates outside it
+    assert -0.3 <= few.ritz_min and few.ritz_max <= 2.0
+    assert few.lam_min <= -0.3 and few.norm >= 2.0 and few.method == "lanczos" and few.iterations == 6
+    exact = exact_spectrum(matrix + 0.5 * torch.eye(40, dtype=torch.float64), shift=0.5)
+    assert exact.lam_min == pytest.approx(-0.3, abs=1e-10) and exact.norm == pytest.approx(2.0, abs=1e-10)
 
 
 def test_exact_hessian_matches_autograd_and_refuses_large_models():
@@ -164,10 +142,11 @@ def test_exact_newton_sensitivity_formula():
 
 
 def test_estimator_bound_pieces():
-    b = estimator_scale_b(0.75, 0.1, 1.0, 1.0, forget_size=100, retain_size=59900)
-    assert b == pytest.approx((0.75 + 0.1) / 100)
+    # B of the mean-normalised objective: the largest sampled Hessian, P + the part's share of lambda
+    b = estimator_scale_b(0.75, 0.1, 1.0, 1.0)
+    assert b == pytest.approx(1.0 + 0.1 / (2 * 0.25))
     n = estimator_depth(b, 0.1, 0.0, repeats=1)
-    assert n == 1  # B / (lambda + lambda_min) < 1: the logarithm is non-positive, one step suffices
+    assert n == math.ceil(2 * 12 * math.log(12)) > 1  # kappa = 12: the depth rule means something again
     assert estimator_depth(5.0, 0.1, 0.0, repeats=2) == math.ceil(2 * 50 * math.log(100))
     delta = estimator_sensitivity(10, 0.75, 1, 1, 1, 1, 0.1, 0.0, grad_norm=0.5, scale_b=b, zeta_min=0.1,
                                   dimension=7850, rho=0.05, repeats=4)
@@ -215,9 +194,9 @@ def test_estimator_on_model_hessians_matches_the_exact_solve():
     matrix = torch.stack([curv.hvp(column) for column in torch.eye(dim, dtype=torch.float64)], dim=1)
     exact = torch.linalg.solve(matrix, gradient)
     generator = torch.Generator().manual_seed(0)
-    scale = 1.5 * power_iteration(curv.hvp, dim, 50, generator)
+    scale = 1.5 * lanczos_spectrum(curv.hvp, dim, 30, 0.0, generator, dtype=torch.float64).norm
     estimate = stochastic_inverse_hvp(gradient, lambda part, v: curv.sample_hvp(part, v, 16, generator), curv.theta,
-                                      curv.lam, scale, depth=60, repeats=30, generator=generator)
+                                      curv.lam, scale, depth=60, repeats=60, generator=generator)
     assert (estimate - exact).norm() / exact.norm() < 0.1
 
 
@@ -270,45 +249,66 @@ def test_vit_hvp_matches_finite_differences_with_fused_attention_off():
     assert (product - finite_difference_hvp(curv, vector)).norm() / product.norm() < 1e-5
 
 
-def test_certificate_sensitivity_dispatch_and_estimator_depth_check(tmp_path):
-    from ttp_lightning.certify.certificate import (
-        ONLINE,
-        calibrated_sensitivity,
-        check_certificate,
-        recomputed_sensitivity,
-        required_depth,
-        sha256_of,
-    )
+def test_certificate_sensitivity_and_depth_come_from_the_stated_constants():
+    from ttp_lightning.certify.certificate import EXACT, ONLINE, recomputed_sensitivity, required_depth
 
-    cert = {"algorithm": ONLINE, "theta": 0.75, "lam": 0.5, "lam_min": 0.0, "norm_bound": 10.0,
+    estimator = {"repeats": 4, "zeta_min": 0.4, "rho": 1e-5}
+    cert = {"algorithm": ONLINE, "theta": 0.75, "lam": 0.5, "lam_min": -0.1, "norm_bound": 10.0,
             "hessian_lipschitz_forget": 1.0, "hessian_lipschitz_retain": 1.0, "grad_lipschitz_forget": 1.0,
-            "grad_lipschitz_retain": 1.0, "gradient_bound": 0.2, "zeta_min": 0.5, "num_params": 650, "rho": 0.05,
-            "repeats": 4, "forget_sizes": [1, 3], "retain_sizes": [99, 97], "depth": 50, "delta": 1e-5,
-            "epsilon": 0.5, "mechanism": "classical"}
-    b_first = max((0.75 + 0.5) / 1, (0.25 + 0.5) / 99)  # the first request, the smaller forget set, gives B
-    expected = estimator_sensitivity(10, 0.75, 1, 1, 1, 1, 0.5, 0.0, 0.2, b_first, 0.5, 650, 0.05, 4)
-    assert recomputed_sensitivity(cert) == pytest.approx(expected)
-    assert calibrated_sensitivity(cert, expected) == pytest.approx(expected / 2)  # Delta / k, k = 2 requests
-    assert required_depth(cert) == estimator_depth(b_first, 0.5, 0.0, 4) > 1
-    weights = tmp_path / "w.pt"
-    torch.save({"w": torch.zeros(2)}, weights)
-    cert.update(sensitivity=expected, sigma=classical_sigma(expected / 2, 0.5, 1e-5), weights_sha256=sha256_of(weights))
-    assert check_certificate(cert, weights) == []
-    cert["depth"] = 1
-    assert any("depth n=1 is below" in failure for failure in check_certificate(cert, weights))
+            "grad_lipschitz_retain": 1.0, "gradient_bound": 0.2, "num_params": 650, "estimator": estimator}
+    b = estimator_scale_b(0.75, 0.5, 1.0, 1.0)
+    assert recomputed_sensitivity(cert) == pytest.approx(
+        estimator_sensitivity(10, 0.75, 1, 1, 1, 1, 0.5, -0.1, 0.2, b, 0.4, 650, 1e-5, 4))
+    assert required_depth(cert) == estimator_depth(b, 0.5, -0.1, 4) > 1
+    assert recomputed_sensitivity({**cert, "algorithm": EXACT}) == pytest.approx(2 * 10 * (10 + 0.5) / 0.4)
 
 
-def test_newton_direction_with_a_large_residual_is_refused():
+def test_hypotheses_are_checked_with_the_fix_named():
+    from ttp_lightning.certify.bounds import check_hypotheses
+
+    check_hypotheses(0.75, 2.0, -0.1, 1.8, 2.0, 2.0)  # all hold
+    with pytest.raises(TTPUserError, match=r"refutes the stated gradient Lipschitz.*at least 1.8"):
+        check_hypotheses(0.75, 2.0, -0.1, 1.8, 1.0, 1.0)
+    with pytest.raises(TTPUserError, match=r"lambda \+ lambda_min\(H\) = 0.1 \+ \(-0.2\) <= 0.*above 0.2"):
+        check_hypotheses(0.75, 0.1, -0.2, 0.15, 1.0, 1.0)
+    with pytest.raises(TTPUserError, match=r"method.lam=0.5 is not above the measured \|\|H\|\| = 0.9"):
+        check_hypotheses(0.75, 0.5, -0.1, 0.9, 1.0, 1.0)
+
+
+def test_projection_onto_the_ball_global_and_per_tensor():
+    from ttp_lightning.methods.certified.newton import project_flat
+
+    vector = torch.tensor([3.0, 4.0, 0.0, 0.5], dtype=torch.float64)
+    assert torch.allclose(project_flat(vector, [2, 2], 1.0, "global"), vector / vector.norm())
+    assert torch.equal(project_flat(vector, [2, 2], 10.0, "global"), vector)
+    per_tensor = project_flat(vector, [2, 2], 1.0, "per_tensor")
+    assert torch.allclose(per_tensor, torch.tensor([0.6, 0.8, 0.0, 0.5], dtype=torch.float64))
+
+
+def estimator_cfg(**changes):
     from omegaconf import OmegaConf
 
-    from ttp_lightning.methods.certified.lissa import estimated_newton_direction
+    return OmegaConf.create({"scale": None, "scale_margin": 1.5, "depth": "auto", "repeats": 10, "sample_size": 16,
+                             "grad_lipschitz_forget": 4.0, "grad_lipschitz_retain": 4.0, "lam_min": 0.0,
+                             "max_residual": 0.5, "lanczos_iterations": 30, "spectrum_margin": 0.1, **changes})
 
-    cfg = OmegaConf.create({"scale": None, "scale_margin": 1.5, "power_iterations": 30, "depth": 60, "repeats": 10,
-                            "sample_size": 16, "grad_lipschitz_forget": 1.0, "grad_lipschitz_retain": 1.0,
-                            "lam_min": 0.0, "max_residual": 0.5})
-    curv = curvature(lam=0.5)
-    step = estimated_newton_direction(curv, cfg, torch.Generator().manual_seed(0))
-    assert step["residual"] < 0.5 and step["depth"] == 60 and step["scale"] > curv.lam
-    cfg.max_residual = step["residual"] / 2
-    with pytest.raises(TTPUserError, match="relative residual .* nothing was released.*raise method.lam"):
-        estimated_newton_direction(curv, cfg, torch.Generator().manual_seed(0))
+
+def test_estimated_step_refuses_large_residuals_too_few_steps_and_a_small_scale():
+    from ttp_lightning.methods.certified.newton import estimated_step
+
+    curv = curvature(lam=4.5)
+    direction, record = estimated_step(curv, estimator_cfg(), torch.Generator().manual_seed(0))
+    b = estimator_scale_b(curv.theta, 4.5, 4.0, 4.0)
+    assert record["residual"] < 0.5
+    assert record["scale"] == pytest.approx(max(b, 1.5 * (record["hessian_norm_measured"] + 4.5)))
+    assert record["depth"] == estimator_depth(b, 4.5, min(0.0, record["lam_min_measured"]), 10)
+    assert record["step_norm"] == pytest.approx(direction.norm().item())
+    with pytest.raises(TTPUserError, match="relative residual .* nothing was released"):
+        estimated_step(curv, estimator_cfg(max_residual=record["residual"] / 2), torch.Generator().manual_seed(0))
+    with pytest.raises(TTPUserError, match=r"method.depth=1 is below n = \d+"):
+        estimated_step(curv, estimator_cfg(depth=1), torch.Generator().manual_seed(0))
+    with pytest.raises(TTPUserError, match=r"method.scale=1.0 \(J\) is below B"):
+        estimated_step(curv, estimator_cfg(scale=1.0), torch.Generator().manual_seed(0))
+    with pytest.raises(TTPUserError, match="refutes the stated gradient Lipschitz"):
+        estimated_step(curv, estimator_cfg(grad_lipschitz_forget=1e-3, grad_lipschitz_retain=1e-3),
+                       torch.Generator().manual_seed(0))

@@ -10,13 +10,20 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.attacks import attack_forget_set
-from ttp_lightning.certify.certificate import release
+from ttp_lightning.certify.certificate import AUDIT_FILE, PRIVATE_DIR, RELEASE_DIR, write_release
+from ttp_lightning.certify.schema import data_spec, model_spec
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.evaluation import evaluate, forget_softmax
 from ttp_lightning.methods import METHODS
 from ttp_lightning.models import build_classifier
 from ttp_lightning.pretraining import absorb_outside_forget, pretrained_model
-from ttp_lightning.report import format_attack_table, format_table, write_results, write_weights
+from ttp_lightning.report import (
+    format_attack_table,
+    format_certificate_line,
+    format_table,
+    write_results,
+    write_weights,
+)
 from ttp_lightning.training import RunContext
 from ttp_lightning.validation import validate_config
 from ttp_lightning.wandb_charts import log_run_charts
@@ -62,12 +69,11 @@ def finish_logger(logger, results: dict, output_dir: str) -> None:
 
 
 def identity(cfg: DictConfig, datamodule) -> dict:
-    """What a certificate needs to rebuild the data and the model: resolved configs and fingerprints."""
+    """What a certificate needs to rebuild the data and the model from registered configs (typed settings,
+    never a _target_), and the forget set's fingerprint."""
     return {
-        "data_config": OmegaConf.to_container(cfg.data, resolve=True),
-        "model_config": OmegaConf.to_container(cfg.model, resolve=True),
-        "forget_fingerprint": datamodule.forget_fingerprint(),
-        "forget_size": len(datamodule.forget_indices),
+        "data": data_spec(cfg.data), "model": model_spec(cfg.model),
+        "forget_fingerprint": datamodule.forget_fingerprint(), "forget_size": len(datamodule.forget_indices),
     }
 
 
@@ -112,17 +118,20 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         forget = datamodule.dataset("forget")
         results["attacks"] = {"pretrain": attack_forget_set(pretrained, forget, cfg.attacks),
                               cfg.method.name: attack_forget_set(output.net, forget, cfg.attacks)}
-    if output.certificate is not None:
-        certificate = {**output.certificate, "experiment": cfg.experiment_name, **identity(cfg, datamodule),
-                       "metrics": metrics[cfg.method.name]}
-        cert_path, weights = release(output.net, certificate, output_dir)
+    if output.release is not None:
+        certificate = {**output.release.certificate, "experiment": cfg.experiment_name,
+                       **identity(cfg, datamodule), "metrics": metrics[cfg.method.name]}
+        cert_path = write_release(certificate, output.release.states, output.release.audit, output_dir)
         results["certificate"] = json.loads(cert_path.read_text())
+        results["weights_file"] = f"{RELEASE_DIR}/{results['certificate']['weights'][-1]['file']}"
+        results["audit_file"] = f"{PRIVATE_DIR}/{AUDIT_FILE}"
     else:
-        weights = write_weights(output.net, output_dir)
-    results["weights_file"] = weights.name
+        results["weights_file"] = write_weights(output.net, output_dir).name
     path = write_results(results, output_dir)
     attacks = f"\n\nattacks on the forget set\n{format_attack_table(results['attacks'])}" if "attacks" in results else ""
-    print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{attacks}\nresults: {path}",
+    certified = f"\n{format_certificate_line(results['certificate'], cfg.method.vacuous_above)}" \
+        if "certificate" in results else ""
+    print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{attacks}{certified}\nresults: {path}",
           flush=True)
     finish_logger(ctx.logger, results, output_dir)
     return results

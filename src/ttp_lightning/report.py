@@ -65,6 +65,16 @@ def attack_rows(attacks: dict[str, dict]) -> list[list[str]]:
     return rows
 
 
+def format_certificate_line(certificate: dict, vacuous_above: float) -> str:
+    """One line under the tables of a certified run: the budget, and whether it means anything."""
+    line = (f"certificate: epsilon={certificate['epsilon']:.4g}, delta={certificate['delta']:.3g}, "
+            f"sigma={certificate['sigma']:.4g}, Delta={certificate['sensitivity']:.4g}, lambda_min(H) measured "
+            f"{min(s['lam_min_measured'] for s in certificate['steps']):.4g}, ||H||={certificate['hessian_norm']:.4g}")
+    if not certificate["epsilon"] <= vacuous_above:
+        line += f"\n  VACUOUS: epsilon > {vacuous_above:g}, so this certificate guarantees nothing meaningful"
+    return line
+
+
 def format_attack_table(attacks: dict[str, dict]) -> str:
     return _aligned(attack_rows(attacks))
 

@@ -3,7 +3,7 @@
 from omegaconf import DictConfig
 
 from ttp_lightning.errors import TTPUserError
-from ttp_lightning.methods.certified.common import resolve_lam
+from ttp_lightning.methods.certified.newton import resolve_lam
 from ttp_lightning.modules.optim import OPTIMIZERS, PROJECTIONS, SCHEDULES
 from ttp_lightning.modules.pareto import MODES
 from ttp_lightning.objectives import UNIFORMITY_LOSSES
@@ -72,7 +72,10 @@ def _certified(cfg: DictConfig) -> None:
     _fraction(method.delta, "method.delta")
     if method.sigma is not None:
         _positive(method.sigma, "method.sigma")
-    _choice(method.batchnorm_stats, "method.batchnorm_stats", ("retain", "keep"))
+    _positive(method.vacuous_above, "method.vacuous_above")
+    _positive_int(method.lanczos_iterations, "method.lanczos_iterations")
+    if _number(method.spectrum_margin, "method.spectrum_margin") < 0:
+        raise TTPUserError(f"method.spectrum_margin={method.spectrum_margin} is not allowed; choose a value >= 0")
     _uniformity(method)
     _positive_int(method.max_exact_params, "method.max_exact_params")
     _positive_int(method.chunk_size, "method.chunk_size")
@@ -85,6 +88,7 @@ def _certified(cfg: DictConfig) -> None:
         if method.warmup_epochs:
             raise TTPUserError(f"method.warmup_epochs={method.warmup_epochs} is not allowed for certified_online "
                                f"(the online algorithm starts from A(D)); use 0")
+        _choice(method.release, "method.release", ("each", "final"))
         if not cfg.data.forget.requests:
             raise TTPUserError("method=certified_online needs data.forget.requests, a list of sizes or index "
                                "files, e.g. data.forget.requests=[50,50]")
@@ -94,7 +98,6 @@ def _estimator(method: DictConfig) -> None:
     if method.scale is not None:
         _positive(method.scale, "method.scale")
     _positive(method.scale_margin, "method.scale_margin")
-    _positive_int(method.power_iterations, "method.power_iterations")
     _auto_or(method.depth, "method.depth", _positive_int)
     _positive_int(method.repeats, "method.repeats")
     _positive_int(method.sample_size, "method.sample_size")

@@ -1,70 +1,136 @@
-"""`python -m ttp_lightning.verify CERT WEIGHTS [--recompute] [data.KEY=VALUE ...]`: check a certificate.
+"""`python -m ttp_lightning.verify CERT [WEIGHTS ...] [--recompute] [--audit AUDIT] [data.KEY=VALUE ...]`:
+check a certified release.
 
-Checks the weights' SHA-256, recomputes Delta from the stated constants and the sigma that (Delta,
-epsilon, delta) require; with --recompute also rebuilds the data set (optionally with data.* overrides,
-e.g. data.root=...), checks the forget-set fingerprint and recomputes the forget confidence distance.
-Exit 0 when every check holds, 1 with one line per failed check, 2 on unusable input.
+CERT is a release's certificate.json (or its folder); the weights are the files it names, next to it,
+unless given. The certificate is untrusted input: it is read as typed data against an allowlist (no
+_target_, no imports, no pickles; weights are safetensors), and a certificate outside the format ends in one
+`error:` line. Checks: the weights' SHA-256; finite numbers; the theorems' hypotheses against the measured
+values the certificate states (lambda > ||H||, lambda + lambda_min > 0, ||H|| within the stated Lipschitz
+constants, lambda_min = min(stated, measured)); estimator depth, scale and residual (Algs 3-4); Delta from
+the constants; epsilon, sigma and the mechanism over the releases that compose; the released weights' norm
+against C plus the noise's norm. --recompute rebuilds the data and model from registered configs and
+recomputes the forget confidence distance; --audit reruns the Newton step(s) from the provider's private
+audit record, redraws the noise from its seed and compares the result with the release.
+
+Exit status: 0 verified; 1 a check failed (one FAIL line each); 2 unusable or hostile input; 3 verified
+but vacuous (epsilon above --vacuous-above, default 10: the certificate guarantees nothing meaningful).
 """
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
+EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE, EXIT_VACUOUS = 0, 1, 2, 3
 FORGET_CD_TOLERANCE = 1e-4
+MAX_DOCUMENT_BYTES = 64 << 20
+OVERRIDE = re.compile(r"^data\.[A-Za-z0-9_.]+=")
+
+
+def read_json(path: Path) -> dict:
+    if path.stat().st_size > MAX_DOCUMENT_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
+    return json.loads(path.read_text())
 
 
 def recompute_failures(cert: dict, weights: Path, overrides: list[str]) -> list[str]:
-    import torch
-    from omegaconf import OmegaConf
-
+    """Rebuild data and model from registered configs; the forget set's fingerprint and forget CD."""
+    from ttp_lightning.certify.certificate import load_weights
+    from ttp_lightning.certify.schema import rebuild_configs
     from ttp_lightning.data import build_datamodule
     from ttp_lightning.evaluation import evaluate
     from ttp_lightning.models import build_classifier
 
-    data_cfg = OmegaConf.merge(OmegaConf.create(cert["data_config"]),
-                               OmegaConf.from_dotlist([o.removeprefix("data.") for o in overrides]))
+    data_cfg, model_cfg = rebuild_configs(cert["data"], cert["model"], overrides)
     datamodule = build_datamodule(data_cfg)
-    failures = []
     if datamodule.forget_fingerprint() != cert["forget_fingerprint"]:
-        failures.append("the rebuilt forget set differs from the certified one (fingerprint mismatch)")
-    net = build_classifier(OmegaConf.create(cert["model_config"]), datamodule.info)
-    net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+        return ["the rebuilt forget set differs from the certified one (fingerprint mismatch)"]
+    net = build_classifier(model_cfg, datamodule.info)
+    try:
+        net.load_state_dict(load_weights(weights))
+    except RuntimeError as exc:
+        return [f"{weights.name} does not fit the certified model: {str(exc).splitlines()[0]}"]
     measured = evaluate(net, datamodule)["forget_conf_dist"]
-    stated = cert["metrics"]["forget_conf_dist"]
-    if abs(measured - stated) > FORGET_CD_TOLERANCE:
-        failures.append(f"forget confidence distance recomputes to {measured:.6f}, the certificate says {stated:.6f}")
-    return failures
+    stated = cert["metrics"].get("forget_conf_dist")
+    if not isinstance(stated, (int, float)) or abs(measured - stated) > FORGET_CD_TOLERANCE:
+        return [f"forget confidence distance recomputes to {measured:.6f}, the certificate says {stated}"]
+    return []
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n")[-1], formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("certificate", type=Path, help="release/certificate.json (or the release folder)")
+    parser.add_argument("weights", type=Path, nargs="*", help="weights files, in the certificate's order "
+                        "(default: the files it names, next to it)")
+    parser.add_argument("--recompute", action="store_true", help="rebuild the data and recompute the forget CD")
+    parser.add_argument("--audit", type=Path, metavar="AUDIT", help="private/audit.json: rerun the Newton "
+                        "step(s), redraw the noise and compare with the release")
+    parser.add_argument("--vacuous-above", type=float, default=10.0, metavar="EPS",
+                        help="epsilon above this is reported as vacuous, exit 3 (default 10)")
+    parser.add_argument("overrides", nargs="*", metavar="data.KEY=VALUE", help="data settings on this machine "
+                        "for --recompute/--audit (e.g. data.root=DIR)")
+    parser.add_argument("--tolerance", type=float, default=1e-4,
+                        help="relative tolerance of --audit's rerun (default 1e-4)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify", description=__doc__.splitlines()[0])
-    parser.add_argument("certificate", type=Path)
-    parser.add_argument("weights", type=Path)
-    parser.add_argument("--recompute", action="store_true", help="rebuild the data and recompute the forget CD")
-    parser.add_argument("overrides", nargs="*", help="data.KEY=VALUE overrides for --recompute (e.g. data.root=...)")
-    args = parser.parse_intermixed_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    overrides = [a for a in argv if OVERRIDE.match(a)]
+    args = _parser().parse_args([a for a in argv if a not in overrides])
 
-    from ttp_lightning.certify.certificate import check_certificate
+    from safetensors import SafetensorError
+
+    from ttp_lightning.certify.certificate import (
+        CERTIFICATE_FILE,
+        check_certificate,
+        guarantee_lines,
+        is_vacuous,
+    )
+    from ttp_lightning.certify.schema import check_audit_schema, check_certificate_schema
     from ttp_lightning.errors import TTPUserError
 
+    cert_path = args.certificate / CERTIFICATE_FILE if args.certificate.is_dir() else args.certificate
     try:
-        cert = json.loads(args.certificate.read_text())
-        if not args.weights.is_file():
-            raise FileNotFoundError(f"weights file {args.weights} does not exist")
-        failures = check_certificate(cert, args.weights)
+        cert = check_certificate_schema(read_json(cert_path))
+        weights = args.weights or [cert_path.parent / entry["file"] for entry in cert["weights"]]
+        for path in weights:
+            if not path.is_file():
+                raise FileNotFoundError(f"weights file {path} does not exist")
+        failures = check_certificate(cert, weights)
+        checked = ["weights SHA-256", "finite values", "hypotheses vs measured values", "Delta", "sigma/epsilon",
+                   "||w|| <= C + noise"]
         if args.recompute:
-            failures += recompute_failures(cert, args.weights, args.overrides)
-    except (OSError, json.JSONDecodeError, KeyError, TTPUserError) as exc:
-        print(f"error: cannot verify: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+            failures += recompute_failures(cert, weights[-1], overrides)
+            checked.append("forget set and forget CD recomputed")
+        if args.audit:
+            from ttp_lightning.methods.certified.audit import audit_failures
+
+            audit = check_audit_schema(read_json(args.audit))
+            failures += audit_failures(cert, cert_path, audit, args.audit.parent, weights, overrides, args.tolerance)
+            checked.append("release reproduced from the audit record")
+    except (OSError, ValueError, KeyError, TypeError, TTPUserError, SafetensorError) as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"error: cannot verify: {message}", file=sys.stderr)
+        return EXIT_UNUSABLE
     for failure in failures:
         print(f"FAIL: {failure}")
     if failures:
-        return 1
-    print(f"verified: {cert['algorithm']}, epsilon={cert['epsilon']:.6g} ({cert['mechanism']}), "
-          f"delta={cert['delta']:.3g}, sigma={cert['sigma']:.6g}, Delta={cert['sensitivity']:.6g}")
-    return 0
+        return EXIT_FAIL
+    print(f"verified: {cert['algorithm']}, epsilon={cert['epsilon']:.6g}, delta={cert['delta']:.3g}, "
+          f"sigma={cert['sigma']:.6g}, Delta={cert['sensitivity']:.6g} ({', '.join(checked)})")
+    for line in guarantee_lines(cert):
+        print(line)
+    if not (args.recompute or args.audit):
+        print("not checked without --recompute or --audit: that these weights came from this data (anyone can "
+              "write a self-consistent certificate for any weights)")
+    if is_vacuous(cert["epsilon"], args.vacuous_above):
+        print(f"VACUOUS: epsilon={cert['epsilon']:.6g} > {args.vacuous_above:g}: an (epsilon, delta) statement this "
+              f"weak protects nothing; the noise is too small for the stated constants")
+        return EXIT_VACUOUS
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,24 +1,47 @@
-"""Releasing a certified model (weights + certificate JSON) and checking a certificate independently."""
+"""Certified releases: what is public (weights + certificate.json), what stays private (the audit record),
+and the checks anyone can run on a certificate without trusting it.
+
+Layout of a certified run's output folder:
+
+    release/model.safetensors     the released weights (Alg 4 releasing every request: model_request_<i>...)
+    release/certificate.json      the certificate (format `ttp_lightning.certificate/2`, schema.py)
+    private/audit.json            the noise seed and the hashes that tie the release to its noise-free weights
+    private/start.safetensors     the model at the start of the Newton step(s)
+    private/noise_free.safetensors  the noise-free weights, after projection onto the C-ball (float64)
+
+Only release/ is meant to be published. private/ is written with owner-only permissions; whoever holds it
+can strip the noise.
+"""
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
 from ttp_lightning.certify.bounds import (
     estimator_depth,
     estimator_scale_b,
     estimator_sensitivity,
     exact_newton_sensitivity,
+    lipschitz_hessian_bound,
 )
-from ttp_lightning.certify.mechanism import noise_sigma
-from ttp_lightning.report import write_weights
+from ttp_lightning.certify.mechanism import implied_epsilon
+from ttp_lightning.certify.noise import noise_norm_bound
+from ttp_lightning.certify.schema import AUDIT_FORMAT, CERTIFICATE_FORMAT
 
-CERTIFICATE_FILE = "certificate.json"
-RELATIVE_TOLERANCE = 1e-6
+CERTIFICATE_FILE, AUDIT_FILE = "certificate.json", "audit.json"
+RELEASE_DIR, PRIVATE_DIR = "release", "private"
+START_FILE, NOISE_FREE_FILE = "start.safetensors", "noise_free.safetensors"
 EXACT, ESTIMATOR, ONLINE = "alg2_exact_newton", "alg3_hessian_estimator", "alg4_online"
+RELATIVE_TOLERANCE = 1e-6
+NOISE_NORM_FAILURE = 1e-9   # the released-norm check fails a genuine release with at most this probability
+EXACT_RESIDUAL_LIMIT = 1e-6  # a Cholesky solve whose residual is above this is no exact Newton step
+DEFAULT_VACUOUS_ABOVE = 10.0
 
 
 def sha256_of(path: str | Path) -> str:
@@ -29,69 +52,284 @@ def sha256_of(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def release(net: torch.nn.Module, certificate: dict, output_dir: str | Path) -> tuple[Path, Path]:
-    """Write the weights and, naming their SHA-256, the certificate (each via a temporary file)."""
+def sha256_of_vector(vector: torch.Tensor) -> str:
+    """SHA-256 of a flat vector's float64 little-endian bytes (the noise-free weights' hash)."""
+    return hashlib.sha256(vector.detach().double().cpu().contiguous().numpy().astype("<f8").tobytes()).hexdigest()
+
+
+def weights_file_name(index: int, count: int) -> str:
+    return "model.safetensors" if count == 1 else f"model_request_{index + 1}.safetensors"
+
+
+def noise_free_key(index: int) -> str:
+    return f"release_{index + 1}"
+
+
+def _atomic_json(document: dict, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(document, indent=2))
+    os.replace(tmp, path)
+
+
+def _atomic_tensors(tensors: dict[str, torch.Tensor], path: Path, mode: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def write_release(certificate: dict, states: list[dict], audit: dict, output_dir: str | Path) -> Path:
+    """Write release/ (weights, then the certificate naming their hashes) and private/ (start weights,
+    noise-free weights, the audit record naming every hash). Returns the certificate's path."""
     output_dir = Path(output_dir)
-    weights = write_weights(net, output_dir)
-    document = {**certificate, "weights_file": weights.name, "weights_sha256": sha256_of(weights)}
-    cert = output_dir / CERTIFICATE_FILE
-    cert.with_suffix(".tmp").write_text(json.dumps(document, indent=2))
-    os.replace(cert.with_suffix(".tmp"), cert)
-    return cert, weights
+    release_dir, private_dir = output_dir / RELEASE_DIR, output_dir / PRIVATE_DIR
+    release_dir.mkdir(parents=True, exist_ok=True)
+    private_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(private_dir, 0o700)
+    weights = []
+    for index, state in enumerate(states):
+        path = release_dir / weights_file_name(index, len(states))
+        _atomic_tensors(state, path, 0o644)
+        weights.append({"file": path.name, "sha256": sha256_of(path)})
+    document = {"format": CERTIFICATE_FORMAT, **certificate, "weights": weights}
+    cert_path = release_dir / CERTIFICATE_FILE
+    _atomic_json(document, cert_path)
+    _atomic_tensors(audit["start_state"], private_dir / START_FILE, 0o600)
+    noise_free = {noise_free_key(i): v.double() for i, v in enumerate(audit["noise_free"])}
+    _atomic_tensors(noise_free, private_dir / NOISE_FREE_FILE, 0o600)
+    record = {"format": AUDIT_FORMAT, "noise_seed": audit["noise_seed"], "certificate_sha256": sha256_of(cert_path),
+              "start_file": START_FILE, "start_sha256": sha256_of(private_dir / START_FILE),
+              "noise_free_file": NOISE_FREE_FILE,
+              "noise_free_sha256": [sha256_of_vector(v) for v in audit["noise_free"]],
+              "weights_sha256": [w["sha256"] for w in weights]}
+    audit_path = private_dir / AUDIT_FILE
+    fd = os.open(audit_path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(record, indent=2))
+    os.replace(audit_path.with_suffix(".tmp"), audit_path)
+    return cert_path
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """A safetensors file as tensors (no pickle, no code)."""
+    return load_file(str(path))
+
+
+# ------------------------------------------------------------------------------ the bound's arithmetic
+def composed_releases(cert: dict) -> int:
+    """How many noised releases the (epsilon, delta) statement covers together."""
+    return len(cert["steps"]) if cert["release_model"] == "each" else 1
 
 
 def scale_b(cert: dict) -> float:
-    """B of the estimator bound, the largest over the (forget, retain) set sizes of every Newton step."""
-    return max(estimator_scale_b(cert["theta"], cert["lam"], cert["grad_lipschitz_forget"],
-                                 cert["grad_lipschitz_retain"], forget, retain)
-               for forget, retain in zip(cert["forget_sizes"], cert["retain_sizes"], strict=True))
+    return estimator_scale_b(cert["theta"], cert["lam"], cert["grad_lipschitz_forget"], cert["grad_lipschitz_retain"])
 
 
 def required_depth(cert: dict) -> int:
-    """The n that eq. `hessian_estimator_bound` requires: 2 B / (lambda + lambda_min) ln(B b / (lambda + lambda_min))."""
-    return estimator_depth(scale_b(cert), cert["lam"], cert["lam_min"], cert["repeats"])
+    return estimator_depth(scale_b(cert), cert["lam"], cert["lam_min"], cert["estimator"]["repeats"])
 
 
 def recomputed_sensitivity(cert: dict) -> float:
     """Delta from the constants the certificate states, by its algorithm's formula."""
-    algorithm = cert["algorithm"]
-    if algorithm == EXACT:
+    if cert["algorithm"] == EXACT:
         return exact_newton_sensitivity(cert["norm_bound"], cert["theta"], cert["hessian_lipschitz_forget"],
                                         cert["hessian_lipschitz_retain"], cert["lam"], cert["lam_min"])
-    if algorithm in (ESTIMATOR, ONLINE):
-        return estimator_sensitivity(
-            cert["norm_bound"], cert["theta"], cert["hessian_lipschitz_forget"], cert["hessian_lipschitz_retain"],
-            cert["grad_lipschitz_forget"], cert["grad_lipschitz_retain"], cert["lam"], cert["lam_min"],
-            cert["gradient_bound"], scale_b(cert), cert["zeta_min"], cert["num_params"], cert["rho"],
-            cert["repeats"])
-    raise ValueError(f"unknown algorithm {algorithm!r}")
+    estimator = cert["estimator"]
+    return estimator_sensitivity(
+        cert["norm_bound"], cert["theta"], cert["hessian_lipschitz_forget"], cert["hessian_lipschitz_retain"],
+        cert["grad_lipschitz_forget"], cert["grad_lipschitz_retain"], cert["lam"], cert["lam_min"],
+        cert["gradient_bound"], scale_b(cert), estimator["zeta_min"], cert["num_params"], estimator["rho"],
+        estimator["repeats"])
 
 
-def calibrated_sensitivity(cert: dict, sensitivity: float) -> float:
-    """What the noise is calibrated to: Delta, or for Alg 4 the paper's Delta / k over k requests
-    (its sigma = Delta / (k epsilon) sqrt(2 ln(1.25 / delta)))."""
-    return sensitivity / len(cert["forget_sizes"]) if cert["algorithm"] == ONLINE else sensitivity
+def implied_global_norm_bound(norm_bound: float, projection: str, num_tensors: int) -> float:
+    """The bound on the global ||w||_2 that the pretraining projection implies: C, or C sqrt(#tensors) when
+    each tensor is projected on its own."""
+    return norm_bound if projection == "global" else norm_bound * math.sqrt(num_tensors)
 
 
-def check_certificate(cert: dict, weights_path: str | Path) -> list[str]:
-    """Failures (empty when the certificate holds): weights hash, Delta from the stated constants, and
-    sigma at least what (Delta, epsilon, delta) require under the stated mechanism."""
+def _close(a: float, b: float, tolerance: float = RELATIVE_TOLERANCE) -> bool:
+    return abs(a - b) <= tolerance * max(abs(a), abs(b), 1e-300)
+
+
+# ------------------------------------------------------------------------------ checks
+def _non_finite(cert: dict) -> list[str]:
+    bad = []
+
+    def walk(value, key):
+        if isinstance(value, float) and not math.isfinite(value):
+            bad.append(f"{key} is not a finite number ({value})")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else k)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]")
+
+    walk(cert, "")
+    return bad
+
+
+def _hypothesis_failures(cert: dict) -> list[str]:
     failures = []
-    actual = sha256_of(weights_path)
-    if actual != cert["weights_sha256"]:
-        failures.append(f"weights SHA-256 {actual[:16]}... differs from the certificate's "
-                        f"{cert['weights_sha256'][:16]}...")
-    sensitivity = recomputed_sensitivity(cert)
-    if abs(sensitivity - cert["sensitivity"]) > RELATIVE_TOLERANCE * sensitivity:
-        failures.append(f"Delta recomputed from the stated constants is {sensitivity:.6g}, "
-                        f"the certificate says {cert['sensitivity']:.6g}")
-    if cert["algorithm"] in (ESTIMATOR, ONLINE) and cert["depth"] < required_depth(cert):
-        failures.append(f"depth n={cert['depth']} is below the n={required_depth(cert)} the estimator bound requires")
-    required, mechanism = noise_sigma(calibrated_sensitivity(cert, sensitivity), cert["epsilon"], cert["delta"])
-    if mechanism != cert["mechanism"]:
-        failures.append(f"epsilon={cert['epsilon']:.6g} calls for the {mechanism} calibration, "
-                        f"the certificate names {cert['mechanism']}")
-    if cert["sigma"] < required * (1 - RELATIVE_TOLERANCE):
-        failures.append(f"sigma={cert['sigma']:.6g} is smaller than the {required:.6g} that "
-                        f"(Delta={sensitivity:.6g}, epsilon={cert['epsilon']:.6g}, delta={cert['delta']:.3g}) require")
+    lam, lam_min = cert["lam"], cert["lam_min"]
+    if not 0.0 < cert["theta"] < 1.0:
+        failures.append(f"theta={cert['theta']} is outside (0, 1)")
+    if not 0.0 < cert["delta"] < 1.0 or cert["epsilon"] <= 0 or cert["sigma"] <= 0 or cert["norm_bound"] <= 0:
+        failures.append("epsilon, sigma and C must be > 0 and delta in (0, 1)")
+    measured_min = min(step["lam_min_measured"] for step in cert["steps"])
+    if not _close(lam_min, min(cert["lam_min_stated"], measured_min)):
+        failures.append(f"lambda_min={lam_min:.6g} is not min(stated {cert['lam_min_stated']:.6g}, measured "
+                        f"{measured_min:.6g}): Delta must use the smaller")
+    measured_norm = max(step["hessian_norm_measured"] for step in cert["steps"])
+    if not _close(cert["hessian_norm"], measured_norm):
+        failures.append(f"||H||={cert['hessian_norm']:.6g} is not the largest measured {measured_norm:.6g}")
+    gradient = max(step["gradient_norm"] for step in cert["steps"])
+    if not _close(cert["gradient_bound"], gradient):
+        failures.append(f"G={cert['gradient_bound']:.6g} is not the largest measured gradient norm {gradient:.6g}")
+    if lam + lam_min <= 0:
+        failures.append(f"lambda + lambda_min = {lam:.6g} + ({lam_min:.6g}) <= 0: H + lambda I is not positive "
+                        f"definite, so Delta is undefined")
+    if not lam > cert["hessian_norm"]:
+        failures.append(f"lambda={lam:.6g} is not above the measured ||H||={cert['hessian_norm']:.6g}, which the "
+                        f"theorems assume")
+    lipschitz = lipschitz_hessian_bound(cert["theta"], cert["grad_lipschitz_forget"], cert["grad_lipschitz_retain"])
+    if cert["hessian_norm"] > lipschitz * (1 + RELATIVE_TOLERANCE):
+        failures.append(f"the measured ||H||={cert['hessian_norm']:.6g} refutes the stated gradient Lipschitz "
+                        f"constants (theta P_K + (1 - theta) P_A = {lipschitz:.6g})")
+    expected_c = implied_global_norm_bound(cert["norm_bound_config"], cert["projection"], len(cert["parameter_names"]))
+    if not _close(cert["norm_bound"], expected_c):
+        failures.append(f"C={cert['norm_bound']:.6g} is not the global norm bound {expected_c:.6g} that "
+                        f"projection={cert['projection']} with C={cert['norm_bound_config']:.6g} implies")
     return failures
+
+
+def _algorithm_failures(cert: dict) -> list[str]:
+    algorithm, steps = cert["algorithm"], cert["steps"]
+    if algorithm == EXACT:
+        if cert["estimator"] is not None or len(steps) != 1 or cert["release_model"] != "single":
+            return ["an exact Newton step (Alg 2) has one step, no estimator settings and a single release"]
+        if not steps[0]["residual"] <= EXACT_RESIDUAL_LIMIT:
+            return [f"the exact Newton step's residual {steps[0]['residual']:.3g} is above {EXACT_RESIDUAL_LIMIT}"]
+        return []
+    estimator = cert["estimator"]
+    if estimator is None:
+        return [f"{algorithm} needs its estimator settings"]
+    failures = []
+    if (algorithm == ESTIMATOR) != (cert["release_model"] == "single") or (algorithm == ESTIMATOR and len(steps) != 1):
+        failures.append("Alg 3 makes one step and a single release; Alg 4 releases its final model or every request")
+    if not _close(estimator["zeta_min"], estimator["zeta_min_config"] or cert["lam"] + cert["lam_min"]):
+        failures.append(f"zeta_min={estimator['zeta_min']:.6g} is neither the configured value nor lambda + lambda_min")
+    needed, bound_b = required_depth(cert), scale_b(cert)
+    for i, step in enumerate(steps, 1):
+        if step["depth"] is None or step["depth"] < needed:
+            failures.append(f"step {i}: depth n={step['depth']} is below the n={needed} the estimator bound requires")
+        if step["scale"] is None or step["scale"] < bound_b * (1 - RELATIVE_TOLERANCE):
+            failures.append(f"step {i}: J={step['scale']} is below B={bound_b:.6g}, the largest sampled Hessian "
+                            f"norm under the stated constants (the bound needs J >= B)")
+        if not step["residual"] <= estimator["max_residual"]:
+            failures.append(f"step {i}: residual {step['residual']:.3g} is above max_residual "
+                            f"{estimator['max_residual']:.3g}")
+    return failures
+
+
+def _noise_failures(cert: dict, sensitivity: float) -> list[str]:
+    failures = []
+    if abs(sensitivity - cert["sensitivity"]) > RELATIVE_TOLERANCE * sensitivity:
+        failures.append(f"Delta recomputed from the stated constants is {sensitivity:.6g}, the certificate says "
+                        f"{cert['sensitivity']:.6g}")
+        return failures
+    releases = composed_releases(cert)
+    if cert["releases"] != releases:
+        failures.append(f"releases={cert['releases']} but release_model={cert['release_model']} with "
+                        f"{len(cert['steps'])} steps composes {releases}")
+    epsilon, mechanism = implied_epsilon(sensitivity, cert["sigma"], cert["delta"], releases)
+    if epsilon > cert["epsilon"] * (1 + RELATIVE_TOLERANCE):
+        failures.append(f"sigma={cert['sigma']:.6g} is too small for epsilon={cert['epsilon']:.6g}: with "
+                        f"Delta={sensitivity:.6g}, delta={cert['delta']:.3g} over {releases} release(s) it "
+                        f"certifies only epsilon={epsilon:.6g}")
+    elif epsilon < cert["epsilon"] * (1 - 1e-3):
+        failures.append(f"epsilon={cert['epsilon']:.6g} is not what sigma={cert['sigma']:.6g} certifies "
+                        f"({epsilon:.6g}); the certificate was edited")
+    if mechanism != cert["mechanism"]:
+        failures.append(f"the calibration for epsilon={epsilon:.6g} over {releases} release(s) is {mechanism}, "
+                        f"the certificate names {cert['mechanism']}")
+    return failures
+
+
+def released_norm_limit(cert: dict) -> float:
+    """||w|| of a genuine release is at most C plus this bound on the noise's norm (prob. 1 - 1e-9)."""
+    return (cert["norm_bound"] + noise_norm_bound(cert["sigma"], cert["num_params"], NOISE_NORM_FAILURE)) * (1 + 1e-6)
+
+
+def weights_failures(cert: dict, weight_paths: list[Path]) -> list[str]:
+    """Hashes, the certified tensors' presence and count, and their norm against C plus the noise."""
+    failures = []
+    if len(weight_paths) != len(cert["weights"]):
+        return [f"the certificate names {len(cert['weights'])} weights file(s), {len(weight_paths)} given"]
+    for entry, path in zip(cert["weights"], weight_paths):
+        actual = sha256_of(path)
+        if actual != entry["sha256"]:
+            failures.append(f"{path.name}: SHA-256 {actual[:16]}... differs from the certificate's "
+                            f"{entry['sha256'][:16]}...")
+            continue
+        try:
+            state = load_weights(path)
+        except (SafetensorError, OSError, ValueError) as exc:  # a corrupt or disguised file
+            failures.append(f"{path.name}: not a readable safetensors file ({type(exc).__name__})")
+            continue
+        missing = [n for n in cert["parameter_names"] if n not in state]
+        if missing:
+            failures.append(f"{path.name}: certified tensor {missing[0]} is missing")
+            continue
+        count = sum(state[n].numel() for n in cert["parameter_names"])
+        if count != cert["num_params"]:
+            failures.append(f"{path.name}: the certified tensors hold {count} numbers, the certificate says "
+                            f"{cert['num_params']}")
+            continue
+        norm = math.sqrt(sum(state[n].double().pow(2).sum().item() for n in cert["parameter_names"]))
+        limit = released_norm_limit(cert)
+        if not norm <= limit:
+            failures.append(f"{path.name}: ||w|| = {norm:.6g} exceeds C + the noise's norm bound "
+                            f"({cert['norm_bound']:.6g} + sigma (sqrt(d) + sqrt(2 ln 1e9)) = {limit:.6g}); "
+                            f"C or sigma is false")
+    return failures
+
+
+def check_certificate(cert: dict, weight_paths: list[Path]) -> list[str]:
+    """Every check that needs only the certificate and the weights (empty when all hold)."""
+    failures = _non_finite(cert)
+    if failures:
+        return failures
+    failures += _hypothesis_failures(cert) + _algorithm_failures(cert)
+    failures += _noise_failures(cert, recomputed_sensitivity(cert))
+    failures += weights_failures(cert, weight_paths)
+    return failures
+
+
+def is_vacuous(epsilon: float, threshold: float = DEFAULT_VACUOUS_ABOVE) -> bool:
+    return not epsilon <= threshold
+
+
+def guarantee_lines(cert: dict) -> list[str]:
+    """What a certificate that passes the checks proves, and under which assumptions."""
+    k = composed_releases(cert)
+    delta = f"delta={cert['delta']:.3g}"
+    if cert["algorithm"] != EXACT:
+        delta += f" + rho={cert['estimator']['rho']:.3g}"
+    target = ("the exact regularised Pareto optimum M_theta(D) noised the same way" if k == 1 else
+              f"the {k} exact regularised Pareto optima after requests 1..{k}, noised the same way")
+    step = {"alg2_exact_newton": "exact Newton step (Alg 2)", "alg3_hessian_estimator":
+            "Newton step with the inverse-Hessian estimator (Alg 3)", "alg4_online": "online Newton steps (Alg 4)"}
+    guarantee = (f"guarantee: the released weights ({k} release(s)) are (epsilon={cert['epsilon']:.6g}, {delta})-"
+                 f"indistinguishable from {target}: theta={cert['theta']:.4g}, lambda={cert['lam']:.6g}, "
+                 f"{step[cert['algorithm']]}, sigma={cert['sigma']:.6g}, Delta={cert['sensitivity']:.6g} "
+                 f"({cert['mechanism']})")
+    assumed = (f"assumed, not measured: gradient Lipschitz P_K={cert['grad_lipschitz_forget']:.4g}, "
+               f"P_A={cert['grad_lipschitz_retain']:.4g}; Hessian Lipschitz F_K={cert['hessian_lipschitz_forget']:.4g}, "
+               f"F_A={cert['hessian_lipschitz_retain']:.4g}; ||M_theta(D)|| <= C={cert['norm_bound']:.6g}")
+    measured = (f"measured by the provider (checked here for consistency, not re-measured): lambda_min(H)="
+                f"{min(s['lam_min_measured'] for s in cert['steps']):.6g} ({cert['steps'][0]['spectrum_method']}), "
+                f"||H||={cert['hessian_norm']:.6g}, G={cert['gradient_bound']:.6g}, "
+                f"residual={max(s['residual'] for s in cert['steps']):.3g}")
+    return [guarantee, assumed, measured]

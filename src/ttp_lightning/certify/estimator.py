@@ -1,5 +1,4 @@
-"""The stochastic inverse-Hessian estimator of Thm. `asymptotically_unbiased_estimator` (Alg 3), and the
-power iteration that picks its scale J from ||H + lambda I|| instead of a guess."""
+"""The stochastic inverse-Hessian estimator of Thm. `asymptotically_unbiased_estimator` (Algs 3-4)."""
 
 import math
 from collections.abc import Callable
@@ -8,23 +7,7 @@ import torch
 
 from ttp_lightning.errors import TTPUserError
 
-HVP = Callable[[torch.Tensor], torch.Tensor]
 SampleHVP = Callable[[str, torch.Tensor], torch.Tensor]  # (part, V (k, d)) -> row i: a fresh Hessian sample times V[i]
-
-
-def power_iteration(hvp: HVP, dim: int, iterations: int = 30, generator: torch.Generator | None = None,
-                    device: torch.device | str = "cpu") -> float:
-    """Largest |eigenvalue| of a symmetric operator given by its products (a lower bound that converges)."""
-    vector = torch.randn(dim, generator=generator).to(device)
-    vector /= vector.norm()
-    estimate = 0.0
-    for _ in range(iterations):
-        product = hvp(vector)
-        estimate = product.norm().item()
-        if estimate == 0.0:
-            return 0.0
-        vector = product / estimate
-    return estimate
 
 
 def stochastic_inverse_hvp(gradient: torch.Tensor, sample_hvp: SampleHVP, theta: float, lam: float, scale: float,

@@ -6,8 +6,17 @@ from torch import nn
 
 
 @dataclass
+class CertifiedRelease:
+    """A certified method's release before it is written (certify/certificate.write_release)."""
+
+    certificate: dict   # the public statement: constants, measured values, noise; the pipeline adds identity
+    states: list[dict]  # the released state_dicts, in request order (the last is the final model)
+    audit: dict         # private: the secret noise seed, the start weights, the noise-free weights
+
+
+@dataclass
 class MethodOutput:
     net: nn.Module
     metrics: dict
     history: list = field(default_factory=list)
-    certificate: dict | None = None  # certified methods: everything a third party needs to check the noise
+    release: CertifiedRelease | None = None  # certified methods only

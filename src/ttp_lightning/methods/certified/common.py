@@ -1,30 +1,40 @@
-"""What Algs 2-4 share: the Alg 1 warm-up, the retain-only BatchNorm statistics, the curvature of the
-Pareto objective, the `auto` lambda, the Gaussian noise and the constants every certificate states."""
+"""Algs 2-4 as one procedure: warm-up (optional Alg 1) -> start weights w* -> noise-free Newton step(s)
+(newton.py) -> Delta from the stated and measured constants -> sigma for the budget -> secret noise ->
+BatchNorm statistics from D_r -> a release (public weights + certificate, private audit record)."""
 
 import copy
+import time
 from dataclasses import dataclass, field
 
-import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ttp_lightning.certify.certificate import calibrated_sensitivity, recomputed_sensitivity
-from ttp_lightning.certify.hvp import ParetoCurvature, refresh_batchnorm
+from ttp_lightning.certify.certificate import (
+    ESTIMATOR,
+    EXACT,
+    ONLINE,
+    implied_global_norm_bound,
+    is_vacuous,
+    recomputed_sensitivity,
+)
+from ttp_lightning.certify.hvp import refresh_batchnorm, trainable
 from ttp_lightning.certify.mechanism import implied_epsilon, noise_sigma
-from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.certify.noise import fresh_seed
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import eval_device
+from ttp_lightning.methods.certified.newton import (
+    ESTIMATED,
+    NewtonPath,
+    newton_path,
+    noised_states,
+    resolve_lam,
+)
+from ttp_lightning.methods.output import CertifiedRelease, MethodOutput
 from ttp_lightning.methods.pareto import finetune
 from ttp_lightning.modules.optim import project_to_norm_ball
-from ttp_lightning.objectives import UNIFORMITY_LOSSES
 from ttp_lightning.training import RunContext
 
-
-def resolve_lam(cfg: DictConfig) -> float:
-    """lambda, or for `auto` the App. "Eliminating Hyperparameters" choice theta P_K + (1 - theta) P_A."""
-    if cfg.lam == "auto":
-        return cfg.theta * cfg.grad_lipschitz_forget + (1.0 - cfg.theta) * cfg.grad_lipschitz_retain
-    return float(cfg.lam)
+KINDS = {EXACT: "exact", ESTIMATOR: ESTIMATED, ONLINE: ESTIMATED}
 
 
 @dataclass
@@ -34,68 +44,133 @@ class Prepared:
     net: nn.Module
     history: list = field(default_factory=list)
     warmup_wall_s: float = 0.0
-    batchnorm_refreshed: bool = False
+    has_batchnorm: bool = False
 
 
 def warm_start(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule) -> Prepared:
-    """A copy of A(D), after `method.warmup_epochs` of Alg 1 (projected back onto ||w|| <= C, which the
-    bounds assume), with BatchNorm statistics recomputed on the retain set when `batchnorm_stats: retain`,
-    on the device the Newton step runs on (a GPU when there is one, as for evaluation)."""
+    """A copy of A(D) after `method.warmup_epochs` of Alg 1, projected onto the C-ball (the bounds assume
+    ||w*|| <= C), on the device the Newton step runs on, with BatchNorm statistics from the retain set so the
+    curvature is that of one fixed function (the released statistics are recomputed after the noise)."""
     cfg = ctx.cfg.method
     prepared = Prepared(copy.deepcopy(pretrained))
     if cfg.warmup_epochs:
         warm = finetune(ctx, prepared.net, datamodule, cfg, cfg.warmup_epochs, stopping=None)
         prepared = Prepared(warm.net, warm.history, warm.metrics["wall_s"])
-        project_to_norm_ball(prepared.net, ctx.cfg.pretrain.norm_bound, ctx.cfg.pretrain.projection)
+    project_to_norm_ball(prepared.net, ctx.cfg.pretrain.norm_bound, ctx.cfg.pretrain.projection)
     prepared.net.to(eval_device())
-    if cfg.batchnorm_stats == "retain":
-        prepared.batchnorm_refreshed = refresh_batchnorm(prepared.net, datamodule.dataset("retain"), cfg.chunk_size)
+    prepared.has_batchnorm = refresh_batchnorm(prepared.net, datamodule.dataset("retain"), cfg.chunk_size)
     return prepared
 
 
-def curvature(net: nn.Module, cfg: DictConfig, retain: ImageBatchDataset, forget: ImageBatchDataset,
-              dtype: torch.dtype = torch.float32) -> ParetoCurvature:
-    return ParetoCurvature(net, retain, forget, cfg.theta, UNIFORMITY_LOSSES[cfg.uniformity], lam=resolve_lam(cfg),
-                           forget_temperature=cfg.forget_temperature, chunk_size=cfg.chunk_size, dtype=dtype)
+def release_model(cfg: DictConfig, algorithm: str) -> str:
+    return cfg.release if algorithm == ONLINE else "single"
 
 
-def stated_constants(ctx: RunContext, algorithm: str) -> dict:
-    """The hyperparameters a certificate states, before the measured ones are added."""
-    cfg = ctx.cfg.method
-    return {
+def stated_constants(ctx: RunContext, algorithm: str, net: nn.Module) -> dict:
+    """The hyperparameters a certificate states (before the measured constants and the noise)."""
+    cfg, pretrain = ctx.cfg.method, ctx.cfg.pretrain
+    names = [name for name, p in net.named_parameters() if p.requires_grad]
+    constants = {
         "algorithm": algorithm,
-        "theta": float(cfg.theta), "lam": resolve_lam(cfg), "lam_min": float(cfg.lam_min),
-        "norm_bound": float(ctx.cfg.pretrain.norm_bound), "uniformity": cfg.uniformity,
-        "forget_temperature": float(cfg.forget_temperature),
+        "theta": float(cfg.theta), "lam": resolve_lam(cfg), "lam_min_stated": float(cfg.lam_min),
+        "uniformity": cfg.uniformity, "forget_temperature": float(cfg.forget_temperature),
         "hessian_lipschitz_forget": float(cfg.hessian_lipschitz_forget),
         "hessian_lipschitz_retain": float(cfg.hessian_lipschitz_retain),
         "grad_lipschitz_forget": float(cfg.grad_lipschitz_forget),
         "grad_lipschitz_retain": float(cfg.grad_lipschitz_retain),
-        "delta": float(cfg.delta), "noise_seed": int(cfg.noise_seed), "warmup_epochs": int(cfg.warmup_epochs),
-        "batchnorm_stats": cfg.batchnorm_stats,
+        "norm_bound": implied_global_norm_bound(float(pretrain.norm_bound), pretrain.projection, len(names)),
+        "norm_bound_config": float(pretrain.norm_bound), "projection": pretrain.projection,
+        "delta": float(cfg.delta), "warmup_epochs": int(cfg.warmup_epochs),
+        "release_model": release_model(cfg, algorithm),
+        "num_params": sum(p.numel() for p in trainable(net)), "parameter_names": names,
+        "chunk_size": int(cfg.chunk_size), "max_exact_params": int(cfg.max_exact_params),
+        "lanczos_iterations": int(cfg.lanczos_iterations), "spectrum_margin": float(cfg.spectrum_margin),
+        "estimator": None,
     }
+    if KINDS[algorithm] == ESTIMATED:
+        constants["estimator"] = {
+            "scale_config": None if cfg.scale is None else float(cfg.scale), "scale_margin": float(cfg.scale_margin),
+            "depth_config": None if cfg.depth == "auto" else int(cfg.depth), "repeats": int(cfg.repeats),
+            "sample_size": int(cfg.sample_size), "rho": float(cfg.rho), "zeta_min": 0.0,
+            "zeta_min_config": None if cfg.zeta_min == "auto" else float(cfg.zeta_min),
+            "estimator_seed": int(cfg.estimator_seed), "max_residual": float(cfg.max_residual)}
+    return constants
+
+
+def measured_constants(certificate: dict, path: NewtonPath) -> dict:
+    """lambda_min = min(stated, measured), ||H|| and G the worst over the steps, zeta_min for the estimator."""
+    steps = path.steps
+    lam_min = min(certificate["lam_min_stated"], min(s["lam_min_measured"] for s in steps))
+    measured = {"lam_min": lam_min, "hessian_norm": max(s["hessian_norm_measured"] for s in steps),
+                "gradient_bound": max(s["gradient_norm"] for s in steps), "steps": steps}
+    if certificate["estimator"] is not None:
+        configured = certificate["estimator"]["zeta_min_config"]
+        zeta = configured if configured is not None else certificate["lam"] + lam_min
+        measured["estimator"] = {**certificate["estimator"], "zeta_min": zeta}
+    return {**certificate, **measured}
 
 
 def calibrate_noise(cfg: DictConfig, certificate: dict) -> dict:
-    """Delta from the certificate's constants, then sigma from the (epsilon, delta) budget, or the epsilon
-    that a configured sigma implies; returns the certificate with these fields added."""
+    """Delta from the certificate's constants, then sigma for the (epsilon, delta) budget over the releases
+    that compose, or the epsilon that a configured sigma implies."""
     sensitivity = recomputed_sensitivity(certificate)
-    calibrated = calibrated_sensitivity(certificate, sensitivity)
+    releases = len(certificate["steps"]) if certificate["release_model"] == "each" else 1
     if cfg.sigma is None:
-        sigma, mechanism = noise_sigma(calibrated, cfg.epsilon, cfg.delta)
+        sigma, mechanism = noise_sigma(sensitivity, cfg.epsilon, cfg.delta, releases)
         noise = {"sigma": sigma, "epsilon": float(cfg.epsilon), "mechanism": mechanism, "sigma_source": "budget"}
     else:
-        epsilon, mechanism = implied_epsilon(calibrated, cfg.sigma, cfg.delta)
+        epsilon, mechanism = implied_epsilon(sensitivity, cfg.sigma, cfg.delta, releases)
         noise = {"sigma": float(cfg.sigma), "epsilon": epsilon, "mechanism": mechanism, "sigma_source": "config"}
-    return {**certificate, "sensitivity": sensitivity, **noise}
+    return {**certificate, "sensitivity": sensitivity, "releases": releases, **noise}
 
 
-def release_noisy(curv: ParetoCurvature, weights: torch.Tensor, sigma: float, seed: int) -> nn.Module:
-    """w- = w~ + N(0, sigma^2 I) written into the model's trainable parameters; the model back in fp32."""
-    generator = torch.Generator().manual_seed(seed)
-    curv.assign(weights + sigma * torch.randn(len(weights), generator=generator, dtype=weights.dtype).to(weights.device))
-    return curv.net.float()
+def request_parts(datamodule: TTPDataModule, algorithm: str) -> list:
+    """(retain, forget) per Newton step: one for Algs 2-3, one per forget request for Alg 4."""
+    if algorithm == ONLINE:
+        return [datamodule.request_parts(i) for i in range(1, len(datamodule.forget_requests) + 1)]
+    return [(datamodule.dataset("retain"), datamodule.dataset("forget"))]
 
 
-def noise_metrics(certificate: dict) -> dict:
-    return {key: certificate[key] for key in ("sensitivity", "sigma", "epsilon", "mechanism")}
+def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, algorithm: str) -> MethodOutput:
+    cfg = ctx.cfg.method
+    prepared = warm_start(ctx, pretrained, datamodule)
+    start_state = {k: v.detach().cpu().clone() for k, v in prepared.net.state_dict().items()}
+    certificate = stated_constants(ctx, algorithm, prepared.net)
+    parts = request_parts(datamodule, algorithm)
+    start = time.perf_counter()
+    path = newton_path(prepared.net, parts, cfg, KINDS[algorithm], float(ctx.cfg.pretrain.norm_bound),
+                       ctx.cfg.pretrain.projection)
+    newton_wall = time.perf_counter() - start
+    certificate = calibrate_noise(cfg, measured_constants(certificate, path))
+    each = certificate["release_model"] == "each"
+    noise_free = path.noise_free if each else path.noise_free[-1:]
+    retain_sets = [retain for retain, _ in parts] if each else [parts[-1][0]]
+    seed = fresh_seed()
+    states = noised_states(prepared.net, noise_free, certificate["sigma"], seed, retain_sets, cfg.chunk_size)
+    certificate["batchnorm"] = "recomputed_on_retain_after_noise" if prepared.has_batchnorm else "none"
+    last = path.steps[-1]
+    metrics = {
+        "wall_s": round(prepared.warmup_wall_s + time.perf_counter() - start, 3),
+        "warmup_wall_s": prepared.warmup_wall_s, "newton_wall_s": round(newton_wall, 3),
+        "newton_residual": max(s["residual"] for s in path.steps), "newton_step_norm": last["step_norm"],
+        "gradient_norm": certificate["gradient_bound"], "lam_min_measured": min(s["lam_min_measured"] for s in
+                                                                                 path.steps),
+        "lam_min": certificate["lam_min"], "hessian_norm": certificate["hessian_norm"],
+        "norm_before_projection": last["norm_before_projection"],
+        **({"scale_J": last["scale"], "depth_n": last["depth"], "repeats_b": int(cfg.repeats)}
+           if KINDS[algorithm] == ESTIMATED else {}),
+        **{k: v for extras in path.extras for k, v in extras.items()},
+        "batchnorm_refreshed": prepared.has_batchnorm, "releases": certificate["releases"],
+        **{key: certificate[key] for key in ("sensitivity", "sigma", "epsilon", "mechanism")},
+        "vacuous": is_vacuous(certificate["epsilon"], cfg.vacuous_above),
+    }
+    history = prepared.history
+    if algorithm == ONLINE:
+        history = [{"request": i, "forget_size": s["forget_size"], "retain_size": s["retain_size"],
+                    "newton_residual": s["residual"], "scale_J": s["scale"], "depth_n": s["depth"],
+                    "gradient_norm": s["gradient_norm"], "newton_step_norm": s["step_norm"],
+                    "lam_min_measured": s["lam_min_measured"], "hessian_norm": s["hessian_norm_measured"]}
+                   for i, s in enumerate(path.steps, 1)]
+    release = CertifiedRelease(certificate, states, {"noise_seed": seed, "start_state": start_state,
+                                                     "noise_free": noise_free})
+    return MethodOutput(prepared.net, metrics, history, release=release)

@@ -1,0 +1,313 @@
+"""Typed allowlists for what a certified release says about itself: the certificate, the data and model
+it names, and the provider's private audit record.
+
+A certificate is untrusted input to whoever verifies it. Nothing in it is ever instantiated, imported or
+unpickled: it may only name a registered data set and a registered model (files under conf/), plus typed
+scalar settings from a fixed list; the data and model are then rebuilt from this package's own configs.
+Any other key (e.g. `_target_`), a wrong type, a string that is not a plain name or a file name with a
+path in it is a `SchemaError` (verify: one `error:` line, exit 2). Non-finite numbers pass the schema and
+fail verify's checks instead (they are a false statement, not an unreadable one).
+"""
+
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ttp_lightning.errors import TTPUserError
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CERTIFICATE_FORMAT = "ttp_lightning.certificate/2"
+AUDIT_FORMAT = "ttp_lightning.audit/1"
+ALGORITHMS = ("alg2_exact_newton", "alg3_hessian_estimator", "alg4_online")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\.safetensors$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class SchemaError(TTPUserError):
+    """A certificate or audit record that is not in the allowed shape (unusable or hostile input)."""
+
+
+Check = Callable[[object, str], object]
+
+
+def _fail(key: str, value, allowed: str):
+    shown = repr(value)
+    raise SchemaError(f"{key}={shown[:80]}{'...' if len(shown) > 80 else ''} is not allowed; {allowed}")
+
+
+def integer(value, key):
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(key, value, "expected an integer")
+    return value
+
+
+def number(value, key):
+    """Any float or int (NaN and infinities pass here; verify's checks reject them)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(key, value, "expected a number")
+    return float(value)
+
+
+def finite(value, key):
+    if not math.isfinite(number(value, key)):
+        _fail(key, value, "expected a finite number")
+    return value
+
+
+def boolean(value, key):
+    if not isinstance(value, bool):
+        _fail(key, value, "expected true or false")
+    return value
+
+
+def name(value, key):
+    if not isinstance(value, str) or not _NAME.match(value):
+        _fail(key, value, "expected a plain name (letters, digits, _ . -)")
+    return value
+
+
+def hex64(value, key):
+    if not isinstance(value, str) or not _HEX64.match(value):
+        _fail(key, value, "expected 64 lowercase hex digits")
+    return value
+
+
+def weights_file(value, key):
+    if not isinstance(value, str) or not _FILE.match(value):
+        _fail(key, value, "expected a file name ending in .safetensors, without a folder")
+    return value
+
+
+def one_of(*choices) -> Check:
+    def check(value, key):
+        if value not in choices or isinstance(value, bool):
+            _fail(key, value, f"choose one of: {', '.join(map(str, choices))}")
+        return value
+    return check
+
+
+def optional(inner: Check) -> Check:
+    return lambda value, key: None if value is None else inner(value, key)
+
+
+def list_of(inner: Check, max_items: int = 100_000) -> Check:
+    def check(value, key):
+        if not isinstance(value, list) or len(value) > max_items:
+            _fail(key, value, f"expected a list of at most {max_items} items")
+        return [inner(item, f"{key}[{i}]") for i, item in enumerate(value)]
+    return check
+
+
+def record(fields: dict[str, Check], required: bool = True) -> Check:
+    """A dict with exactly these keys (all of them unless required=False), each checked."""
+    def check(value, key):
+        if not isinstance(value, dict):
+            _fail(key, value, "expected an object")
+        unknown = sorted(set(value) - set(fields))
+        if unknown:
+            _fail(f"{key}.{unknown[0]}" if key else unknown[0], value[unknown[0]],
+                  f"this key is not part of the format (allowed: {', '.join(sorted(fields))})")
+        missing = sorted(set(fields) - set(value))
+        if required and missing:
+            raise SchemaError(f"{key + '.' if key else ''}{missing[0]} is missing")
+        return {k: fields[k](v, f"{key}.{k}" if key else k) for k, v in value.items()}
+    return check
+
+
+def metric_value(value, key):
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return name(value, key)
+
+
+def metrics_map(value, key):
+    if not isinstance(value, dict) or len(value) > 200:
+        _fail(key, value, "expected an object of at most 200 metrics")
+    return {name(k, f"{key} key"): metric_value(v, f"{key}.{k}") for k, v in value.items()}
+
+
+# ----------------------------------------------------------------------------------- data and model
+def registered(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+_FRACTION = lambda value, key: finite(value, key) if 0.0 <= float(finite(value, key)) <= 1.0 else _fail(
+    key, value, "expected a number in [0, 1]")
+_COUNT = lambda value, key: integer(value, key) if integer(value, key) >= 0 else _fail(key, value, "expected >= 0")
+
+DATA_FIELDS: dict[str, Check] = {
+    "split": one_of("official", "paper"), "train_fraction": _FRACTION, "split_seed": integer,
+    "batch_size": _COUNT, "forget_batch_size": _COUNT, "eval_batch_size": _COUNT,
+    "augment": one_of("none", "crop_flip"), "normalize": boolean,
+    "max_train_size": optional(_COUNT), "max_test_size": optional(_COUNT), "seed": integer,
+    "forget": record({"size": optional(_COUNT), "seed": integer, "source": one_of("train", "test", "mixed"),
+                      "test_fraction": _FRACTION, "requests": optional(list_of(_COUNT, 10_000)),
+                      "from_file": boolean}),
+}
+# Never taken from a certificate: where the data lives and whether to download it are the verifier's
+# choices (command line), an index file is a path on the provider's machine, _target_ is code.
+DATA_EXCLUDED = ("_target_", "root", "download", "num_workers")
+
+
+def _model_field(default) -> Check | None:
+    """The check for one model setting, from the type of its default in the registered config."""
+    if isinstance(default, bool):
+        return boolean
+    if isinstance(default, int):
+        return _COUNT
+    if isinstance(default, float):
+        return finite
+    if isinstance(default, str):
+        return name
+    if isinstance(default, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in default):
+        return list_of(_COUNT, 64)
+    return None
+
+
+MODEL_EXCLUDED = ("_target_", "pretrained", "pretrained_file", "checkpoint")  # no downloads, no user files
+
+
+def _registered_config(group: str, choice: str) -> DictConfig:
+    if choice not in registered(group):
+        raise SchemaError(f"{group}.name={choice!r} is not a registered {group}; choose one of: "
+                          f"{', '.join(registered(group))}")
+    return OmegaConf.load(CONF_DIR / group / f"{choice}.yaml")
+
+
+def model_fields(choice: str) -> dict[str, Check]:
+    base = _registered_config("model", choice)
+    fields = {}
+    for key, default in OmegaConf.to_container(base).items():
+        check = None if key in MODEL_EXCLUDED else _model_field(default)
+        if check is not None:
+            fields[key] = check
+    return fields
+
+
+def check_data_spec(spec, key: str = "data") -> dict:
+    if not isinstance(spec, dict):
+        _fail(key, spec, "expected an object")
+    choice = name(spec.get("name"), f"{key}.name")
+    _registered_config("data", choice)
+    return {"name": choice, **record(DATA_FIELDS)({k: v for k, v in spec.items() if k != "name"}, key)}
+
+
+def check_model_spec(spec, key: str = "model") -> dict:
+    if not isinstance(spec, dict):
+        _fail(key, spec, "expected an object")
+    choice = name(spec.get("name"), f"{key}.name")
+    fields = model_fields(choice)
+    return {"name": choice, **record(fields)({k: v for k, v in spec.items() if k != "name"}, key)}
+
+
+def data_spec(data_cfg: DictConfig) -> dict:
+    """The certificate's description of the data: the registered name and the allowed settings."""
+    container = OmegaConf.to_container(data_cfg, resolve=True)
+    forget = container["forget"]
+    requests = forget.get("requests")
+    from_file = forget.get("indices_file") is not None or any(isinstance(r, str) for r in requests or [])
+    spec = {"name": container["name"],
+            **{k: container[k] for k in DATA_FIELDS if k != "forget"},
+            "forget": {"size": forget["size"], "seed": forget["seed"], "source": forget["source"],
+                       "test_fraction": forget["test_fraction"],
+                       "requests": None if from_file or requests is None else list(requests),
+                       "from_file": from_file}}
+    return check_data_spec(spec)
+
+
+def model_spec(model_cfg: DictConfig) -> dict:
+    """The registered model config with this target and keys, and the values of its allowed settings."""
+    container = OmegaConf.to_container(model_cfg, resolve=True)
+    for choice in registered("model"):
+        base = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{choice}.yaml"))
+        if base.get("_target_") == container.get("_target_") and set(base) == set(container):
+            fields = model_fields(choice)
+            return check_model_spec({"name": choice, **{k: container[k] for k in fields}})
+    raise TTPUserError(f"model {container.get('_target_')} matches no registered model config; a certified "
+                       f"release needs one of: {', '.join(registered('model'))}")
+
+
+def rebuild_configs(data: dict, model: dict, overrides: list[str]) -> tuple[DictConfig, DictConfig]:
+    """Data and model configs composed from this package's registered configs, the checked settings of
+    the specs (typed values, set as values, never parsed) and the verifier's own data.* overrides."""
+    from hydra import compose, initialize_config_dir
+
+    data, model = check_data_spec(data), check_model_spec(model)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="main", overrides=[f"data={data['name']}", f"model={model['name']}"])
+    for key, value in data.items():
+        if key == "forget":
+            for sub, sub_value in value.items():
+                if sub != "from_file":
+                    cfg.data.forget[sub] = sub_value
+        elif key != "name":
+            cfg.data[key] = value
+    for key, value in model.items():
+        if key != "name":
+            cfg.model[key] = value
+    cfg.data.download = False
+    cfg.data.num_workers = 0
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if not key.startswith("data.") or not value:
+            raise SchemaError(f"override {override!r} is not allowed; use data.KEY=VALUE (e.g. data.root=DIR)")
+        try:
+            OmegaConf.update(cfg, key, OmegaConf.from_dotlist([f"v={value}"]).v, force_add=False)
+        except OmegaConfBaseException as exc:  # unknown keys and bad values
+            raise SchemaError(f"override {override!r} is not allowed: {exc}".splitlines()[0]) from None
+    data_cfg, model_cfg = cfg.data, cfg.model
+    OmegaConf.resolve(data_cfg)
+    OmegaConf.resolve(model_cfg)
+    return data_cfg, model_cfg
+
+
+# ----------------------------------------------------------------------------------- the certificate
+STEP_FIELDS: dict[str, Check] = {
+    "forget_size": integer, "retain_size": integer, "gradient_norm": number, "residual": number,
+    "lam_min_measured": number, "hessian_norm_measured": number, "ritz_min": number, "ritz_max": number,
+    "spectrum_method": one_of("exact_eigvalsh", "lanczos"), "lanczos_iterations": integer,
+    "spectrum_margin": number, "scale": optional(number), "depth": optional(integer),
+    "step_norm": number, "norm_before_projection": number,
+}
+CERTIFICATE_FIELDS: dict[str, Check] = {
+    "format": one_of(CERTIFICATE_FORMAT), "algorithm": one_of(*ALGORITHMS), "experiment": name,
+    "theta": number, "lam": number, "lam_min_stated": number, "lam_min": number, "hessian_norm": number,
+    "gradient_bound": number, "uniformity": one_of("kl", "reverse_kl", "square"), "forget_temperature": number,
+    "hessian_lipschitz_forget": number, "hessian_lipschitz_retain": number,
+    "grad_lipschitz_forget": number, "grad_lipschitz_retain": number,
+    "norm_bound": number, "norm_bound_config": number, "projection": one_of("global", "per_tensor"),
+    "epsilon": number, "delta": number, "sigma": number, "sensitivity": number,
+    "sigma_source": one_of("budget", "config"), "mechanism": one_of("classical", "analytic_gaussian"),
+    "release_model": one_of("single", "final", "each"), "releases": integer,
+    "warmup_epochs": integer, "batchnorm": one_of("none", "recomputed_on_retain_after_noise"),
+    "num_params": integer, "parameter_names": list_of(name),
+    "chunk_size": integer, "max_exact_params": integer, "lanczos_iterations": integer, "spectrum_margin": number,
+    "estimator": optional(record({
+        "scale_config": optional(number), "scale_margin": number, "depth_config": optional(integer),
+        "repeats": integer, "sample_size": integer, "rho": number, "zeta_min": number,
+        "zeta_min_config": optional(number), "estimator_seed": integer, "max_residual": number})),
+    "steps": list_of(record(STEP_FIELDS), 10_000),
+    "weights": list_of(record({"file": weights_file, "sha256": hex64}), 10_000),
+    "data": check_data_spec, "model": check_model_spec,
+    "forget_fingerprint": hex64, "forget_size": integer, "metrics": metrics_map,
+}
+
+def check_certificate_schema(document) -> dict:
+    """The certificate with every field checked, or SchemaError naming the first bad one."""
+    return record(CERTIFICATE_FIELDS)(document, "")
+
+
+AUDIT_FIELDS: dict[str, Check] = {
+    "format": one_of(AUDIT_FORMAT), "noise_seed": hex64, "certificate_sha256": hex64,
+    "start_file": weights_file, "start_sha256": hex64, "noise_free_file": weights_file,
+    "noise_free_sha256": list_of(hex64, 10_000), "weights_sha256": list_of(hex64, 10_000),
+}
+
+
+def check_audit_schema(document) -> dict:
+    return record(AUDIT_FIELDS)(document, "")

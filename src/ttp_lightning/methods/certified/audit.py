@@ -1,0 +1,120 @@
+"""Reproducing a certified release from the provider's private audit record (`verify --audit`).
+
+From the record's start weights w*, the data (rebuilt from the certificate's registered names and typed
+settings) and the certificate's constants, rerun the deterministic Newton step(s); compare what they
+measure and produce with the certificate and the recorded noise-free weights; redraw the noise from the
+secret seed and compare the result, after BatchNorm statistics from D_r, with the released files.
+"""
+
+import math
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ttp_lightning.certify.certificate import (
+    EXACT,
+    load_weights,
+    noise_free_key,
+    sha256_of,
+    sha256_of_vector,
+)
+from ttp_lightning.certify.schema import rebuild_configs
+from ttp_lightning.data import build_datamodule
+from ttp_lightning.errors import TTPUserError
+from ttp_lightning.evaluation import eval_device
+from ttp_lightning.methods.certified.common import request_parts
+from ttp_lightning.methods.certified.newton import ESTIMATED, newton_path, noised_states
+from ttp_lightning.models import build_classifier
+
+STEP_KEYS = ("gradient_norm", "lam_min_measured", "hessian_norm_measured", "residual", "step_norm", "scale")
+
+
+def method_config(cert: dict) -> DictConfig:
+    """The method settings of the original run, from the certificate's typed fields."""
+    settings = {key: cert[key] for key in (
+        "theta", "lam", "uniformity", "forget_temperature", "grad_lipschitz_forget", "grad_lipschitz_retain",
+        "hessian_lipschitz_forget", "hessian_lipschitz_retain", "chunk_size", "max_exact_params",
+        "lanczos_iterations", "spectrum_margin")}
+    settings["lam_min"] = cert["lam_min_stated"]
+    estimator = cert["estimator"]
+    if estimator is not None:
+        settings.update(scale=estimator["scale_config"], scale_margin=estimator["scale_margin"],
+                        depth="auto" if estimator["depth_config"] is None else estimator["depth_config"],
+                        repeats=estimator["repeats"], sample_size=estimator["sample_size"],
+                        estimator_seed=estimator["estimator_seed"], max_residual=estimator["max_residual"],
+                        compare_exact=False)
+    return OmegaConf.create(settings)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30)).item()
+
+
+def _start_failures(net, cert: dict) -> list[str]:
+    """||w*|| <= C: the bounds' hypothesis on the start weights, which only the audit can see."""
+    params = dict(net.named_parameters())
+    norms = [params[name].detach().double().norm().item() for name in cert["parameter_names"]]
+    bound = cert["norm_bound_config"] * (1 + 1e-6)
+    if cert["projection"] == "global":
+        total = math.sqrt(sum(n * n for n in norms))
+        return [] if total <= bound else [f"start weights: ||w*|| = {total:.6g} > C = {cert['norm_bound_config']:.6g}"]
+    return [f"start weights: a tensor has norm {max(norms):.6g} > C"] if max(norms) > bound else []
+
+
+def audit_failures(cert: dict, cert_path: Path, audit: dict, audit_dir: Path, weight_paths: list[Path],
+                   overrides: list[str], tolerance: float) -> list[str]:
+    if sha256_of(cert_path) != audit["certificate_sha256"]:
+        return ["the audit record belongs to another certificate (certificate SHA-256 differs)"]
+    if audit["weights_sha256"] != [entry["sha256"] for entry in cert["weights"]]:
+        return ["the audit record names other weights than the certificate"]
+    start_path, noise_free_path = audit_dir / audit["start_file"], audit_dir / audit["noise_free_file"]
+    if sha256_of(start_path) != audit["start_sha256"]:
+        return [f"{start_path.name}: SHA-256 differs from the audit record"]
+    data_cfg, model_cfg = rebuild_configs(cert["data"], cert["model"], overrides)
+    datamodule = build_datamodule(data_cfg)
+    if datamodule.forget_fingerprint() != cert["forget_fingerprint"]:
+        return ["the rebuilt forget set differs from the certified one (fingerprint mismatch)"]
+    net = build_classifier(model_cfg, datamodule.info)
+    try:
+        net.load_state_dict(load_weights(start_path))
+    except RuntimeError as exc:
+        raise TTPUserError(f"{start_path.name} does not fit the certified model: {str(exc).splitlines()[0]}") from None
+    failures = _start_failures(net, cert)
+    net.to(eval_device())
+    parts = request_parts(datamodule, cert["algorithm"])
+    kind = "exact" if cert["algorithm"] == EXACT else ESTIMATED
+    path = newton_path(net, parts, method_config(cert), kind, cert["norm_bound_config"], cert["projection"])
+    for i, (rerun, stated) in enumerate(zip(path.steps, cert["steps"], strict=True), 1):
+        for key in STEP_KEYS:
+            if (rerun[key] is None) != (stated[key] is None) or (
+                    rerun[key] is not None and abs(rerun[key] - stated[key]) > tolerance * max(abs(stated[key]), 1e-12)):
+                failures.append(f"step {i}: {key} reruns to {rerun[key]}, the certificate says {stated[key]}")
+        if rerun["depth"] != stated["depth"]:
+            failures.append(f"step {i}: depth reruns to {rerun['depth']}, the certificate says {stated['depth']}")
+    each = cert["release_model"] == "each"
+    rerun_free = path.noise_free if each else path.noise_free[-1:]
+    recorded = load_weights(noise_free_path) if noise_free_path.is_file() else {}
+    recorded_free = []
+    for i, vector in enumerate(rerun_free):
+        stored = recorded.get(noise_free_key(i))
+        if stored is None or sha256_of_vector(stored) != audit["noise_free_sha256"][i]:
+            failures.append(f"release {i + 1}: no recorded noise-free weights matching the audit hash; comparing "
+                            f"the rerun instead")
+            stored = vector
+        elif _relative(vector, stored) > tolerance:
+            failures.append(f"release {i + 1}: the rerun Newton step differs from the recorded noise-free weights "
+                            f"by {_relative(vector, stored):.3g} (relative l2) > {tolerance:g}")
+        recorded_free.append(stored)
+    retain_sets = [retain for retain, _ in parts] if each else [parts[-1][0]]
+    expected = noised_states(net, recorded_free, cert["sigma"], audit["noise_seed"], retain_sets, cert["chunk_size"])
+    for i, (state, path_i) in enumerate(zip(expected, weight_paths, strict=True), 1):
+        released = load_weights(path_i)
+        for name, value in state.items():
+            if name not in released:
+                failures.append(f"release {i}: {name} is missing from {path_i.name}")
+            elif name in cert["parameter_names"] and not torch.equal(released[name], value):
+                failures.append(f"release {i}: {name} is not the recorded noise-free weights plus the seed's noise")
+            elif released[name].is_floating_point() and _relative(released[name], value) > tolerance:
+                failures.append(f"release {i}: buffer {name} differs from BatchNorm statistics recomputed on D_r")
+    return failures

@@ -3,8 +3,8 @@
 1. One Hessian-vector product (Pearlmutter, the same code Alg 3 samples with) as a multiple of one
    forward+backward of the same loss on the same batch: the MNIST MLP (784-100-10, batch 128) and
    ResNet18 (32 px, 3 channels, 10 classes, batch 32). Medians over repeated timings.
-2. Peak memory of Alg 3's Newton direction (power iteration for J, the estimator chain, the full-data
-   residual) on ResNet18 (11 M parameters): peak RSS (CPU) or peak allocated memory (CUDA) above what
+2. Peak memory of Alg 3's Newton direction (Lanczos for lambda_min and ||H||, the estimator chain, the
+   full-data residual; the hypothesis checks are skipped, the network is random) on ResNet18 (11 M parameters): peak RSS (CPU) or peak allocated memory (CUDA) above what
    the model, its data and one forward+backward already hold, next to the model's own size and the size
    an explicit #params x #params Hessian would need. Activation memory grows with the images per pass
    (`--chunk-size`, the method's `chunk_size`; the sampled HVPs use the sample size).
@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from ttp_lightning.certify.estimator import stochastic_inverse_hvp
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten
 from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.data.sources import DatasetInfo
-from ttp_lightning.methods.certified.lissa import estimated_newton_direction
+from ttp_lightning.methods.certified.newton import measured_spectrum
 from ttp_lightning.models import build_classifier
 from ttp_lightning.objectives import UNIFORMITY_LOSSES, retain_loss
 
@@ -98,13 +99,10 @@ def reset_peak_rss() -> None:
         handle.write("5")  # resets VmHWM to the current RSS (Linux)
 
 
-def estimator_memory(device: torch.device, retain_size: int, depth: int, chunk_size: int) -> dict:
+def estimator_memory(device: torch.device, retain_size: int, depth: int, chunk_size: int, lanczos: int) -> dict:
     net, info, batch = build("resnet18", device)
     retain, forget = synthetic(info, retain_size, seed=2), synthetic(info, 32, seed=3)
-    cfg = OmegaConf.create({"scale": None, "scale_margin": 1.2, "power_iterations": 3, "depth": depth,
-                            "repeats": 1, "sample_size": batch, "grad_lipschitz_forget": 1.0,
-                            "grad_lipschitz_retain": 1.0, "lam_min": 0.0,
-                            "max_residual": float("inf")})
+    cfg = OmegaConf.create({"lanczos_iterations": lanczos, "spectrum_margin": 0.1})
     curv = ParetoCurvature(net, retain, forget, 0.75, UNIFORMITY_LOSSES["kl"], lam=1.0, chunk_size=chunk_size)
     model_bytes = sum(t.numel() * t.element_size() for t in list(net.parameters()) + list(net.buffers()))
     curv.gradient()  # the data, the model and one full backward are the baseline
@@ -116,7 +114,12 @@ def estimator_memory(device: torch.device, retain_size: int, depth: int, chunk_s
         reset_peak_rss()
         baseline = peak_rss_bytes()
     start = time.perf_counter()
-    step = estimated_newton_direction(curv, cfg, torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)
+    spectrum = measured_spectrum(curv, cfg, generator)
+    gradient = curv.gradient()
+    direction = stochastic_inverse_hvp(gradient, lambda part, v: curv.sample_hvp(part, v, batch, generator), 0.75,
+                                       1.0, 1.2 * (spectrum.norm + 1.0), depth, 1, generator, slack=float("inf"))
+    residual = ((curv.hvp(direction) - gradient).norm() / gradient.norm()).item()
     synchronize(device)
     wall = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else peak_rss_bytes()
@@ -127,7 +130,8 @@ def estimator_memory(device: torch.device, retain_size: int, depth: int, chunk_s
         "model_mib": round(model_bytes / 2**20, 1), "baseline_mib": round(baseline / 2**20, 1),
         "peak_mib": round(peak / 2**20, 1), "peak_above_baseline_mib": round((peak - baseline) / 2**20, 1),
         "explicit_hessian_tib": round(params**2 * 4 / 2**40, 1),
-        "wall_s": round(wall, 2), "residual": round(step["residual"], 4),
+        "lanczos_iterations": lanczos, "lanczos_basis_host_mib": round(lanczos * params * 4 / 2**20, 1),
+        "wall_s": round(wall, 2), "residual": round(residual, 4),
     }
 
 
@@ -137,6 +141,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10, help="timed HVPs and forward+backwards per model")
     parser.add_argument("--retain-size", type=int, default=256, help="synthetic retain images for the memory run")
     parser.add_argument("--depth", type=int, default=10, help="estimator steps in the memory run")
+    parser.add_argument("--lanczos", type=int, default=3, help="Lanczos steps in the memory run")
     parser.add_argument("--chunk-size", type=int, default=32,
                         help="images per full-data HVP pass (method.chunk_size): sets the activation memory")
     parser.add_argument("--out", default=None, help="default bench/certify_<device>.json")
@@ -147,7 +152,7 @@ def main() -> None:
                     or platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},
         "hvp_cost": {name: hvp_cost(name, device, args.repeats) for name in MODELS},
-        "alg3_memory": estimator_memory(device, args.retain_size, args.depth, args.chunk_size),
+        "alg3_memory": estimator_memory(device, args.retain_size, args.depth, args.chunk_size, args.lanczos),
     }
     out = Path(args.out or f"bench/certify_{device.type}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,8 +25,9 @@ RELEASES = {
     # the paper's sigma = 1e-3: vacuous
     "certified_lissa": LOGREG + ESTIMATOR + ["method=certified_lissa", "method.warmup_epochs=5",
                                              "method.compare_exact=true", "method.sigma=0.001"],
-    "certified_online": LOGREG + ESTIMATOR + ["method=certified_online", "data.forget.requests=[8,12]",
-                                              "method.epsilon=1"],
+    # n = auto: each step's depth comes from the lambda_min measured at its own start
+    "certified_online": LOGREG + ["method.depth=auto", "method.repeats=30", "method.sample_size=32",
+                                  "method=certified_online", "data.forget.requests=[8,12]", "method.epsilon=1"],
 }
 ALGORITHMS = {"certified_exact": "alg2_exact_newton", "certified_lissa": "alg3_hessian_estimator",
               "certified_online": "alg4_online"}
@@ -109,7 +110,7 @@ def test_certificate_states_measured_spectrum_and_checked_hypotheses(released, m
         assert steps[0]["spectrum_method"] == "exact_eigvalsh" and steps[0]["residual"] < 1e-8
         assert cert["sensitivity"] == pytest.approx(2 * 10 * (10 + 2) / (2 + measured))
     else:
-        assert all(s["spectrum_method"] == "lanczos" and s["depth"] >= required_depth(cert) > 1 for s in steps)
+        assert all(s["spectrum_method"] == "lanczos" and s["depth"] >= required_depth(cert, s) > 1 for s in steps)
         assert all(s["scale"] >= scale_b(cert) for s in steps)
     if method == "certified_online":
         assert [s["forget_size"] for s in steps] == [8, 20] and steps[0]["retain_size"] - steps[1]["retain_size"] == 12
@@ -206,6 +207,8 @@ def test_verify_fails_tampered_and_forged_releases(released, tmp_path, capsys):
     assert code == 1 and "the certificate was edited" in text
     code, text, _ = verify(capsys, edited(release, tmp_path, lam_min=0.0))  # the assumption the issue refuted
     assert code == 1 and "is not min(stated" in text
+    code, text, _ = verify(capsys, edited(release, tmp_path, projection="per_tensor"))  # C per tensor, not global
+    assert code == 1 and "is not the global norm bound" in text
 
 
 def test_a_forged_norm_bound_is_exposed_by_the_weights_norm(released, tmp_path, capsys):

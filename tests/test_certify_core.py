@@ -1,6 +1,7 @@
 """Certified-learner math: HVPs against finite differences and explicit Hessians, the stochastic
 inverse-Hessian estimator against exact solves, Lanczos against eigvalsh, the bounds and their hypotheses."""
 
+import copy
 import math
 
 import pytest
@@ -253,13 +254,15 @@ def test_certificate_sensitivity_and_depth_come_from_the_stated_constants():
     from ttp_lightning.certify.certificate import EXACT, ONLINE, recomputed_sensitivity, required_depth
 
     estimator = {"repeats": 4, "zeta_min": 0.4, "rho": 1e-5}
-    cert = {"algorithm": ONLINE, "theta": 0.75, "lam": 0.5, "lam_min": -0.1, "norm_bound": 10.0,
+    cert = {"algorithm": ONLINE, "theta": 0.75, "lam": 0.5, "lam_min": -0.1, "lam_min_stated": 0.0, "norm_bound": 10.0,
             "hessian_lipschitz_forget": 1.0, "hessian_lipschitz_retain": 1.0, "grad_lipschitz_forget": 1.0,
             "grad_lipschitz_retain": 1.0, "gradient_bound": 0.2, "num_params": 650, "estimator": estimator}
     b = estimator_scale_b(0.75, 0.5, 1.0, 1.0)
     assert recomputed_sensitivity(cert) == pytest.approx(
         estimator_sensitivity(10, 0.75, 1, 1, 1, 1, 0.5, -0.1, 0.2, b, 0.4, 650, 1e-5, 4))
-    assert required_depth(cert) == estimator_depth(b, 0.5, -0.1, 4) > 1
+    # each step's n is judged with its own lambda_min (Alg 4's later steps measure their own)
+    assert required_depth(cert, {"lam_min_measured": -0.1}) == estimator_depth(b, 0.5, -0.1, 4) > 1
+    assert required_depth(cert, {"lam_min_measured": 0.3}) == estimator_depth(b, 0.5, 0.0, 4)
     assert recomputed_sensitivity({**cert, "algorithm": EXACT}) == pytest.approx(2 * 10 * (10 + 0.5) / 0.4)
 
 
@@ -312,3 +315,24 @@ def test_estimated_step_refuses_large_residuals_too_few_steps_and_a_small_scale(
     with pytest.raises(TTPUserError, match="refutes the stated gradient Lipschitz"):
         estimated_step(curv, estimator_cfg(grad_lipschitz_forget=1e-3, grad_lipschitz_retain=1e-3),
                        torch.Generator().manual_seed(0))
+
+
+def test_released_batchnorm_statistics_are_recomputed_on_the_retain_set_from_the_noised_weights():
+    from ttp_lightning.certify.noise import fresh_seed
+    from ttp_lightning.methods.certified.newton import noised_states
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 3))
+    retain, _ = tiny_sets(n_retain=40, n_forget=5)
+    names = [n for n, p in net.named_parameters()]
+    noise_free = flatten(p.detach() for p in net.parameters()).double()
+    before = net[1].running_mean.clone()
+    state = noised_states(net, [noise_free], 0.5, fresh_seed(), [retain], chunk_size=16)[0]
+    released = torch.cat([state[n].flatten() for n in names]).double()
+    assert (released - noise_free).norm() > 0.5 * 0.5 * len(noise_free) ** 0.5  # the noise is in
+    check = copy.deepcopy(net)
+    check.load_state_dict(state)
+    refresh_batchnorm(check, retain, chunk_size=16)  # the statistics of exactly these weights on D_r
+    assert torch.allclose(state["1.running_mean"], check[1].running_mean, atol=1e-6)
+    assert torch.allclose(state["1.running_var"], check[1].running_var, rtol=1e-5)
+    assert not torch.allclose(state["1.running_mean"], before)

@@ -31,6 +31,10 @@ def test_noise_uses_the_classical_calibration_below_epsilon_one(capsys):
     assert result["mechanism"] == "classical" and result["sigma"] == pytest.approx(classical_sigma(3, 0.5, 1e-5))
     code, out = run(capsys, "--json", "noise", "--sensitivity", "3", "--epsilon", "2", "--delta", "1e-5")
     assert code == 0 and json.loads(out.out)["mechanism"] == "analytic_gaussian"
+    single = json.loads(out.out)["sigma"]
+    code, out = run(capsys, "--json", "noise", "--sensitivity", "3", "--epsilon", "2", "--delta", "1e-5",
+                    "--releases", "4")
+    assert code == 0 and json.loads(out.out)["sigma"] == pytest.approx(2 * single)  # sqrt(4) Delta
 
 
 @pytest.mark.parametrize("args, message", [

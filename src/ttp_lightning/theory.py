@@ -2,7 +2,8 @@
 
   theta-bound       the smallest theta of Cor. `lambda_large` that guarantees a uniformity bound epsilon
   uniformity-bound  Prop. `bound_on_pop_distance_between_output_and_unif` for a given theta
-  noise             the Gaussian-mechanism sigma for a sensitivity Delta and an (epsilon, delta) budget
+  noise             the Gaussian-mechanism sigma for a sensitivity Delta and an (epsilon, delta) budget,
+                    over --releases k noised releases that compose (Alg 4 releasing every request)
 Add --json for machine-readable output. Exit 0, or 2 with one line on bad input.
 """
 
@@ -65,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
     noise.add_argument("--sensitivity", type=_positive, required=True, help="Delta")
     noise.add_argument("--epsilon", type=_positive, required=True)
     noise.add_argument("--delta", type=_fraction, required=True)
+    noise.add_argument("--releases", type=_positive_int, default=1,
+                       help="k releases with fresh noise that compose (default 1)")
     return root
 
 
@@ -75,9 +78,9 @@ def evaluate(args: argparse.Namespace) -> dict:
     if args.command == "uniformity-bound":
         return {"uniformity_bound": uniformity_bound(args.theta, args.retain_size, args.classes),
                 "theta": args.theta, "retain_size": args.retain_size, "classes": args.classes}
-    sigma, mechanism = noise_sigma(args.sensitivity, args.epsilon, args.delta)
+    sigma, mechanism = noise_sigma(args.sensitivity, args.epsilon, args.delta, args.releases)
     return {"sigma": sigma, "mechanism": mechanism, "sensitivity": args.sensitivity, "epsilon": args.epsilon,
-            "delta": args.delta}
+            "delta": args.delta, "releases": args.releases}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,28 +67,39 @@ def estimator_sensitivity(norm_bound: float, theta: float, hessian_lipschitz_for
     return newton + concentration * (2.0 * norm_bound * mixed_p + grad_norm)
 
 
-def check_hypotheses(theta: float, lam: float, lam_min: float, hessian_norm: float, grad_lipschitz_forget: float,
-                     grad_lipschitz_retain: float) -> None:
-    """Raise TTPUserError, naming the value and the fix, unless the theorems' hypotheses hold for the measured
-    lambda_min(H) (already min(stated, measured)) and ||H||: the stated gradient Lipschitz constants are not
-    refuted (||H|| <= theta P_K + (1 - theta) P_A), lambda > ||H||, and lambda + lambda_min > 0."""
-    from ttp_lightning.errors import TTPUserError
-
+def hypothesis_violations(theta: float, lam: float, lam_min: float, hessian_norm: float,
+                          grad_lipschitz_forget: float, grad_lipschitz_retain: float) -> list[str]:
+    """What fails of the theorems' hypotheses for the measured lambda_min(H) (already min(stated, measured))
+    and ||H||, each with its fix: the stated gradient Lipschitz constants are not refuted (||H|| <= theta P_K +
+    (1 - theta) P_A), lambda + lambda_min > 0, and lambda > ||H||."""
+    violations = []
     lipschitz = lipschitz_hessian_bound(theta, grad_lipschitz_forget, grad_lipschitz_retain)
-    if hessian_norm > lipschitz:
-        raise TTPUserError(
+    if hessian_norm > lipschitz * (1 + 1e-9):
+        violations.append(
             f"the measured ||H|| = {hessian_norm:.4g} refutes the stated gradient Lipschitz constants: theta P_K + "
             f"(1 - theta) P_A = {lipschitz:.4g} must bound it (Assumption 1); raise method.grad_lipschitz_forget "
             f"and method.grad_lipschitz_retain to at least {hessian_norm:.4g} (e.g. {_round_up(hessian_norm)})")
     if lam + lam_min <= 0:
-        raise TTPUserError(
+        violations.append(
             f"lambda + lambda_min(H) = {lam:.4g} + ({lam_min:.4g}) <= 0: H + lambda I is not positive definite, so "
             f"the Newton step and Delta are undefined; raise method.lam above {-lam_min:.4g}")
-    if not lam > hessian_norm:
-        raise TTPUserError(
+    elif not lam > hessian_norm:
+        violations.append(
             f"method.lam={lam:.4g} is not above the measured ||H|| = {hessian_norm:.4g}, which the certified "
             f"theorems assume (lambda > ||H||); raise method.lam above {hessian_norm:.4g} (e.g. "
             f"{_round_up(hessian_norm)}, or lam=auto = theta P_K + (1 - theta) P_A)")
+    return violations
+
+
+def check_hypotheses(theta: float, lam: float, lam_min: float, hessian_norm: float, grad_lipschitz_forget: float,
+                     grad_lipschitz_retain: float) -> None:
+    """Raise TTPUserError with the first of `hypothesis_violations`, if any."""
+    from ttp_lightning.errors import TTPUserError
+
+    violations = hypothesis_violations(theta, lam, lam_min, hessian_norm, grad_lipschitz_forget,
+                                       grad_lipschitz_retain)
+    if violations:
+        raise TTPUserError(violations[0])
 
 
 def _round_up(value: float) -> float:

@@ -59,6 +59,18 @@ def finite(value, key):
     return value
 
 
+def fraction(value, key):
+    if not 0.0 <= number(finite(value, key), key) <= 1.0:
+        _fail(key, value, "expected a number in [0, 1]")
+    return value
+
+
+def count(value, key):
+    if integer(value, key) < 0:
+        _fail(key, value, "expected an integer >= 0")
+    return value
+
+
 def boolean(value, key):
     if not isinstance(value, bool):
         _fail(key, value, "expected true or false")
@@ -103,8 +115,8 @@ def list_of(inner: Check, max_items: int = 100_000) -> Check:
     return check
 
 
-def record(fields: dict[str, Check], required: bool = True) -> Check:
-    """A dict with exactly these keys (all of them unless required=False), each checked."""
+def record(fields: dict[str, Check]) -> Check:
+    """A dict with exactly these keys, each checked."""
     def check(value, key):
         if not isinstance(value, dict):
             _fail(key, value, "expected an object")
@@ -113,7 +125,7 @@ def record(fields: dict[str, Check], required: bool = True) -> Check:
             _fail(f"{key}.{unknown[0]}" if key else unknown[0], value[unknown[0]],
                   f"this key is not part of the format (allowed: {', '.join(sorted(fields))})")
         missing = sorted(set(fields) - set(value))
-        if required and missing:
+        if missing:
             raise SchemaError(f"{key + '.' if key else ''}{missing[0]} is missing")
         return {k: fields[k](v, f"{key}.{k}" if key else k) for k, v in value.items()}
     return check
@@ -136,17 +148,13 @@ def registered(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
-_FRACTION = lambda value, key: finite(value, key) if 0.0 <= float(finite(value, key)) <= 1.0 else _fail(
-    key, value, "expected a number in [0, 1]")
-_COUNT = lambda value, key: integer(value, key) if integer(value, key) >= 0 else _fail(key, value, "expected >= 0")
-
 DATA_FIELDS: dict[str, Check] = {
-    "split": one_of("official", "paper"), "train_fraction": _FRACTION, "split_seed": integer,
-    "batch_size": _COUNT, "forget_batch_size": _COUNT, "eval_batch_size": _COUNT,
+    "split": one_of("official", "paper"), "train_fraction": fraction, "split_seed": integer,
+    "batch_size": count, "forget_batch_size": count, "eval_batch_size": count,
     "augment": one_of("none", "crop_flip"), "normalize": boolean,
-    "max_train_size": optional(_COUNT), "max_test_size": optional(_COUNT), "seed": integer,
-    "forget": record({"size": optional(_COUNT), "seed": integer, "source": one_of("train", "test", "mixed"),
-                      "test_fraction": _FRACTION, "requests": optional(list_of(_COUNT, 10_000)),
+    "max_train_size": optional(count), "max_test_size": optional(count), "seed": integer,
+    "forget": record({"size": optional(count), "seed": integer, "source": one_of("train", "test", "mixed"),
+                      "test_fraction": fraction, "requests": optional(list_of(count, 10_000)),
                       "from_file": boolean}),
 }
 # Never taken from a certificate: where the data lives and whether to download it are the verifier's
@@ -159,13 +167,13 @@ def _model_field(default) -> Check | None:
     if isinstance(default, bool):
         return boolean
     if isinstance(default, int):
-        return _COUNT
+        return count
     if isinstance(default, float):
         return finite
     if isinstance(default, str):
         return name
     if isinstance(default, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in default):
-        return list_of(_COUNT, 64)
+        return list_of(count, 64)
     return None
 
 
@@ -238,6 +246,10 @@ def rebuild_configs(data: dict, model: dict, overrides: list[str]) -> tuple[Dict
     from hydra import compose, initialize_config_dir
 
     data, model = check_data_spec(data), check_model_spec(model)
+    if data["forget"]["from_file"] and not any(o.startswith(("data.forget.indices_file=", "data.forget.requests="))
+                                               for o in overrides):
+        raise SchemaError("the certified forget set was given as index files; pass them as "
+                          "data.forget.indices_file=FILE (or data.forget.requests=[...])")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="main", overrides=[f"data={data['name']}", f"model={model['name']}"])
     for key, value in data.items():

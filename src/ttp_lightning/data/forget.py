@@ -21,7 +21,7 @@ def read_index_file(path: str | Path) -> torch.Tensor:
         elif path.suffix == ".npy":
             values = np.load(path).tolist()
         elif path.suffix == ".pt":
-            values = torch.load(path).tolist()
+            values = torch.load(path, weights_only=True).tolist()
         else:
             values = [int(tok) for tok in path.read_text().replace(",", " ").split()]
         indices = torch.as_tensor(values, dtype=torch.long).flatten()

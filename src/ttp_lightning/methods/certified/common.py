@@ -153,8 +153,8 @@ def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataMod
         "wall_s": round(prepared.warmup_wall_s + time.perf_counter() - start, 3),
         "warmup_wall_s": prepared.warmup_wall_s, "newton_wall_s": round(newton_wall, 3),
         "newton_residual": max(s["residual"] for s in path.steps), "newton_step_norm": last["step_norm"],
-        "gradient_norm": certificate["gradient_bound"], "lam_min_measured": min(s["lam_min_measured"] for s in
-                                                                                 path.steps),
+        "gradient_norm": certificate["gradient_bound"],
+        "lam_min_measured": min(s["lam_min_measured"] for s in path.steps),
         "lam_min": certificate["lam_min"], "hessian_norm": certificate["hessian_norm"],
         "norm_before_projection": last["norm_before_projection"],
         **({"scale_J": last["scale"], "depth_n": last["depth"], "repeats_b": int(cfg.repeats)}

@@ -36,21 +36,13 @@ def read_json(path: Path) -> dict:
 
 def recompute_failures(cert: dict, weights: Path, overrides: list[str]) -> list[str]:
     """Rebuild data and model from registered configs; the forget set's fingerprint and forget CD."""
-    from ttp_lightning.certify.certificate import load_weights
-    from ttp_lightning.certify.schema import rebuild_configs
-    from ttp_lightning.data import build_datamodule
     from ttp_lightning.evaluation import evaluate
-    from ttp_lightning.models import build_classifier
+    from ttp_lightning.methods.certified.audit import Mismatch, rebuild_model
 
-    data_cfg, model_cfg = rebuild_configs(cert["data"], cert["model"], overrides)
-    datamodule = build_datamodule(data_cfg)
-    if datamodule.forget_fingerprint() != cert["forget_fingerprint"]:
-        return ["the rebuilt forget set differs from the certified one (fingerprint mismatch)"]
-    net = build_classifier(model_cfg, datamodule.info)
     try:
-        net.load_state_dict(load_weights(weights))
-    except RuntimeError as exc:
-        return [f"{weights.name} does not fit the certified model: {str(exc).splitlines()[0]}"]
+        datamodule, net = rebuild_model(cert, weights, overrides)
+    except Mismatch as exc:
+        return [str(exc)]
     measured = evaluate(net, datamodule)["forget_conf_dist"]
     stated = cert["metrics"].get("forget_conf_dist")
     if not isinstance(stated, (int, float)) or abs(measured - stated) > FORGET_CD_TOLERANCE:

@@ -21,7 +21,6 @@ from ttp_lightning.certify.certificate import (
 )
 from ttp_lightning.certify.schema import rebuild_configs
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device
 from ttp_lightning.methods.certified.common import request_parts
 from ttp_lightning.methods.certified.newton import ESTIMATED, newton_path, noised_states
@@ -62,6 +61,26 @@ def _start_failures(net, cert: dict) -> list[str]:
     return [f"start weights: a tensor has norm {max(norms):.6g} > C"] if max(norms) > bound else []
 
 
+class Mismatch(Exception):
+    """The files do not describe the certified data and model (a check fails; not unusable input)."""
+
+
+def rebuild_model(cert: dict, weights: Path, overrides: list[str]):
+    """The certified data, rebuilt from registered configs and the verifier's data.* overrides, and the
+    certified model with `weights` loaded. Raises Mismatch when the forget set's fingerprint differs or
+    the weights do not fit the model."""
+    data_cfg, model_cfg = rebuild_configs(cert["data"], cert["model"], overrides)
+    datamodule = build_datamodule(data_cfg)
+    if datamodule.forget_fingerprint() != cert["forget_fingerprint"]:
+        raise Mismatch("the rebuilt forget set differs from the certified one (fingerprint mismatch)")
+    net = build_classifier(model_cfg, datamodule.info)
+    try:
+        net.load_state_dict(load_weights(weights))
+    except RuntimeError as exc:
+        raise Mismatch(f"{weights.name} does not fit the certified model: {str(exc).splitlines()[0]}") from None
+    return datamodule, net
+
+
 def audit_failures(cert: dict, cert_path: Path, audit: dict, audit_dir: Path, weight_paths: list[Path],
                    overrides: list[str], tolerance: float) -> list[str]:
     if sha256_of(cert_path) != audit["certificate_sha256"]:
@@ -71,15 +90,10 @@ def audit_failures(cert: dict, cert_path: Path, audit: dict, audit_dir: Path, we
     start_path, noise_free_path = audit_dir / audit["start_file"], audit_dir / audit["noise_free_file"]
     if sha256_of(start_path) != audit["start_sha256"]:
         return [f"{start_path.name}: SHA-256 differs from the audit record"]
-    data_cfg, model_cfg = rebuild_configs(cert["data"], cert["model"], overrides)
-    datamodule = build_datamodule(data_cfg)
-    if datamodule.forget_fingerprint() != cert["forget_fingerprint"]:
-        return ["the rebuilt forget set differs from the certified one (fingerprint mismatch)"]
-    net = build_classifier(model_cfg, datamodule.info)
     try:
-        net.load_state_dict(load_weights(start_path))
-    except RuntimeError as exc:
-        raise TTPUserError(f"{start_path.name} does not fit the certified model: {str(exc).splitlines()[0]}") from None
+        datamodule, net = rebuild_model(cert, start_path, overrides)
+    except Mismatch as exc:
+        return [str(exc)]
     failures = _start_failures(net, cert)
     net.to(eval_device())
     parts = request_parts(datamodule, cert["algorithm"])

@@ -211,6 +211,20 @@ def test_verify_fails_tampered_and_forged_releases(released, tmp_path, capsys):
     assert code == 1 and "is not the global norm bound" in text
 
 
+@pytest.mark.parametrize("changes", [{"theta": 1.0}, {"lam": 0.1, "lam_min": -0.1}, {"sigma": 0.0},
+                                     {"num_params": 0}, {"steps": []}, {"delta": 1.5}])
+def test_values_outside_the_bounds_domain_fail_without_a_traceback(released, tmp_path, capsys, changes):
+    code, text, err = verify(capsys, edited(released("certified_lissa") / "release", tmp_path, **changes))
+    assert code == 1 and text.startswith("FAIL: ") and err == ""
+
+
+def test_deeply_nested_json_is_one_error_line(tmp_path, capsys):
+    bomb = tmp_path / "certificate.json"
+    bomb.write_text("[" * 100_000 + "]" * 100_000)
+    code, text, err = verify(capsys, bomb)
+    assert code == 2 and text == "" and len(err.strip().splitlines()) == 1
+
+
 def test_a_forged_norm_bound_is_exposed_by_the_weights_norm(released, tmp_path, capsys):
     """C = 0.01 stated for weights of norm ~ 5 at the paper's sigma = 1e-3, with Delta, epsilon and the
     mechanism recomputed to match, so that only the released weights' norm can expose it."""

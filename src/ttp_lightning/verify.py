@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             audit = check_audit_schema(read_json(args.audit))
             failures += audit_failures(cert, cert_path, audit, args.audit.parent, weights, overrides, args.tolerance)
             checked.append("release reproduced from the audit record")
-    except (OSError, ValueError, KeyError, TypeError, TTPUserError, SafetensorError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SafetensorError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"error: cannot verify: {message}", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -173,13 +173,29 @@ def _non_finite(cert: dict) -> list[str]:
     return bad
 
 
+def _range_failures(cert: dict) -> list[str]:
+    """Values outside the range where the bounds are defined (checked before any arithmetic uses them)."""
+    ranges = {"theta": (0.0, 1.0), "delta": (0.0, 1.0), "epsilon": (0.0, math.inf), "sigma": (0.0, math.inf),
+              "lam": (0.0, math.inf), "norm_bound": (0.0, math.inf), "norm_bound_config": (0.0, math.inf),
+              "num_params": (0, math.inf)}
+    if cert["estimator"] is not None:
+        ranges.update({"estimator.rho": (0.0, 1.0), "estimator.zeta_min": (0.0, math.inf),
+                       "estimator.repeats": (0, math.inf)})
+    failures = []
+    for key, (low, high) in ranges.items():
+        value = cert["estimator"][key.split(".")[1]] if key.startswith("estimator.") else cert[key]
+        if not low < value < high:
+            failures.append(f"{key}={value} is outside ({low}, {high})")
+    if not cert["steps"] or not cert["weights"] or not cert["parameter_names"]:
+        failures.append("a certificate lists at least one step, one weights file and one certified tensor")
+    if cert["lam"] + cert["lam_min"] <= 0:
+        failures.append(f"lambda + lambda_min = {cert['lam']:.6g} + ({cert['lam_min']:.6g}) <= 0: Delta is undefined")
+    return failures
+
+
 def _hypothesis_failures(cert: dict) -> list[str]:
     failures = []
     lam, lam_min = cert["lam"], cert["lam_min"]
-    if not 0.0 < cert["theta"] < 1.0:
-        failures.append(f"theta={cert['theta']} is outside (0, 1)")
-    if not 0.0 < cert["delta"] < 1.0 or cert["epsilon"] <= 0 or cert["sigma"] <= 0 or cert["norm_bound"] <= 0:
-        failures.append("epsilon, sigma and C must be > 0 and delta in (0, 1)")
     measured_min = min(step["lam_min_measured"] for step in cert["steps"])
     if not _close(lam_min, min(cert["lam_min_stated"], measured_min)):
         failures.append(f"lambda_min={lam_min:.6g} is not min(stated {cert['lam_min_stated']:.6g}, measured "
@@ -295,7 +311,7 @@ def weights_failures(cert: dict, weight_paths: list[Path]) -> list[str]:
 
 def check_certificate(cert: dict, weight_paths: list[Path]) -> list[str]:
     """Every check that needs only the certificate and the weights (empty when all hold)."""
-    failures = _non_finite(cert)
+    failures = _non_finite(cert) or _range_failures(cert)
     if failures:
         return failures
     failures += _hypothesis_failures(cert) + _algorithm_failures(cert)

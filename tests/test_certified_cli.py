@@ -50,6 +50,7 @@ def released(tmp_path_factory):
             out = tmp_path_factory.mktemp(method)
             proc = run_release(out, cache, *RELEASES[method])
             assert proc.returncode == 0, proc.stderr[-3000:]
+            (out / "console.txt").write_text(proc.stdout + proc.stderr)  # what the user saw, scanned below too
             runs[method] = out
         return runs[method]
 
@@ -86,6 +87,8 @@ def test_release_is_public_weights_and_certificate_and_the_seed_stays_private(re
     assert "_target_" not in json.dumps(cert)
     metrics = results["metrics"][method]
     assert metrics["vacuous"] == (method == "certified_lissa") and metrics["epsilon"] == cert["epsilon"]
+    console = (out / "console.txt").read_text()
+    assert "certificate: epsilon=" in console and ("VACUOUS: epsilon > 10" in console) == metrics["vacuous"]
     if method == "certified_lissa":
         assert cert["sigma"] == 0.001 and cert["sigma_source"] == "config" and cert["epsilon"] > 1e9
         assert metrics["forget_conf_dist"] < results["metrics"]["pretrain"]["forget_conf_dist"]

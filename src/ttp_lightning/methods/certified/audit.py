@@ -13,7 +13,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.certify.certificate import (
-    EXACT,
     load_weights,
     noise_free_key,
     sha256_of,
@@ -22,8 +21,8 @@ from ttp_lightning.certify.certificate import (
 from ttp_lightning.certify.schema import rebuild_configs
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.evaluation import eval_device
-from ttp_lightning.methods.certified.common import request_parts
-from ttp_lightning.methods.certified.newton import ESTIMATED, newton_path, noised_states
+from ttp_lightning.methods.certified.common import KINDS, request_parts
+from ttp_lightning.methods.certified.newton import newton_path, noised_states
 from ttp_lightning.models import build_classifier
 
 STEP_KEYS = ("gradient_norm", "lam_min_measured", "hessian_norm_measured", "residual", "step_norm", "scale")
@@ -97,8 +96,8 @@ def audit_failures(cert: dict, cert_path: Path, audit: dict, audit_dir: Path, we
     failures = _start_failures(net, cert)
     net.to(eval_device())
     parts = request_parts(datamodule, cert["algorithm"])
-    kind = "exact" if cert["algorithm"] == EXACT else ESTIMATED
-    path = newton_path(net, parts, method_config(cert), kind, cert["norm_bound_config"], cert["projection"])
+    path = newton_path(net, parts, method_config(cert), KINDS[cert["algorithm"]], cert["norm_bound_config"],
+                       cert["projection"])
     for i, (rerun, stated) in enumerate(zip(path.steps, cert["steps"], strict=True), 1):
         for key in STEP_KEYS:
             if (rerun[key] is None) != (stated[key] is None) or (

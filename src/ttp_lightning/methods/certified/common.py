@@ -22,6 +22,7 @@ from ttp_lightning.certify.mechanism import implied_epsilon, noise_sigma
 from ttp_lightning.certify.noise import fresh_seed
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import eval_device
+from ttp_lightning.methods.certified import newton
 from ttp_lightning.methods.certified.newton import (
     ESTIMATED,
     NewtonPath,
@@ -34,7 +35,7 @@ from ttp_lightning.methods.pareto import finetune
 from ttp_lightning.modules.optim import project_to_norm_ball
 from ttp_lightning.training import RunContext
 
-KINDS = {EXACT: "exact", ESTIMATOR: ESTIMATED, ONLINE: ESTIMATED}
+KINDS = {EXACT: newton.EXACT, ESTIMATOR: ESTIMATED, ONLINE: ESTIMATED}  # algorithm -> how the step is solved
 
 
 @dataclass

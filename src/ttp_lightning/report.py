@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from ttp_lightning.certify.certificate import is_vacuous
+
 COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.2%}"),
            ("forget_acc", "forget acc", "{:.2%}"), ("forget_conf_dist", "forget CD", "{:.4f}"),
            ("test_conf_dist", "test CD", "{:.4f}"), ("forget_l2_dist", "forget l2", "{:.4f}"),
@@ -70,7 +72,7 @@ def format_certificate_line(certificate: dict, vacuous_above: float) -> str:
     line = (f"certificate: epsilon={certificate['epsilon']:.4g}, delta={certificate['delta']:.3g}, "
             f"sigma={certificate['sigma']:.4g}, Delta={certificate['sensitivity']:.4g}, lambda_min(H) measured "
             f"{min(s['lam_min_measured'] for s in certificate['steps']):.4g}, ||H||={certificate['hessian_norm']:.4g}")
-    if not certificate["epsilon"] <= vacuous_above:
+    if is_vacuous(certificate["epsilon"], vacuous_above):
         line += f"\n  VACUOUS: epsilon > {vacuous_above:g}, so this certificate guarantees nothing meaningful"
     return line
 

@@ -18,7 +18,8 @@ from omegaconf import DictConfig
 from ttp_lightning.certify.bounds import check_hypotheses, estimator_depth, estimator_scale_b
 from ttp_lightning.certify.estimator import stochastic_inverse_hvp
 from ttp_lightning.certify.hessian import exact_hessian
-from ttp_lightning.certify.hvp import ParetoCurvature, flatten
+from ttp_lightning.certify.hvp import ParetoCurvature, flatten, refresh_batchnorm, trainable, unflatten
+from ttp_lightning.certify.noise import gaussian_noise
 from ttp_lightning.certify.spectrum import Spectrum, exact_spectrum, lanczos_spectrum
 from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.errors import TTPUserError
@@ -80,11 +81,8 @@ def _record(curv: ParetoCurvature, gradient: torch.Tensor, direction: torch.Tens
             "scale": scale, "depth": depth, "step_norm": direction.norm().item()}
 
 
-def exact_step(curv: ParetoCurvature, cfg: DictConfig) -> tuple[torch.Tensor, dict]:
-    """Alg 2: (H + lambda I)^{-1} grad by Cholesky on the explicit Hessian, after its exact spectrum."""
-    hessian = exact_hessian(curv, cfg.max_exact_params)
-    spectrum = exact_spectrum(hessian, shift=curv.lam)
-    _checked(cfg, curv, spectrum)
+def cholesky_direction(curv: ParetoCurvature, hessian: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(H + lambda I)^{-1} grad by Cholesky on the explicit H + lambda I: (direction, gradient, residual)."""
     gradient = curv.gradient()
     factor, info = torch.linalg.cholesky_ex(hessian)
     if info.item() != 0:
@@ -92,6 +90,15 @@ def exact_step(curv: ParetoCurvature, cfg: DictConfig) -> tuple[torch.Tensor, di
                            f"raise method.lam")
     direction = torch.cholesky_solve(gradient[:, None], factor)[:, 0]
     residual = ((hessian @ direction - gradient).norm() / gradient.norm().clamp(min=1e-30)).item()
+    return direction, gradient, residual
+
+
+def exact_step(curv: ParetoCurvature, cfg: DictConfig) -> tuple[torch.Tensor, dict]:
+    """Alg 2: the Cholesky solve on the explicit Hessian, after its exact spectrum and the hypotheses."""
+    hessian = exact_hessian(curv, cfg.max_exact_params)
+    spectrum = exact_spectrum(hessian, shift=curv.lam)
+    _checked(cfg, curv, spectrum)
+    direction, gradient, residual = cholesky_direction(curv, hessian)
     return direction, _record(curv, gradient, direction, residual, spectrum)
 
 
@@ -145,8 +152,7 @@ def distance_to_exact(curv: ParetoCurvature, cfg: DictConfig, direction: torch.T
     exact_curv = ParetoCurvature(copy.deepcopy(curv.net), curv.retain, curv.forget, curv.theta, curv.uniformity,
                                  lam=curv.lam, forget_temperature=curv.forget_temperature,
                                  chunk_size=curv.chunk_size, dtype=torch.float64)
-    hessian = exact_hessian(exact_curv, cfg.max_exact_params)
-    exact = torch.cholesky_solve(exact_curv.gradient()[:, None], torch.linalg.cholesky(hessian))[:, 0]
+    exact, _, _ = cholesky_direction(exact_curv, exact_hessian(exact_curv, cfg.max_exact_params))
     return ((direction.double().cpu() - exact.cpu()).norm() / exact.norm().clamp(min=1e-30)).item()
 
 
@@ -181,9 +187,6 @@ def noised_states(net, noise_free: list[torch.Tensor], sigma: float, seed: str,
     """The released state_dicts: w- = fp32(w~_i + sigma N_i) (float64 sum, N_i stream i of the secret seed's
     noise), then BatchNorm statistics recomputed on D_r from those noised weights (post-processing: the
     buffers see the released weights and D_r only)."""
-    from ttp_lightning.certify.hvp import refresh_batchnorm, trainable, unflatten
-    from ttp_lightning.certify.noise import gaussian_noise
-
     net = net.float()
     params = trainable(net)
     states = []

@@ -1,16 +1,34 @@
-"""Test-time-privacy attacks: each stays in its budget in [0, 1] pixel space and raises the confidence."""
+"""Test-time-privacy attacks: each stays in its budget in [0, 1] pixel space and raises the confidence; the
+default evaluation is not fooled by dead ReLUs, is monotone in gamma, handles randomised models, and is at
+least as strong as a maintained library's PGD with the same loss."""
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from conftest import CONF_DIR
 from test_modules import tiny_sets
-from ttp_lightning.attacks import attack_forget_set, fgsm_attack, gaussian_attack, pgd_attack
+from ttp_lightning.attacks import (
+    OBJECTIVES,
+    WORST,
+    Probe,
+    adaptive_attack,
+    apgd,
+    apgd_checkpoints,
+    evaluate_attacks,
+    fgsm_attack,
+    gaussian_attack,
+    pgd_attack,
+    smooth_relu_gradients,
+    zero_gradient_mask,
+)
 from ttp_lightning.data.batching import ImageBatchDataset
 
-SETTINGS = OmegaConf.create({"names": ["gaussian", "fgsm", "pgd"], "gammas": [2, 8], "alpha": 1e-4,
-                             "pgd_steps": 50, "pgd_step_size": 1e-3, "seed": 0})
+DEFAULTS = OmegaConf.load(CONF_DIR / "attacks" / "adaptive.yaml")
+PAPER = OmegaConf.merge(DEFAULTS, {"names": ["gaussian", "fgsm", "pgd"], "relu_gradient_beta": None,
+                                   "gammas": [2, 8]})
+FAST = OmegaConf.merge(DEFAULTS, {"apgd_steps": 30, "restarts": 2, "gammas": [2, 8]})
 
 
 def model():
@@ -23,40 +41,56 @@ def confidence(net, images):
         return torch.logsumexp(net(images), dim=1)
 
 
-@pytest.mark.parametrize("attack", [fgsm_attack, pgd_attack])
-def test_sign_attacks_stay_in_the_ball_and_raise_the_confidence(attack):
-    net, gamma = model(), 8 / 255
-    images = torch.rand(30, 1, 4, 4, generator=torch.Generator().manual_seed(1))
-    attacked = attack(net, images, gamma, torch.Generator().manual_seed(0), SETTINGS)
+def images_4x4(n=30, seed=1):
+    return torch.rand(n, 1, 4, 4, generator=torch.Generator().manual_seed(seed))
+
+
+def max_softmax(net, images):
+    with torch.no_grad():
+        return net(images).softmax(dim=1).max(dim=1).values
+
+
+@pytest.mark.parametrize(("attack", "measure"), [(fgsm_attack, confidence), (pgd_attack, confidence),
+                                                 (adaptive_attack, max_softmax)])
+def test_gradient_attacks_stay_in_the_ball_and_raise_what_they_maximise(attack, measure):
+    net, gamma, images = model(), 8 / 255, images_4x4()
+    attacked = attack(net, images, gamma, torch.Generator().manual_seed(0), FAST, targets=torch.zeros(30).long())
     assert (attacked - images).abs().max() <= gamma + 1e-6
     assert attacked.min() >= 0 and attacked.max() <= 1
-    assert (confidence(net, attacked) > confidence(net, images)).float().mean() > 0.9
+    assert (measure(net, attacked) > measure(net, images)).float().mean() > 0.9
 
 
 def test_pgd_is_at_least_as_strong_as_fgsm_and_gaussian_is_seeded():
-    net, gamma = model(), 8 / 255
-    images = torch.rand(30, 1, 4, 4, generator=torch.Generator().manual_seed(1))
-    pgd = pgd_attack(net, images, gamma, torch.Generator().manual_seed(0), SETTINGS)
-    fgsm = fgsm_attack(net, images, gamma, torch.Generator().manual_seed(0), SETTINGS)
+    net, gamma, images = model(), 8 / 255, images_4x4()
+    pgd = pgd_attack(net, images, gamma, torch.Generator().manual_seed(0), PAPER)
+    fgsm = fgsm_attack(net, images, gamma, torch.Generator().manual_seed(0), PAPER)
     assert confidence(net, pgd).mean() >= confidence(net, fgsm).mean() - 1e-4
-    first = gaussian_attack(net, images, gamma, torch.Generator().manual_seed(3), SETTINGS)
-    again = gaussian_attack(net, images, gamma, torch.Generator().manual_seed(3), SETTINGS)
+    first = gaussian_attack(net, images, gamma, torch.Generator().manual_seed(3), PAPER)
+    again = gaussian_attack(net, images, gamma, torch.Generator().manual_seed(3), PAPER)
     assert torch.equal(first, again) and not torch.equal(first, images)
     assert 0.5 * gamma < (first - images).std() < 1.5 * gamma
 
 
-def test_attack_forget_set_reports_every_attack_and_gamma():
+def test_apgd_checkpoints_follow_croce_and_hein():
+    assert apgd_checkpoints(100) == [22, 41, 57, 70, 80, 87, 93, 99]
+    assert apgd_checkpoints(1) == [1]
+
+
+def test_evaluation_reports_every_attack_gamma_and_the_clean_scores():
     _, forget = tiny_sets(n_forget=9)
     net = model()
-    results = attack_forget_set(net, forget, SETTINGS, chunk_size=4)
-    assert set(results) == {"none", "gaussian", "fgsm", "pgd"} and set(results["pgd"]) == {"2", "8"}
-    assert all(0 <= scores["forget_acc"] <= 1 for per_gamma in results.values() for scores in per_gamma.values())
+    scores = evaluate_attacks(net, forget, OmegaConf.merge(PAPER, {"chunk_size": 4}))["scores"]
+    assert set(scores) == {"none", "gaussian", "fgsm", "pgd", WORST} and set(scores["pgd"]) == {"2", "8"}
+    assert all(0 <= s["forget_acc"] <= 1 for per_gamma in scores.values() for s in per_gamma.values())
     images, labels = forget.everything()
     with torch.no_grad():
         probs = net(images).softmax(dim=1)
     expected = (probs.max(dim=1).values - 1 / 3).clamp(min=0).mean().item()
-    assert results["none"]["0"]["forget_conf_dist"] == pytest.approx(expected, abs=1e-5)
-    assert results["none"]["0"]["forget_acc"] == pytest.approx((probs.argmax(1) == labels).float().mean().item())
+    assert scores["none"]["0"]["forget_conf_dist"] == pytest.approx(expected, abs=1e-5)
+    assert scores["none"]["0"]["forget_acc"] == pytest.approx((probs.argmax(1) == labels).float().mean().item())
+    for gamma in ("2", "8"):  # the worst case per image is at least every attack's mean
+        assert scores[WORST][gamma]["forget_conf_dist"] >= max(scores[a][gamma]["forget_conf_dist"]
+                                                               for a in ("gaussian", "fgsm", "pgd")) - 1e-6
 
 
 def dead_relu_model():
@@ -71,13 +105,106 @@ def dead_relu_model():
     return net.eval()
 
 
-def test_dead_relus_mask_the_gradient_and_the_softplus_surrogate_unmasks_it():
-    forget = ImageBatchDataset(torch.full((4, 1, 4, 4), 0.5), torch.tensor([0, 1, 2, 0]))  # all in the dead region
-    net = dead_relu_model()
-    exact = attack_forget_set(net, forget, SETTINGS)
-    assert exact["none"]["0"]["forget_conf_dist"] == pytest.approx(0.0, abs=1e-6)  # uniform: logits all 0
-    assert exact["pgd"]["8"]["forget_conf_dist"] == pytest.approx(0.0, abs=1e-6)  # zero gradient, no move
-    adaptive = attack_forget_set(net, forget, OmegaConf.merge(SETTINGS, {"relu_gradient_beta": 10.0}))
-    assert adaptive["none"] == exact["none"]  # the forward pass is the real model's
-    assert adaptive["pgd"]["8"]["forget_conf_dist"] > 0.5 and adaptive["fgsm"]["8"]["forget_conf_dist"] > 0.5
-    assert all(isinstance(module, nn.ReLU) for module in net if not isinstance(module, (nn.Flatten, nn.Linear)))
+def dead_relu_forget():
+    return ImageBatchDataset(torch.full((4, 1, 4, 4), 0.5), torch.tensor([0, 1, 2, 0]))
+
+
+def test_masking_detector_sees_every_relu_off_and_the_default_attack_gets_through():
+    net, forget = dead_relu_model(), dead_relu_forget()
+    images, labels = forget.everything()
+    assert zero_gradient_mask(net, images, labels, None).all()  # every exact gradient is zero
+    assert not zero_gradient_mask(net, images, labels, 10.0).any()
+    paper = evaluate_attacks(net, forget, PAPER)
+    assert paper["checks"]["zero_gradient_share"] == 1.0
+    assert paper["scores"]["none"]["0"]["forget_conf_dist"] == pytest.approx(0.0, abs=1e-6)  # uniform
+    assert paper["scores"]["pgd"]["8"]["forget_conf_dist"] == pytest.approx(0.0, abs=1e-6)  # fooled: no move
+    adaptive = evaluate_attacks(net, forget, FAST)
+    assert adaptive["checks"]["zero_gradient_share"] == 1.0 and adaptive["checks"]["zero_gradient_share_surrogate"] == 0
+    assert adaptive["scores"]["none"] == paper["scores"]["none"]  # the forward pass is the real model's
+    assert adaptive["scores"]["apgd"]["8"]["forget_conf_dist"] > 0.6
+    assert all(isinstance(m, nn.ReLU) for m in net if not isinstance(m, (nn.Flatten, nn.Linear)))
+
+
+def test_surrogate_covers_functional_relu_and_leaves_outputs_exact():
+    class Functional(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = dead_relu_model()
+
+        def forward(self, x):
+            hidden = torch.nn.functional.relu(self.inner[1](self.inner[0](x)), inplace=True)
+            return self.inner[3](hidden)
+
+    net, x = Functional(), torch.full((2, 1, 4, 4), 0.5, requires_grad=True)
+    with smooth_relu_gradients(10.0):
+        out = net(x)
+        (grad,) = torch.autograd.grad(out[:, 0].sum(), x)
+    assert torch.equal(out, net(x)) and grad.abs().min() > 0
+
+
+def test_worst_case_never_drops_with_gamma_and_unbounded_restores_confidence():
+    _, forget = tiny_sets(n_forget=12)
+    net = model()
+    result = evaluate_attacks(net, forget, OmegaConf.merge(FAST, {"gammas": [1, 2, 5, 8, 16]}),
+                              reference_conf_dist=0.05)
+    worst = [result["scores"][WORST][g]["forget_conf_dist"] for g in ("1", "2", "5", "8", "16")]
+    assert worst == sorted(worst) and worst[-1] > worst[0]
+    checks = result["checks"]
+    assert checks["monotone_in_gamma"] is True and checks["randomised"] is False
+    assert checks["unbounded"]["restored"] is True and checks["unbounded"]["forget_conf_dist"] >= worst[-1] - 1e-6
+
+
+def test_unbounded_check_says_when_the_table_is_only_a_lower_bound():
+    net, forget = dead_relu_model(), dead_relu_forget()
+    checks = evaluate_attacks(net, forget, PAPER, reference_conf_dist=0.9)["checks"]  # pgd: 50 steps of 1e-3
+    assert checks["unbounded"]["restored"] is False and "lower bound" in checks["unbounded"]["note"]
+
+
+class RandomisedDefence(nn.Module):
+    """Adds fresh input noise on every call: outputs differ between two passes on the same image."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return self.net(x + 0.05 * torch.randn_like(x))
+
+
+def test_randomised_models_are_detected_and_attacked_with_eot():
+    _, forget = tiny_sets(n_forget=8)
+    torch.manual_seed(0)
+    result = evaluate_attacks(RandomisedDefence(model()), forget, FAST)
+    assert result["checks"]["randomised"] is True and result["checks"]["eot_samples"] == DEFAULTS.eot_samples
+    assert result["scores"]["apgd"]["8"]["forget_conf_dist"] > result["scores"]["none"]["0"]["forget_conf_dist"]
+
+
+def test_objectives_are_per_image_and_the_pretrained_label_objective_is_its_log_probability():
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])
+    targets = torch.tensor([1, 2])
+    log_p = logits.log_softmax(-1)
+    assert torch.allclose(OBJECTIVES["ce_pretrained"](logits, targets), log_p[[0, 1], [1, 2]])
+    assert torch.allclose(OBJECTIVES["max_softmax"](logits, targets), log_p.max(-1).values)
+    assert torch.allclose(OBJECTIVES["logsumexp"](logits, targets), logits.logsumexp(-1))
+
+
+def test_our_attack_is_at_least_as_strong_as_torchattacks_pgd_with_the_same_loss():
+    """At equal budget (eps 8/255, 20 steps, one start) and the same loss (cross-entropy towards a target
+    label, torchattacks' targeted mode), APGD on ce_pretrained ends at least as close to the target."""
+    torchattacks = pytest.importorskip("torchattacks")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 3)).eval()
+    images, targets = images_4x4(64, seed=5), torch.randint(0, 3, (64,), generator=torch.Generator().manual_seed(6))
+    attack = torchattacks.PGD(net, eps=8 / 255, alpha=2 / 255, steps=20, random_start=False)
+    attack.set_mode_targeted_by_label(quiet=True)
+    theirs = attack(images, targets)
+    ours = apgd(Probe(net, ["ce_pretrained"]), images, targets, torch.zeros(64, dtype=torch.long), 8 / 255,
+                steps=20, start=images).best_objective
+    assert (ours - images).abs().max() <= 8 / 255 + 1e-6 and (theirs - images).abs().max() <= 8 / 255 + 1e-6
+
+    def target_log_prob(x):
+        with torch.no_grad():
+            return OBJECTIVES["ce_pretrained"](net(x), targets)
+
+    assert target_log_prob(theirs).mean() > target_log_prob(images).mean()  # the library attack works
+    assert target_log_prob(ours).mean() >= target_log_prob(theirs).mean() - 1e-4

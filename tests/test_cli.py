@@ -36,11 +36,15 @@ def test_default_job_writes_the_results_contract(run_cli, tmp_path):
     assert alg1["forget_conf_dist"] == pytest.approx(min(r["forget_conf_dist"] for r in history), abs=1e-4)
     assert "pretrain" in proc.stdout and "forget CD" in proc.stdout
     attacks = results["attacks"]
-    assert set(attacks) == {"pretrain", "pareto"} and set(attacks["pareto"]) == {"none", "gaussian", "fgsm", "pgd"}
+    assert set(attacks) == {"pretrain", "pareto"} and set(attacks["pareto"]) == {"none", "worst", "gaussian", "apgd"}
     assert attacks["pareto"]["none"]["0"]["forget_conf_dist"] == pytest.approx(alg1["forget_conf_dist"], abs=1e-5)
-    assert set(attacks["pareto"]["pgd"]) == {"1", "2", "5", "8"}
-    assert attacks["pareto"]["pgd"]["8"]["forget_conf_dist"] > attacks["pareto"]["none"]["0"]["forget_conf_dist"]
-    assert "attacks on the forget set" in proc.stdout and "8/255" in proc.stdout
+    assert set(attacks["pareto"]["apgd"]) == {"1", "2", "5", "8"}
+    assert attacks["pareto"]["apgd"]["8"]["forget_conf_dist"] > attacks["pareto"]["none"]["0"]["forget_conf_dist"]
+    assert alg1["forget_robust_conf_dist"] == attacks["pareto"]["worst"]["8"]["forget_conf_dist"]
+    checks = results["attack_checks"]["pareto"]
+    assert {"zero_gradient_share", "monotone_in_gamma", "unbounded", "randomised"} <= checks.keys()
+    assert checks["monotone_in_gamma"] is True and 0 <= checks["zero_gradient_share"] <= 1
+    assert "attacks on the forget set" in proc.stdout and "8/255" in proc.stdout and "robust CD" in proc.stdout
     softmax = results["forget_softmax"]["pareto"]
     assert len(softmax) == 5 and all(abs(sum(row["softmax"]) - 1) < 1e-4 for row in softmax)
     # the released weights are the evaluated model

@@ -14,7 +14,7 @@ from ttp_lightning.objectives import retain_loss
 
 
 def _gradient_and_metric(module: ParetoFinetuneModule, retain) -> tuple[list[torch.Tensor], torch.Tensor]:
-    grads, _ = module._mean_gradient(retain, retain_loss)
+    grads, _ = module._mean_gradient(retain, module._retain_loss)
     metric = ConfidenceDistance()
     with torch.no_grad():
         for images, labels in batch_loader(retain, 4, training=False):  # this rank's uneven shard

@@ -40,7 +40,7 @@ def test_fullbatch_mean_gradient_equals_whole_set_gradient_for_any_chunk_size():
     retain, forget = tiny_sets()
     module = ParetoFinetuneModule(tiny_net(), 0.75, OPTIM, mode="fullbatch", chunk_size=5,
                                   retain_data=retain, forget_data=forget)
-    chunked, loss = module._mean_gradient(retain, retain_loss)
+    chunked, loss = module._mean_gradient(retain, module._retain_loss)
     images, labels = retain.everything()
     whole = retain_loss(module.net(images), labels)
     expected = torch.autograd.grad(whole, list(module.net.parameters()))

@@ -16,7 +16,8 @@ def full_results(theta: float, forget_cd: float) -> dict:
     results["forget_softmax"] = {stage: [{"label": 1, "softmax": [0.1, 0.8, 0.1]}] * 5
                                  for stage in ("pretrain", "pareto")}
     results["attacks"] = {stage: {"none": {"0": {"forget_conf_dist": 0.1, "forget_acc": 0.2}},
-                                  "pgd": {g: {"forget_conf_dist": 0.1 * float(g), "forget_acc": 0.2} for g in ("2", "8")}}
+                                  "worst": {g: {"forget_conf_dist": 0.1 * float(g), "forget_acc": 0.2} for g in ("2", "8")},
+                                  "apgd": {g: {"forget_conf_dist": 0.1 * float(g), "forget_acc": 0.2} for g in ("2", "8")}}
                           for stage in ("pretrain", "pareto")}
     return results
 

@@ -39,13 +39,16 @@ def test_main_layout_has_one_row_per_method_in_the_paper_order(tmp_path, capsys)
     for method, cd in (("pareto", 0.03), ("retrain", 0.88), ("synthetic", 0.01)):
         results = fake_results(0.75, cd, method)
         results["metrics"][method].update(retain_conf_dist=0.8, test_conf_dist=0.79)
+        if method == "pareto":
+            results["metrics"][method]["forget_robust_conf_dist"] = 0.61
         results["metrics"]["pretrain"].update(retain_conf_dist=0.9, test_conf_dist=0.88)
         (tmp_path / f"{method}.json").write_text(json.dumps(results))
     assert main([str(tmp_path / f"{m}.json") for m in ("pareto", "retrain", "synthetic")] + ["--layout", "main"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "### mnist, LogReg"
     assert [line.split(" | ")[0] for line in lines[4:]] == ["| Pretrain", "| Retrain", "| Synthetic", "| Alg 1"]
-    assert lines[-1] == "| Alg 1 | 90.0% | 88.0% | 0.030 | 0.800 | 0.790 |"
+    assert lines[-1] == "| Alg 1 | 90.0% | 88.0% | 0.030 | 0.610 | 0.800 | 0.790 |"  # robust CD after forget CD
+    assert lines[-2].split(" | ")[4] == "-"  # no attacks run for that method
 
 
 def test_forget_layout_groups_rows_by_forget_set(tmp_path, capsys):

@@ -44,6 +44,18 @@ def evaluate(model: nn.Module, datamodule: TTPDataModule) -> dict[str, float]:
 
 
 @torch.no_grad()
+def predictions(model: nn.Module, dataset, chunk_size: int = 1024) -> torch.Tensor:
+    """The model's arg-max class for every instance of `dataset`, in order (eval mode)."""
+    was_training = model.training
+    model.eval().to(eval_device())
+    images, _ = dataset.everything()
+    out = torch.cat([model(images[i:i + chunk_size].to(eval_device())).argmax(dim=-1).cpu()
+                     for i in range(0, len(images), chunk_size)])
+    model.train(was_training)
+    return out
+
+
+@torch.no_grad()
 def forget_softmax(model: nn.Module, datamodule: TTPDataModule, count: int = 5) -> list[dict]:
     """Softmax outputs on the first `count` forget instances, with their labels (for the bar charts)."""
     device = eval_device()

@@ -9,11 +9,11 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from ttp_lightning.attacks import attack_forget_set
+from ttp_lightning.attacks import WORST, evaluate_attacks
 from ttp_lightning.certify.certificate import AUDIT_FILE, PRIVATE_DIR, RELEASE_DIR, write_release
 from ttp_lightning.certify.schema import data_spec, model_spec
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.evaluation import evaluate, forget_softmax
+from ttp_lightning.evaluation import evaluate, forget_softmax, predictions
 from ttp_lightning.methods import METHODS
 from ttp_lightning.models import build_classifier
 from ttp_lightning.pretraining import absorb_outside_forget, pretrained_model
@@ -77,6 +77,22 @@ def identity(cfg: DictConfig, datamodule) -> dict:
     }
 
 
+def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig) -> None:
+    """The attack evaluation of each stage's model on the forget set: results["attacks"] (scores),
+    results["attack_checks"] and, in each stage's metrics, forget_robust_conf_dist (the worst attack at
+    `robust_gamma`). Attackers aim for the pretrained model's predictions and must restore its forget CD."""
+    forget = datamodule.dataset("forget")
+    targets = predictions(models["pretrain"], forget)
+    reference = results["metrics"]["pretrain"]["forget_conf_dist"]
+    results["attacks"], results["attack_checks"] = {}, {}
+    for stage, net in models.items():
+        evaluation = evaluate_attacks(net, forget, cfg, targets=targets, reference_conf_dist=reference)
+        results["attacks"][stage], results["attack_checks"][stage] = evaluation["scores"], evaluation["checks"]
+        robust = evaluation["scores"][WORST].get(f"{float(cfg.robust_gamma):g}")
+        if robust is not None:
+            results["metrics"][stage]["forget_robust_conf_dist"] = robust["forget_conf_dist"]
+
+
 def run(cfg: DictConfig, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
     route_lightning_logs_to_hydra()
@@ -115,9 +131,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     results["forget_softmax"] = {"pretrain": forget_softmax(pretrained, datamodule),
                                  cfg.method.name: forget_softmax(output.net, datamodule)}
     if cfg.attacks.enabled:
-        forget = datamodule.dataset("forget")
-        results["attacks"] = {"pretrain": attack_forget_set(pretrained, forget, cfg.attacks),
-                              cfg.method.name: attack_forget_set(output.net, forget, cfg.attacks)}
+        attack_models(results, {"pretrain": pretrained, cfg.method.name: output.net}, datamodule, cfg.attacks)
     if output.release is not None:
         certificate = {**output.release.certificate, "experiment": cfg.experiment_name,
                        **identity(cfg, datamodule), "metrics": metrics[cfg.method.name]}

@@ -6,8 +6,9 @@ the `plots` extra).
   forget_size.png  the same against the forget set size (a forget-set-size sweep)
   dynamics.png   the method's per-epoch retain / test accuracy and forget confidence distance
   softmax.png    softmax bars of five forget instances, pretrained vs the method's model
-  attacks.png    forget confidence distance against the attack radius gamma, pretrained vs method
-The last three are drawn for the first results file given (or found). `--wandb` also logs them to an
+  attacks.png    forget confidence distance (clean, then the worst attack) against the attack radius gamma,
+                 for every method in the results and the pretrained model
+dynamics and softmax are drawn for the first results file given (or found). `--wandb` also logs them to an
 offline wandb run under the output folder.
 """
 
@@ -112,21 +113,38 @@ def softmax_bars(results: dict, path: Path) -> bool:
     return True
 
 
-def attack_curves(results: dict, path: Path) -> bool:
-    attacks = results.get("attacks")
-    if not attacks:
+def _worst_case(by_attack: dict) -> dict[float, float]:
+    """Forget CD per gamma of the worst attack ("worst" per image; older results: the worst mean)."""
+    if "worst" in by_attack:
+        return {float(g): v["forget_conf_dist"] for g, v in by_attack["worst"].items()}
+    curves = [{float(g): v["forget_conf_dist"] for g, v in per_gamma.items()}
+              for name, per_gamma in by_attack.items() if name != "none"]
+    return {g: max(curve[g] for curve in curves if g in curve) for g in curves[0]} if curves else {}
+
+
+def attack_curves(all_results: list[dict], path: Path) -> bool:
+    """Forget CD against the attack radius for every method in the results (and the pretrained model):
+    gamma 0 is the clean forget CD, each larger gamma the worst attack's."""
+    curves = {}
+    for results in all_results:
+        for stage, by_attack in results.get("attacks", {}).items():
+            label = "pretrained" if stage == "pretrain" else METHOD_LABELS.get(stage, stage)
+            if stage == "pretrain_original" or label in curves:
+                continue
+            points = {0.0: by_attack["none"]["0"]["forget_conf_dist"], **_worst_case(by_attack)}
+            curves[label] = sorted(points.items())
+    if not curves:
         return False
     plt = _pyplot()
-    names = [name for name in next(iter(attacks.values())) if name != "none"]
-    figure, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
-    for axis, name in zip(axes[0], names):
-        for stage, by_attack in attacks.items():
-            gammas = sorted(by_attack[name], key=float)
-            axis.plot([float(g) for g in gammas], [by_attack[name][g]["forget_conf_dist"] for g in gammas],
-                      marker="o", label=stage)
-        axis.set(xlabel="gamma (x 1/255)", ylabel="forget confidence distance", title=name, ylim=(0, 1))
-        axis.legend()
-        axis.grid(alpha=0.3)
+    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    for label, points in curves.items():
+        axis.plot([g for g, _ in points], [cd for _, cd in points], marker="o", label=label,
+                  linestyle="--" if label == "pretrained" else "-")
+    axis.set(xlabel="attack radius gamma (L-inf, x 1/255; 0 = clean)",
+             ylabel="forget confidence distance (worst attack)", ylim=(0, 1),
+             title="forget CD under attack (0 = uniform softmax)")
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
     _save(plt, figure, path)
     return True
 
@@ -145,7 +163,7 @@ def draw_figures(all_results: list[dict], out: Path) -> list[Path]:
                "forget_size": lambda p: forget_size_curves(all_results, p),
                "dynamics": lambda p: dynamics(first, p),
                "softmax": lambda p: softmax_bars(first, p),
-               "attacks": lambda p: attack_curves(first, p)}
+               "attacks": lambda p: attack_curves(all_results, p)}
     return [out / f"{name}.png" for name, draw in figures.items() if draw(out / f"{name}.png")]
 
 

@@ -10,6 +10,7 @@ from ttp_lightning.certify.certificate import is_vacuous
 
 COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.2%}"),
            ("forget_acc", "forget acc", "{:.2%}"), ("forget_conf_dist", "forget CD", "{:.4f}"),
+           ("forget_robust_conf_dist", "robust CD", "{:.4f}"),
            ("test_conf_dist", "test CD", "{:.4f}"), ("forget_l2_dist", "forget l2", "{:.4f}"),
            ("forget_nn_conf_dist", "NN CD", "{:.4f}"),
            ("wall_s", "wall s", "{:.1f}")]

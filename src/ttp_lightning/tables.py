@@ -22,7 +22,7 @@ from pathlib import Path
 
 METHOD_LABELS = {"retrain": "Retrain", "synthetic": "Synthetic", "labeldp": "LabelDP",
                  "gaussian_uniform": "GaussianUniform",
-                 "pareto": "Alg 1", "certified_exact": "Cert. (Alg 2)", "certified_lissa": "Cert. (Alg 3)",
+                 "pareto": "Alg 1", "pareto_robust": "Alg 1 (robust)", "certified_exact": "Cert. (Alg 2)", "certified_lissa": "Cert. (Alg 3)",
                  "certified_online": "Cert. (Alg 4)"}  # also the row order of the main table
 
 
@@ -117,11 +117,18 @@ def main_tables(all_results: list[dict]) -> list[Table]:
         methods = sorted(by_method, key=lambda m: order.index(m) if m in order else len(order))
         labelled = [("Pretrain", by_method[methods[0]]["metrics"]["pretrain"])]
         labelled += [(METHOD_LABELS.get(m, m), by_method[m]["metrics"][m]) for m in methods]
-        rows = [[label, *scores(m)[:2], f"{m['forget_conf_dist']:.3f}", f"{m['retain_conf_dist']:.3f}",
+        rows = [[label, *scores(m)[:2], f"{m['forget_conf_dist']:.3f}", _robust(m), f"{m['retain_conf_dist']:.3f}",
                  f"{m.get('test_conf_dist', float('nan')):.3f}"] for label, m in labelled]
-        header = ["Method", "Retain Acc.", "Test Acc.", "Conf. Dist. (forget)", "Retain CD", "Test CD"]
+        header = ["Method", "Retain Acc.", "Test Acc.", "Conf. Dist. (forget)", "Robust CD (worst attack)",
+                  "Retain CD", "Test CD"]
         tables.append(Table(f"{data}, {model}", header, rows))
     return tables
+
+
+def _robust(metrics: dict) -> str:
+    """The forget CD under the worst attack at attacks.robust_gamma, or "-" for runs without attacks."""
+    value = metrics.get("forget_robust_conf_dist")
+    return "-" if value is None else f"{value:.3f}"
 
 
 def forget_set(results: dict) -> tuple[int, int]:

@@ -107,7 +107,7 @@ def _estimator(method: DictConfig) -> None:
 
 
 def _attacks(attacks: DictConfig) -> None:
-    from ttp_lightning.attacks import ATTACKS
+    from ttp_lightning.attacks import ATTACKS, OBJECTIVES
 
     for name in attacks.names:
         _choice(name, "attacks.names", list(ATTACKS))
@@ -119,6 +119,42 @@ def _attacks(attacks: DictConfig) -> None:
     _positive(attacks.pgd_step_size, "attacks.pgd_step_size")
     if attacks.get("relu_gradient_beta") is not None:
         _positive(attacks.relu_gradient_beta, "attacks.relu_gradient_beta")
+    _positive(attacks.robust_gamma, "attacks.robust_gamma")
+    _positive_int(attacks.apgd_steps, "attacks.apgd_steps")
+    _positive_int(attacks.restarts, "attacks.restarts")
+    _positive_int(attacks.eot_samples, "attacks.eot_samples")
+    _positive_int(attacks.chunk_size, "attacks.chunk_size")
+    if not attacks.surrogate_betas:
+        raise TTPUserError("attacks.surrogate_betas=[] is not allowed; list at least one beta > 0 or null (exact)")
+    for beta in attacks.surrogate_betas:
+        if beta is not None:
+            _positive(beta, "attacks.surrogate_betas")
+    if not attacks.objectives:
+        raise TTPUserError("attacks.objectives=[] is not allowed; choose at least one of: " + ", ".join(OBJECTIVES))
+    for objective in attacks.objectives:
+        _choice(objective, "attacks.objectives", list(OBJECTIVES))
+
+
+def _adversarial(adversarial: DictConfig) -> None:
+    from ttp_lightning.attacks import OBJECTIVES
+
+    _positive(adversarial.gamma, "method.adversarial.gamma")
+    _positive_int(adversarial.steps, "method.adversarial.steps")
+    _positive(adversarial.step_size, "method.adversarial.step_size")
+    _choice(adversarial.objective, "method.adversarial.objective", list(OBJECTIVES))
+    if adversarial.relu_gradient_beta is not None:
+        _positive(adversarial.relu_gradient_beta, "method.adversarial.relu_gradient_beta")
+    clean_weight = _number(adversarial.clean_weight, "method.adversarial.clean_weight")
+    if not 0.0 <= clean_weight < 1.0:
+        raise TTPUserError(f"method.adversarial.clean_weight={clean_weight} is not allowed; choose a value in [0, 1)")
+    _positive_int(adversarial.eval_steps, "method.adversarial.eval_steps")
+    _positive_int(adversarial.eval_restarts, "method.adversarial.eval_restarts")
+    _positive_int(adversarial.eval_chunk_size, "method.adversarial.eval_chunk_size")
+    for objective in adversarial.eval_objectives:
+        _choice(objective, "method.adversarial.eval_objectives", list(OBJECTIVES))
+    for beta in adversarial.eval_surrogate_betas:
+        if beta is not None:
+            _positive(beta, "method.adversarial.eval_surrogate_betas")
 
 
 def validate_config(cfg: DictConfig, methods) -> None:
@@ -133,7 +169,7 @@ def validate_config(cfg: DictConfig, methods) -> None:
         _positive_int(cfg.pretrain.absorb_epochs, "pretrain.absorb_epochs")
     if cfg.attacks.enabled:
         _attacks(cfg.attacks)
-    if cfg.method.name == "pareto":
+    if cfg.method.name in ("pareto", "pareto_robust"):
         method = cfg.method
         theta = _number(method.theta, "method.theta")
         if not 0.0 <= theta <= 1.0:
@@ -145,6 +181,8 @@ def validate_config(cfg: DictConfig, methods) -> None:
         stopping = method.early_stopping
         if stopping.patience is not None:
             _positive_int(stopping.patience, "method.early_stopping.patience")
+    if cfg.method.name == "pareto_robust":
+        _adversarial(cfg.method.adversarial)
     if cfg.method.name.startswith("certified_"):
         _certified(cfg)
     if cfg.method.name == "synthetic":

@@ -11,7 +11,7 @@ from ttp_lightning.methods.certified import run_certified_exact, run_certified_l
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.methods.pareto import run_pareto
 
-METHODS = {"pareto": run_pareto, "retrain": run_retrain, "certified_exact": run_certified_exact,
+METHODS = {"pareto": run_pareto, "pareto_robust": run_pareto, "retrain": run_retrain, "certified_exact": run_certified_exact,
            "certified_lissa": run_certified_lissa, "certified_online": run_certified_online,
            "synthetic": run_synthetic, "gaussian_uniform": run_gaussian_uniform, "labeldp": run_labeldp}
 CERTIFIED_METHODS = ("certified_exact", "certified_lissa", "certified_online")

@@ -7,6 +7,7 @@ import math
 from omegaconf import DictConfig
 from torch import nn
 
+from ttp_lightning.attacks.robust import AdversarialSettings
 from ttp_lightning.callbacks import ConstrainedBestModel, EpochHistory, StepTimer
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.methods.output import MethodOutput
@@ -22,18 +23,22 @@ def run_pareto(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule
 
 def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: DictConfig, epochs: int,
              stopping: DictConfig | None) -> MethodOutput:
-    """Alg 1 on `net` in place with the Alg 1 settings in `cfg`; `stopping=None` keeps the last epoch."""
+    """Alg 1 on `net` in place with the Alg 1 settings in `cfg`; `stopping=None` keeps the last epoch.
+    With `cfg.adversarial` (method=pareto_robust) the uniformity term is robust and early stopping watches
+    the forget CD under attack."""
     optim = {k: cfg[k] for k in ("optimizer", "lr", "weight_decay", "momentum", "schedule")}
+    adversarial = AdversarialSettings.from_config(cfg.adversarial) if cfg.get("adversarial") else None
     module = ParetoFinetuneModule(
         net, cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,
         forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
         chunk_size=cfg.chunk_size, retain_data=datamodule.dataset("retain"),
-        forget_data=datamodule.dataset("forget"), eval_parts=datamodule.eval_parts(),
+        forget_data=datamodule.dataset("forget"), eval_parts=datamodule.eval_parts(), adversarial=adversarial,
     )
     history, timer = EpochHistory(), StepTimer()
     best = None if stopping is None else ConstrainedBestModel(
         conf_dist_below=math.inf if stopping.conf_dist_below is None else stopping.conf_dist_below,
         retain_acc_at_least=stopping.retain_acc_at_least, patience=stopping.patience,
+        conf_dist_key="val/forget_robust_conf_dist" if adversarial else "val/forget_conf_dist",
     )
     callbacks = [history, timer] + ([best] if best else [])
     trainer = make_trainer(ctx, epochs, callbacks)

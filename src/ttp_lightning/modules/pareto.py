@@ -1,13 +1,15 @@
-"""Alg 1 (Sec. 3.1): finetune A(D) on theta * L_K(D_f) + (1 - theta) * L_A(D_r)."""
+"""Alg 1 (Sec. 3.1): finetune A(D) on theta * L_K(D_f) + (1 - theta) * L_A(D_r); optionally robust, with
+L_K evaluated at worst-case perturbations of each forget image (method=pareto_robust)."""
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
 from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.modules.evaluation_mixin import PartsValidationMixin
 from ttp_lightning.modules.optim import configure_optimizer
-from ttp_lightning.objectives import UNIFORMITY_LOSSES, combine_gradients, pareto_objective, retain_loss
+from ttp_lightning.objectives import UNIFORMITY_LOSSES, combine_gradients, retain_loss
 
 MODES = ("minibatch", "fullbatch")
 
@@ -21,13 +23,21 @@ class ParetoFinetuneModule(PartsValidationMixin):
     and the whole retain set, accumulated in chunks (summed across DDP ranks, then divided by the global
     counts) and optionally combined by PCGrad-style surgery. The forget logits are divided by
     `forget_temperature` inside L_K in both modes.
+
+    With `adversarial` settings (robust Alg 1), L_K of a forget batch is
+    clean_weight * L_K(x) + (1 - clean_weight) * L_K(x*), x* from an inner attack that makes the model as
+    confident as it can inside the gamma ball (attacks/robust.py); the retain term is unchanged. Every
+    validation epoch also logs val/forget_robust_conf_dist, the forget CD under a stronger attack, which
+    the early-stopping callback then watches.
     """
 
     def __init__(self, net: nn.Module, theta: float, optim: dict, mode: str = "minibatch", uniformity: str = "kl",
                  forget_temperature: float = 1.0, gradient_surgery: bool = False, chunk_size: int = 8192,
                  retain_data: ImageBatchDataset | None = None, forget_data: ImageBatchDataset | None = None,
-                 eval_parts: tuple[str, ...] = ()):
+                 eval_parts: tuple[str, ...] = (), adversarial: AdversarialSettings | None = None):
         super().__init__()
+        self.adversarial = adversarial
+        self._attack_targets: torch.Tensor | None = None
         self.net, self.theta, self.optim, self.mode = net, theta, dict(optim), mode
         self.uniformity = UNIFORMITY_LOSSES[uniformity]
         self.forget_temperature, self.gradient_surgery, self.chunk_size = forget_temperature, gradient_surgery, chunk_size
@@ -41,16 +51,38 @@ class ParetoFinetuneModule(PartsValidationMixin):
     def training_step(self, batch, batch_idx):
         if self.mode == "minibatch":
             retain_images, retain_labels = batch["retain"]
-            forget_images, _ = batch["forget"]
-            loss = pareto_objective(self(forget_images), self(retain_images), retain_labels, self.theta,
-                                    self.uniformity, self.forget_temperature)
+            forget_images, forget_labels = batch["forget"]
+            loss = self.theta * self._forget_loss(forget_images, forget_labels) + \
+                (1 - self.theta) * retain_loss(self(retain_images), retain_labels)
             self.log("train/pareto_loss", loss, prog_bar=True)
             return loss
         self._fullbatch_step()
 
+    def _forget_loss(self, images, labels):
+        """L_K on a forget batch: at the images, or (robust) mixed with their worst-case perturbations."""
+        clean = self.uniformity(self(images) / self.forget_temperature)
+        if self.adversarial is None:
+            return clean
+        attacked = worst_forget_images(self.net, images, self.adversarial)
+        robust = self.uniformity(self(attacked) / self.forget_temperature)
+        return self.adversarial.clean_weight * clean + (1 - self.adversarial.clean_weight) * robust
+
+    def _retain_loss(self, images, labels):
+        return retain_loss(self(images), labels)
+
+    # ------------------------------------------------------ robust validation
+    def on_fit_start(self) -> None:
+        if self.adversarial is not None:  # the labels an attacker wants back: the starting model's predictions
+            self._attack_targets = _predict(self.net, self.forget_data, self.device)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.adversarial is None or self.trainer.sanity_checking:
+            return
+        value = robust_conf_dist(self.net, self.forget_data, self._attack_targets, self.adversarial, self.device)
+        # Every rank attacks the whole (small) forget set with the same seed: the value is identical.
+        self.log("val/forget_robust_conf_dist", value, on_epoch=True, sync_dist=False)
+
     # --------------------------------------------------------------- fullbatch
-    def _forget_loss(self, logits, labels):
-        return self.uniformity(logits / self.forget_temperature)
 
     def _mean_gradient(self, dataset: ImageBatchDataset, loss_fn) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Gradient of the dataset-mean loss and that mean, over every rank's shard.
@@ -63,7 +95,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         totals = torch.zeros(2, device=self.device, dtype=torch.float64)  # loss sum, count
         for images, labels in iterate_shard(dataset, self.chunk_size):
             images, labels = images.to(self.device), labels.to(self.device)
-            loss_sum = loss_fn(self.net(images), labels) * len(labels)
+            loss_sum = loss_fn(images, labels) * len(labels)
             for total, grad in zip(sums, torch.autograd.grad(loss_sum, params)):
                 total.add_(grad)
             totals += torch.tensor([loss_sum.item(), len(labels)], device=self.device, dtype=torch.float64)
@@ -76,7 +108,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
 
     def _fullbatch_step(self) -> None:
         forget_grads, forget_loss = self._mean_gradient(self.forget_data, self._forget_loss)
-        retain_grads, retain_loss_value = self._mean_gradient(self.retain_data, retain_loss)
+        retain_grads, retain_loss_value = self._mean_gradient(self.retain_data, self._retain_loss)
         step = combine_gradients(forget_grads, retain_grads, self.theta, self.gradient_surgery)
         optimizer = self.optimizers()
         optimizer.zero_grad()
@@ -95,3 +127,13 @@ class ParetoFinetuneModule(PartsValidationMixin):
 
     def configure_optimizers(self):
         return configure_optimizer(self.net.parameters(), self.trainer.max_epochs, **self.optim)
+
+
+@torch.no_grad()
+def _predict(net: nn.Module, dataset: ImageBatchDataset, device) -> torch.Tensor:
+    was_training = net.training
+    net.eval()
+    images, _ = dataset.everything()
+    out = net(images.to(device)).argmax(dim=-1)
+    net.train(was_training)
+    return out

@@ -1,0 +1,152 @@
+"""The default attack: APGD (Croce & Hein 2020, L-inf) with several ReLU surrogates, objectives and random
+restarts, the worst case per image kept.
+
+Each forget image is attacked once per (surrogate, restart, objective) triple, the pairs of one surrogate
+in one batch. Surrogates: exact gradients (None) and the backward-only softplus_beta derivative of
+attacks/surrogate.py for each beta; a small beta reaches dead units far below zero, a large one follows
+the real model more closely, and neither is best everywhere. Restart 0 starts
+at `warm_start` (the worst point found at a smaller radius, so a larger ball never scores lower) or at the
+image itself; the others start uniformly at random in the ball. The step size starts at 2 gamma and is
+halved at APGD's checkpoints (after 22 %, then ever shorter gaps of at least 6 % of the steps) when fewer
+than 75 % of the steps since the last checkpoint raised the objective, or when neither the step size nor
+the best objective changed; a halving restarts from the best point so far. Steps after the first use
+momentum 0.75. Whatever the objective, the point kept for an image is the one with the highest real
+confidence (max softmax, from the exact forward pass) seen over every iterate of every pair.
+
+Expectation over transformation: for a model whose outputs are random (a randomised defence), `Probe`
+averages the objective, its gradient and the confidence over `samples` forward passes.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ttp_lightning.attacks.objectives import OBJECTIVES
+from ttp_lightning.attacks.surrogate import smooth_relu_gradients
+
+MOMENTUM = 0.75
+SUCCESS_RATE = 0.75
+
+
+def apgd_checkpoints(steps: int) -> list[int]:
+    """The iterations after which APGD may halve its step: p_0 = 0, p_1 = 0.22,
+    p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06), scaled by `steps`."""
+    fractions = [0.0, 0.22]
+    while fractions[-1] < 1:
+        fractions.append(fractions[-1] + max(fractions[-1] - fractions[-2] - 0.03, 0.06))
+    scaled = [math.ceil(round(p * steps, 9)) for p in fractions[1:] if p <= 1]
+    return sorted({k for k in scaled if k >= 1})
+
+
+@dataclass
+class Probe:
+    """The attacker's view of a model: per row, the chosen objective, its input gradient and the
+    confidence (max softmax), each averaged over `samples` forward passes."""
+
+    model: nn.Module
+    objectives: list[str]
+    samples: int = 1
+
+    def __call__(self, x: torch.Tensor, objective_ids: torch.Tensor, targets: torch.Tensor):
+        with torch.enable_grad():
+            x = x.detach().requires_grad_(True)
+            value = confidence = 0.0
+            for _ in range(self.samples):
+                logits = self.model(x)
+                per_objective = torch.stack([OBJECTIVES[name](logits, targets) for name in self.objectives])
+                value = value + per_objective.gather(0, objective_ids.view(1, -1)).squeeze(0)
+                confidence = confidence + F.softmax(logits.detach(), dim=-1).max(dim=-1).values
+            (grad,) = torch.autograd.grad(value.sum(), x)
+        return value.detach() / self.samples, grad, confidence / self.samples
+
+
+class Found(NamedTuple):
+    """Per row: the most confident point seen and its confidence; the point of highest objective."""
+
+    most_confident: torch.Tensor
+    confidence: torch.Tensor
+    best_objective: torch.Tensor
+
+
+def _where(mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask.view((-1,) + (1,) * (a.dim() - 1)), a, b)
+
+
+def apgd(probe: Probe, images: torch.Tensor, targets: torch.Tensor, objective_ids: torch.Tensor, gamma: float,
+         steps: int, start: torch.Tensor) -> Found:
+    """APGD in the gamma ball around `images` (within [0, 1]), one row per image."""
+    lower, upper = (images - gamma).clamp(0, 1), (images + gamma).clamp(0, 1)
+
+    def project(x):
+        return torch.max(torch.min(x, upper), lower)
+
+    x = project(start)
+    f, grad, conf = probe(x, objective_ids, targets)
+    best_f, x_best_f, grad_best_f = f, x, grad
+    best_conf, x_best_conf = conf, x
+    eta = torch.full_like(f, 2 * gamma)
+    x_prev = x
+    checkpoints, last_checkpoint = apgd_checkpoints(steps), 0
+    increases = torch.zeros_like(f)
+    eta_at_checkpoint, best_f_at_checkpoint = eta.clone(), best_f.clone()
+    for k in range(1, steps + 1):
+        z = project(x + eta.view((-1,) + (1,) * (x.dim() - 1)) * grad.sign())
+        x_new = z if k == 1 else project(x + MOMENTUM * (z - x) + (1 - MOMENTUM) * (x - x_prev))
+        x_prev, x = x, x_new
+        f_new, grad, conf = probe(x, objective_ids, targets)
+        increases += (f_new > f).float()
+        f = f_new
+        better = f > best_f
+        best_f, x_best_f, grad_best_f = torch.where(better, f, best_f), _where(better, x, x_best_f), \
+            _where(better, grad, grad_best_f)
+        more_confident = conf > best_conf
+        best_conf, x_best_conf = torch.where(more_confident, conf, best_conf), _where(more_confident, x, x_best_conf)
+        if k in checkpoints:
+            stalled = (eta == eta_at_checkpoint) & (best_f == best_f_at_checkpoint)
+            halve = (increases < SUCCESS_RATE * (k - last_checkpoint)) | stalled
+            eta = torch.where(halve, eta / 2, eta)
+            x, x_prev = _where(halve, x_best_f, x), _where(halve, x_best_f, x_prev)
+            f, grad = torch.where(halve, best_f, f), _where(halve, grad_best_f, grad)
+            increases.zero_()
+            last_checkpoint, eta_at_checkpoint, best_f_at_checkpoint = k, eta.clone(), best_f.clone()
+    return Found(x_best_conf.detach(), best_conf, x_best_f.detach())
+
+
+def adaptive_attack(model: nn.Module, images: torch.Tensor, gamma: float, generator: torch.Generator, cfg,
+                    targets: torch.Tensor, warm_start: torch.Tensor | None = None, samples: int = 1) -> torch.Tensor:
+    """APGD for every (surrogate, restart, objective) triple; per image the most confident point of all.
+    Each ReLU surrogate in `cfg.surrogate_betas` (None: exact gradients) gets every restart and objective,
+    in one batch."""
+    best, best_confidence = images, None
+    for beta in cfg.surrogate_betas:
+        with smooth_relu_gradients(beta):
+            found, confidence = _restarts_and_objectives(model, images, gamma, generator, cfg, targets, warm_start,
+                                                         samples)
+        if best_confidence is None:
+            best, best_confidence = found, confidence
+        else:
+            more = confidence > best_confidence
+            best, best_confidence = _where(more, found, best), torch.where(more, confidence, best_confidence)
+    return best
+
+
+def _restarts_and_objectives(model, images, gamma, generator, cfg, targets, warm_start, samples):
+    objectives, restarts, n = list(cfg.objectives), int(cfg.restarts), len(images)
+    pairs = restarts * len(objectives)
+    shape = (pairs,) + tuple(images.shape)
+    rows = images.unsqueeze(0).expand(shape).reshape((pairs * n,) + tuple(images.shape[1:]))
+    noise = (torch.rand(shape, generator=generator).to(images) * 2 - 1) * gamma
+    noise[: len(objectives)] = 0  # restart 0 of every objective starts at the warm start
+    first = images if warm_start is None else warm_start
+    starts = (first.unsqueeze(0) + noise).reshape(rows.shape)
+    objective_ids = torch.arange(len(objectives), device=images.device).repeat_interleave(n).repeat(restarts)
+    found = apgd(Probe(model, objectives, samples), rows, targets.repeat(pairs), objective_ids, gamma,
+                 int(cfg.apgd_steps), starts)
+    confidence = found.confidence.view(pairs, n)
+    best_pair = confidence.argmax(dim=0)
+    picked = torch.arange(n, device=images.device)
+    return found.most_confident.view(shape)[best_pair, picked], confidence[best_pair, picked]

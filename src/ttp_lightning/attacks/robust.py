@@ -1,0 +1,93 @@
+"""The attacks robust Alg 1 (method=pareto_robust) trains and stops against.
+
+Inner maximisation (every training step, as in adversarial training, Madry et al. 2018): from a uniform
+random start in the gamma ball, `steps` signed-gradient steps of `step_size` x gamma on the attacker's
+objective (max log-softmax by default: unlike KL to uniform, its gradient does not vanish where the model
+is already uniform), with the ReLU surrogate so that the model cannot hide behind dead units, projected on
+the ball and [0, 1]. The model is in eval mode during the attack (BatchNorm statistics untouched).
+
+Early stopping watches the forget CD under a stronger attack each validation epoch: APGD
+(attacks/apgd.py) with `eval_restarts` restarts, `eval_steps` steps, `eval_objectives` and
+`eval_surrogate_betas`, worst case per image and never below the clean image; a fixed seed, so every DDP
+rank computes the same value.
+"""
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from ttp_lightning.attacks.apgd import adaptive_attack
+from ttp_lightning.attacks.objectives import OBJECTIVES
+from ttp_lightning.attacks.surrogate import smooth_relu_gradients
+from ttp_lightning.data.batching import ImageBatchDataset
+
+
+@dataclass(frozen=True)
+class AdversarialSettings:
+    gamma: float = 8.0                 # L-inf radius in units of 1/255
+    steps: int = 5
+    step_size: float = 0.5             # per step, as a fraction of gamma
+    objective: str = "max_softmax"
+    relu_gradient_beta: float | None = 10.0
+    clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked)
+    eval_steps: int = 20
+    eval_restarts: int = 1
+    eval_objectives: tuple[str, ...] = field(default=("max_softmax", "ce_pretrained"))
+    eval_surrogate_betas: tuple[float | None, ...] = (10.0, 1.0)
+    eval_chunk_size: int = 512
+    seed: int = 0
+
+    @property
+    def radius(self) -> float:
+        return self.gamma / 255.0
+
+    @classmethod
+    def from_config(cls, cfg) -> "AdversarialSettings":
+        values = {key: cfg[key] for key in cls.__dataclass_fields__ if key in cfg}
+        for key in ("eval_objectives", "eval_surrogate_betas"):
+            if key in values:
+                values[key] = tuple(values[key])
+        return cls(**values)
+
+
+def worst_forget_images(net: nn.Module, images: torch.Tensor, settings: AdversarialSettings) -> torch.Tensor:
+    """Per image, the most confident point the inner attack finds in the gamma ball (detached)."""
+    radius, objective = settings.radius, OBJECTIVES[settings.objective]
+    lower, upper = (images - radius).clamp(0, 1), (images + radius).clamp(0, 1)
+    was_training = net.training
+    net.eval()
+    x = (images + (torch.rand_like(images) * 2 - 1) * radius).clamp(0, 1)
+    with torch.enable_grad(), smooth_relu_gradients(settings.relu_gradient_beta):
+        for _ in range(settings.steps):
+            x = x.detach().requires_grad_(True)
+            logits = net(x)
+            (grad,) = torch.autograd.grad(objective(logits, logits.argmax(dim=-1)).sum(), x)
+            x = torch.max(torch.min(x + settings.step_size * radius * grad.sign(), upper), lower)
+    net.train(was_training)
+    return x.detach()
+
+
+def robust_conf_dist(net: nn.Module, forget: ImageBatchDataset, targets: torch.Tensor | None,
+                     settings: AdversarialSettings, device) -> float:
+    """Forget CD under APGD at radius gamma: per image the most confident of the clean image and the attack."""
+    attack = SimpleNamespace(objectives=list(settings.eval_objectives), restarts=settings.eval_restarts,
+                             apgd_steps=settings.eval_steps, surrogate_betas=list(settings.eval_surrogate_betas))
+    was_training = net.training
+    net.eval()
+    images, labels = forget.everything()
+    targets = labels if targets is None else targets
+    generator = torch.Generator().manual_seed(settings.seed)
+    total, count = 0.0, 0
+    for start in range(0, len(images), settings.eval_chunk_size):
+        x = images[start:start + settings.eval_chunk_size].to(device)
+        t = targets[start:start + settings.eval_chunk_size].to(device)
+        attacked = adaptive_attack(net, x, settings.radius, generator, attack, targets=t)
+        with torch.no_grad():
+            clean = net(x).softmax(-1)
+            worst = torch.maximum(clean.max(-1).values, net(attacked).softmax(-1).max(-1).values)
+        total += float((worst - 1.0 / clean.shape[-1]).clamp(min=0).sum())
+        count += len(x)
+    net.train(was_training)
+    return total / max(count, 1)

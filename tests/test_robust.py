@@ -1,0 +1,84 @@
+"""Robust Alg 1 (method=pareto_robust): the inner attack stays in its ball and finds confident points, the
+robust uniformity term is evaluated at them, early stopping watches the attacked forget CD, and the
+released model keeps its uniformity under the default attack better than plain Alg 1."""
+
+import torch
+from omegaconf import open_dict
+
+from test_modules import OPTIM, tiny_net, tiny_sets
+from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
+from ttp_lightning.modules.pareto import ParetoFinetuneModule
+from ttp_lightning.objectives import kl_to_uniform
+from ttp_lightning.pipeline import run
+
+SETTINGS = AdversarialSettings(gamma=32, steps=5, step_size=0.5, clean_weight=0.0)
+
+
+def max_softmax(net, images):
+    with torch.no_grad():
+        return net(images).softmax(-1).max(-1).values
+
+
+def test_inner_attack_stays_in_the_ball_and_finds_more_confident_points():
+    torch.manual_seed(0)
+    net, (_, forget) = tiny_net(), tiny_sets(n_forget=40)
+    images, _ = forget.everything()
+    attacked = worst_forget_images(net, images, SETTINGS)
+    assert (attacked - images).abs().max() <= SETTINGS.radius + 1e-6 and 0 <= attacked.min() and attacked.max() <= 1
+    assert (max_softmax(net, attacked) > max_softmax(net, images)).float().mean() > 0.9
+    assert net.training  # the attack runs in eval mode and puts the mode back
+
+
+def test_robust_forget_loss_is_the_uniformity_loss_at_the_attacked_images():
+    torch.manual_seed(0)
+    retain, forget = tiny_sets(n_forget=40)
+    plain = ParetoFinetuneModule(tiny_net(), 0.75, OPTIM, retain_data=retain, forget_data=forget)
+    robust = ParetoFinetuneModule(tiny_net(), 0.75, OPTIM, retain_data=retain, forget_data=forget,
+                                  adversarial=SETTINGS)
+    images, labels = forget.everything()
+    clean = plain._forget_loss(images, labels)
+    assert torch.allclose(clean, kl_to_uniform(plain.net(images)))
+    assert robust._forget_loss(images, labels) > clean  # worst case inside the ball, not the clean point
+    mixed = ParetoFinetuneModule(tiny_net(), 0.75, OPTIM, retain_data=retain, forget_data=forget,
+                                 adversarial=AdversarialSettings(gamma=32, clean_weight=1.0 - 1e-9))
+    assert torch.allclose(mixed._forget_loss(images, labels), clean, atol=1e-6)
+
+
+def test_robust_conf_dist_is_at_least_the_clean_one():
+    torch.manual_seed(0)
+    net, (_, forget) = tiny_net().eval(), tiny_sets(n_forget=20)
+    images, _ = forget.everything()
+    clean = float((max_softmax(net, images) - 1 / 3).mean())
+    robust = robust_conf_dist(net, forget, None, SETTINGS, torch.device("cpu"))
+    assert robust > clean
+
+
+def _run(compose_cfg, tmp_path, monkeypatch, method: str, *overrides: str) -> dict:
+    monkeypatch.setenv("TTP_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / method
+    out.mkdir()
+    cfg = compose_cfg(f"method={method}", f"paths.output_dir={out}", "method.epochs=12", "attacks.gammas=[8]", "attacks.apgd_steps=30",
+                      "attacks.restarts=1", "data.forget.size=20", "pretrain.epochs=8", *overrides)
+    with open_dict(cfg):
+        del cfg["hydra"]  # what Hydra's main hands a job
+    return run(cfg, str(out))
+
+
+def test_robust_alg1_keeps_uniformity_under_attack_and_stops_on_the_attacked_cd(compose_cfg, tmp_path, monkeypatch):
+    plain = _run(compose_cfg, tmp_path, monkeypatch, "pareto")
+    robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust")
+    history = robust["history"]["pareto_robust"]
+    assert all("forget_robust_conf_dist" in row for row in history)
+    best = robust["metrics"]["pareto_robust"]["best_epoch"]
+    assert history[best - 1]["forget_robust_conf_dist"] == min(row["forget_robust_conf_dist"] for row in history)
+    attacked = {name: results["metrics"][name]["forget_robust_conf_dist"]
+                for name, results in (("pareto", plain), ("pareto_robust", robust))}
+    assert attacked["pareto_robust"] < attacked["pareto"]
+    assert robust["metrics"]["pareto_robust"]["test_acc"] > 0.8
+
+
+def test_robust_alg1_fullbatch_runs_and_logs_the_attacked_cd(compose_cfg, tmp_path, monkeypatch):
+    robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=3", "attacks.enabled=false",
+                  "method.mode=fullbatch", "method.gradient_surgery=true")
+    assert [row["epoch"] for row in robust["history"]["pareto_robust"]] == [1, 2, 3]
+    assert 0 <= robust["history"]["pareto_robust"][-1]["forget_robust_conf_dist"] <= 1

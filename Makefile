@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA_ROOT ?= ../shared/data
 ARGS ?=
 
-.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify lint clean
+.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify bench-attacks lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BIN)/pip install --quiet -e '.[dev,plots]'
+	$(BIN)/pip install --quiet --no-deps 'torchattacks>=3.5,<4'  # the crosscheck extra; see pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv with torch 2.14.1 and the package (editable, dev extras)
@@ -61,6 +62,10 @@ sweep-synthetic-k: $(STAMP)  ## synthetic baseline with k = 5 ... 500 points per
 
 bench: $(STAMP)  ## wall times and steps/s into bench/bench.json
 	$(BIN)/python scripts/bench.py --data-root $(DATA_ROOT) --out bench/bench.json
+
+bench-attacks: $(STAMP)  ## attack evaluation time, findings and torchattacks cross-check into bench/attacks_<method>.json
+	$(BIN)/python scripts/bench_attacks.py --data-root $(DATA_ROOT) --method pareto
+	$(BIN)/python scripts/bench_attacks.py --data-root $(DATA_ROOT) --method pareto_robust --experiment mnist_mlp_robust
 
 bench-certify: $(STAMP)  ## HVP cost and Alg 3 peak memory into bench/certify_<device>.json
 	$(BIN)/python scripts/bench_certify.py

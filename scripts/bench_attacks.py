@@ -1,11 +1,12 @@
-"""Attack benchmark on mnist_mlp: the default attack evaluation's wall time and findings per model, and an
+"""Attack benchmark on mnist_mlp (or another experiment): the default attack evaluation's wall time and findings per model, and an
 independent cross-check of the released model with a maintained attack library (torchattacks, dev extra).
 
-Runs `+experiment=mnist_mlp method=<method>` through the real command line (pretraining cached under
+Runs `+experiment=<experiment> method=<method>` through the real command line (pretraining cached under
 TTP_CACHE_DIR), then reads results.json: per stage the attack evaluation's wall time, the worst-case forget
 CD at every gamma, the share of zero-gradient forget images and the unbounded check. The released weights
-are then attacked with torchattacks' PGD (targeted at the true label) and APGD-T (targeted DLR, every other
-class), each with exact gradients and with this project's ReLU surrogate active during the library's
+are then attacked with torchattacks' PGD (targeted at the true label) and APGD-T (targeted DLR towards every
+other class than the model's own prediction; torchattacks' APGD skips images it finds misclassified, so it
+is handed the model's predictions as labels), each with exact gradients and with this project's ReLU surrogate active during the library's
 backward passes; the worst case per image over all of them is reported at each gamma.
 """
 
@@ -60,6 +61,8 @@ def library_cross_check(net, forget, gammas: list[float], steps: int) -> dict:
     from ttp_lightning.attacks import smooth_relu_gradients
 
     images, labels = forget.everything()
+    with torch.no_grad():
+        predicted = net(images).argmax(-1)
     num_classes = net(images[:1]).shape[-1]
     report = {}
     for gamma in gammas:
@@ -72,7 +75,7 @@ def library_cross_check(net, forget, gammas: list[float], steps: int) -> dict:
             attacks["pgd_targeted"].set_mode_targeted_by_label(quiet=True)
             for name, attack in attacks.items():
                 with smooth_relu_gradients(beta):
-                    adversarial = attack(images, labels)
+                    adversarial = attack(images, labels if name == "pgd_targeted" else predicted)
                 with torch.no_grad():
                     confidence = net(adversarial).softmax(-1).max(-1).values
                 per_attack[f"{name}/beta={beta}"] = round(float((confidence - 1 / num_classes).mean()), 6)
@@ -85,15 +88,24 @@ def library_cross_check(net, forget, gammas: list[float], steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", default="../shared/data", help="folder holding MNIST/raw")
+    parser.add_argument("--experiment", default="mnist_mlp", help="experiment config, e.g. mnist_mlp_robust")
     parser.add_argument("--method", default="pareto", help="method config, e.g. pareto or pareto_robust")
     parser.add_argument("--library-steps", type=int, default=100)
     parser.add_argument("--out", default=None, help="JSON file (default bench/attacks_<method>.json)")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the run's output folder here")
+    parser.add_argument("--run", type=Path, default=None, help="attack this finished run folder instead of running")
     args = parser.parse_args()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    overrides = ["+experiment=mnist_mlp", f"data.root={Path(args.data_root).resolve()}", f"method={args.method}"]
+    overrides = [f"+experiment={args.experiment}", f"data.root={Path(args.data_root).resolve()}",
+                 f"method={args.method}"]
     with tempfile.TemporaryDirectory() as tmp:
-        results = run_job(overrides, Path(tmp))
-        net, forget = released_model(results, Path(tmp))
+        run_dir = args.run or args.keep or Path(tmp)
+        if args.run:
+            results = json.loads((run_dir / "results.json").read_text())
+            results["command_wall_s"] = None
+        else:
+            results = run_job(overrides, run_dir)
+        net, forget = released_model(results, run_dir)
         gammas = [float(g) for g in results["config"]["attacks"]["gammas"]]
         try:
             library = library_cross_check(net, forget, gammas, args.library_steps)

@@ -10,7 +10,6 @@ from test_modules import OPTIM, tiny_net, tiny_sets
 from ttp_lightning.data.batching import batch_loader
 from ttp_lightning.metrics import ConfidenceDistance
 from ttp_lightning.modules.pareto import ParetoFinetuneModule
-from ttp_lightning.objectives import retain_loss
 
 
 def _gradient_and_metric(module: ParetoFinetuneModule, retain) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -30,6 +30,19 @@ def test_ddp_sim_two_processes_run_the_default_job(run_cli, mode):
     assert len(results["history"]["pareto"]) == 40
 
 
+@pytest.mark.parametrize("mode", ["minibatch", "fullbatch"])
+def test_ddp_sim_two_processes_run_robust_alg1(run_cli, mode):
+    proc, results = run_cli("trainer=ddp_sim", "method=pareto_robust", f"method.mode={mode}", "method.epochs=6",
+                            "attacks.gammas=[8]", "attacks.restarts=1", "attacks.apgd_steps=20")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Starting with 2 processes" in proc.stdout + proc.stderr
+    history = results["history"]["pareto_robust"]
+    assert len(history) == 6 and all(0 <= row["forget_robust_conf_dist"] <= 1 for row in history)
+    robust = results["metrics"]["pareto_robust"]
+    assert history[robust["best_epoch"] - 1]["forget_robust_conf_dist"] == min(
+        row["forget_robust_conf_dist"] for row in history)
+
+
 @needs_mnist
 def test_mnist_mlp_matches_the_paper_row(run_cli):
     """Paper, MNIST MLP, theta 0.75: retain 97.5 %, test 95.7 %, CD 0.037."""

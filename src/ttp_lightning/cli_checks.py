@@ -6,7 +6,7 @@ from pathlib import Path
 from ttp_lightning.errors import TTPUserError
 
 CONF_DIR = Path(__file__).parent / "conf"
-GROUPS = ("data", "model", "method", "trainer", "logger", "experiment")
+GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "experiment")
 _OVERRIDE = re.compile(r"^[+~]{0,2}(?P<group>" + "|".join(GROUPS) + r")=(?P<value>[^\s]*)$")
 
 

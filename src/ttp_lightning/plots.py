@@ -17,7 +17,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from ttp_lightning.tables import METHOD_LABELS, config_value, forget_set, load_results
+from ttp_lightning.tables import METHOD_LABELS, config_value, forget_set, load_results, model_name
 from ttp_lightning.wandb_charts import log_summary
 
 
@@ -125,8 +125,10 @@ def _worst_case(by_attack: dict) -> dict[float, float]:
 def attack_curves(all_results: list[dict], path: Path) -> bool:
     """Forget CD against the attack radius for every method in the results (and the pretrained model):
     gamma 0 is the clean forget CD, each larger gamma the worst attack's."""
-    curves = {}
+    curves, settings = {}, set()
     for results in all_results:
+        if results.get("attacks"):
+            settings.add(f"{results['config']['data']['name']}, {model_name(results)}")
         for stage, by_attack in results.get("attacks", {}).items():
             label = "pretrained" if stage == "pretrain" else METHOD_LABELS.get(stage, stage)
             if stage == "pretrain_original" or label in curves:
@@ -142,7 +144,7 @@ def attack_curves(all_results: list[dict], path: Path) -> bool:
                   linestyle="--" if label == "pretrained" else "-")
     axis.set(xlabel="attack radius gamma (L-inf, x 1/255; 0 = clean)",
              ylabel="forget confidence distance (worst attack)", ylim=(0, 1),
-             title="forget CD under attack (0 = uniform softmax)")
+             title=f"{' / '.join(sorted(settings))}: forget CD under attack (0 = uniform softmax)")
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     _save(plt, figure, path)

@@ -119,7 +119,9 @@ def _attacks(attacks: DictConfig) -> None:
     _positive(attacks.pgd_step_size, "attacks.pgd_step_size")
     if attacks.get("relu_gradient_beta") is not None:
         _positive(attacks.relu_gradient_beta, "attacks.relu_gradient_beta")
-    _positive(attacks.robust_gamma, "attacks.robust_gamma")
+    if float(_number(attacks.robust_gamma, "attacks.robust_gamma")) not in [float(g) for g in attacks.gammas]:
+        raise TTPUserError(f"attacks.robust_gamma={attacks.robust_gamma} is not allowed; choose one of "
+                           f"attacks.gammas: {', '.join(f'{float(g):g}' for g in attacks.gammas)}")
     _positive_int(attacks.apgd_steps, "attacks.apgd_steps")
     _positive_int(attacks.restarts, "attacks.restarts")
     _positive_int(attacks.eot_samples, "attacks.eot_samples")
@@ -139,11 +141,16 @@ def _adversarial(adversarial: DictConfig) -> None:
     from ttp_lightning.attacks import OBJECTIVES
 
     _positive(adversarial.gamma, "method.adversarial.gamma")
+    if adversarial.train_gamma is not None:
+        _positive(adversarial.train_gamma, "method.adversarial.train_gamma")
     _positive_int(adversarial.steps, "method.adversarial.steps")
     _positive(adversarial.step_size, "method.adversarial.step_size")
     _choice(adversarial.objective, "method.adversarial.objective", list(OBJECTIVES))
-    if adversarial.relu_gradient_beta is not None:
-        _positive(adversarial.relu_gradient_beta, "method.adversarial.relu_gradient_beta")
+    if not adversarial.surrogate_betas:
+        raise TTPUserError("method.adversarial.surrogate_betas=[] is not allowed; list at least one beta > 0 or null")
+    for beta in adversarial.surrogate_betas:
+        if beta is not None:
+            _positive(beta, "method.adversarial.surrogate_betas")
     clean_weight = _number(adversarial.clean_weight, "method.adversarial.clean_weight")
     if not 0.0 <= clean_weight < 1.0:
         raise TTPUserError(f"method.adversarial.clean_weight={clean_weight} is not allowed; choose a value in [0, 1)")

@@ -3,8 +3,8 @@
 Inner maximisation (every training step, as in adversarial training, Madry et al. 2018): from a uniform
 random start in the gamma ball, `steps` signed-gradient steps of `step_size` x gamma on the attacker's
 objective (max log-softmax by default: unlike KL to uniform, its gradient does not vanish where the model
-is already uniform), with the ReLU surrogate so that the model cannot hide behind dead units, projected on
-the ball and [0, 1]. The model is in eval mode during the attack (BatchNorm statistics untouched).
+is already uniform), with a ReLU surrogate drawn per step from `surrogate_betas` so that the model cannot
+hide behind dead units, projected on the ball and [0, 1]. The model is in eval mode during the attack (BatchNorm statistics untouched).
 
 Early stopping watches the forget CD under a stronger attack each validation epoch: APGD
 (attacks/apgd.py) with `eval_restarts` restarts, `eval_steps` steps, `eval_objectives` and
@@ -26,11 +26,12 @@ from ttp_lightning.data.batching import ImageBatchDataset
 
 @dataclass(frozen=True)
 class AdversarialSettings:
-    gamma: float = 8.0                 # L-inf radius in units of 1/255
-    steps: int = 5
-    step_size: float = 0.5             # per step, as a fraction of gamma
+    gamma: float = 8.0                 # L-inf radius in units of 1/255 that early stopping attacks at
+    train_gamma: float | None = None   # the inner attack's radius (None: gamma); larger leaves a margin
+    steps: int = 10
+    step_size: float = 0.25            # per step, as a fraction of the training radius
     objective: str = "max_softmax"
-    relu_gradient_beta: float | None = 10.0
+    surrogate_betas: tuple[float | None, ...] = (10.0, 1.0)  # one drawn per step; None: exact gradients
     clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked)
     eval_steps: int = 20
     eval_restarts: int = 1
@@ -43,10 +44,14 @@ class AdversarialSettings:
     def radius(self) -> float:
         return self.gamma / 255.0
 
+    @property
+    def train_radius(self) -> float:
+        return (self.gamma if self.train_gamma is None else self.train_gamma) / 255.0
+
     @classmethod
     def from_config(cls, cfg) -> "AdversarialSettings":
         values = {key: cfg[key] for key in cls.__dataclass_fields__ if key in cfg}
-        for key in ("eval_objectives", "eval_surrogate_betas"):
+        for key in ("surrogate_betas", "eval_objectives", "eval_surrogate_betas"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
@@ -54,12 +59,13 @@ class AdversarialSettings:
 
 def worst_forget_images(net: nn.Module, images: torch.Tensor, settings: AdversarialSettings) -> torch.Tensor:
     """Per image, the most confident point the inner attack finds in the gamma ball (detached)."""
-    radius, objective = settings.radius, OBJECTIVES[settings.objective]
+    radius, objective = settings.train_radius, OBJECTIVES[settings.objective]
     lower, upper = (images - radius).clamp(0, 1), (images + radius).clamp(0, 1)
     was_training = net.training
     net.eval()
     x = (images + (torch.rand_like(images) * 2 - 1) * radius).clamp(0, 1)
-    with torch.enable_grad(), smooth_relu_gradients(settings.relu_gradient_beta):
+    beta = settings.surrogate_betas[int(torch.randint(len(settings.surrogate_betas), ()))]
+    with torch.enable_grad(), smooth_relu_gradients(beta):
         for _ in range(settings.steps):
             x = x.detach().requires_grad_(True)
             logits = net(x)

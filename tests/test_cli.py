@@ -130,7 +130,7 @@ BAD_INPUT = [
     ("attacks=strongest", "unknown attacks 'strongest'; choose one of: adaptive, paper"),
     ("attacks.robust_gamma=3", "attacks.robust_gamma=3 is not allowed; choose one of attacks.gammas: 1, 2, 5, 8"),
     ("method=pareto_robust method.adversarial.clean_weight=1",
-     "method.adversarial.clean_weight=1.0 is not allowed; choose a value in [0, 1)"),
+     "method.adversarial.clean_weight=1 is not allowed; choose a value in [0, 1)"),
     ("data.split=random", "data.split='random' is not allowed; choose one of: official, paper"),
     ("data.forget.source=holdout", "data.forget.source='holdout' is not allowed; choose one of: train, test, mixed"),
     ("data.forget.source=test pretrain.absorb_epochs=0", "pretrain.absorb_epochs=0 is not allowed"),
@@ -162,7 +162,8 @@ def test_help_and_cfg_job():
     helped = subprocess.run([sys.executable, "-m", "ttp_lightning", "--help"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120, check=False)
     assert helped.returncode == 0 and "ttp_lightning" in helped.stdout
-    for word in ("experiment:", "mnist_mlp", "method:", "pareto, retrain", "ddp_sim"):
+    for word in ("experiment:", "mnist_mlp", "method:", "pareto, pareto_robust, retrain", "ddp_sim",
+                 "attacks: adaptive, paper"):
         assert word in helped.stdout
     job = subprocess.run([sys.executable, "-m", "ttp_lightning", "+experiment=mnist_mlp", "--cfg", "job"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)

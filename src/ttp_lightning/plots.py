@@ -81,7 +81,7 @@ def dynamics(results: dict, path: Path) -> bool:
     for key in ("retain_acc", "test_acc", "forget_acc"):
         if key in rows[0]:
             accuracy.plot(epochs, [row[key] for row in rows], label=key.replace("_", " "))
-    for key in ("forget_conf_dist", "test_conf_dist"):
+    for key in ("forget_conf_dist", "forget_robust_conf_dist", "test_conf_dist"):
         if key in rows[0]:
             distance.plot(epochs, [row[key] for row in rows], label=key.replace("_", " "))
     for axis, title in ((accuracy, "accuracy"), (distance, "confidence distance")):

@@ -1,13 +1,14 @@
 """`python -m ttp_lightning`: the Hydra entry point. Thin: compose config, run the pipeline."""
 
 import os
+import signal
 import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ttp_lightning.cli_checks import check_group_choices
+from ttp_lightning.cli_checks import check_group_choices, check_output_dir, check_unknown_additions
 from ttp_lightning.errors import TTPUserError
 
 
@@ -16,20 +17,50 @@ def _fail(exc: TTPUserError) -> None:
     sys.exit(2)
 
 
+_RECEIVED: dict[str, str] = {}
+
+
+def _on_sigint(signum, frame) -> None:
+    _RECEIVED["signal"] = "SIGINT"
+    raise KeyboardInterrupt
+
+
+def _stopped_by(name: str, code: int) -> None:
+    """A signal ends the run: one error line and the shell's code for it (128 + signal number), so a
+    scheduler never records a killed run as a success. Nothing half-written is left (results.json and
+    weights are written atomically at the very end)."""
+    print(f"error: received {name}; the run stopped before writing its results (rerun the same command to "
+          "start it again)", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="main")
 def _hydra_main(cfg: DictConfig) -> None:
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     from ttp_lightning.pipeline import run  # heavy imports after Hydra has parsed --help etc.
 
     try:
         run(cfg, HydraConfig.get().runtime.output_dir)
     except TTPUserError as exc:
         _fail(exc)
+    except SIGTERMException:  # Lightning's SIGTERM handling exits with code 0 unless caught
+        _stopped_by("SIGTERM", 128 + signal.SIGTERM)
+    except KeyboardInterrupt:
+        _stopped_by("SIGINT", 128 + signal.SIGINT)
+    except SystemExit:
+        if _RECEIVED.get("signal") == "SIGINT":  # Lightning turns Ctrl-C during a fit into exit code 1
+            _stopped_by("SIGINT", 128 + signal.SIGINT)
+        raise
 
 
 def main() -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         check_group_choices(sys.argv[1:])
+        check_unknown_additions(sys.argv[1:])
+        check_output_dir(sys.argv[1:])
     except TTPUserError as exc:
         _fail(exc)
     _hydra_main()

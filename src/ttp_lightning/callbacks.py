@@ -7,6 +7,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ttp_lightning.errors import TTPUserError
+
 
 class ConstrainedBestModel(Callback):
     """App. "Hyperparameter Details": an epoch qualifies when the forget confidence distance is below
@@ -90,3 +92,26 @@ class StepTimer(Callback):
         self.seconds += time.perf_counter() - self._t0
         self.steps += 1
 
+
+
+class FiniteGuard(Callback):
+    """Stops a diverging fit with one error line naming the stage, the epoch and the setting to change:
+    a non-finite training loss (checked every step) or non-finite weights (checked every epoch, which also
+    covers manual-optimisation steps that return no loss). Nothing is evaluated, written or released."""
+
+    def __init__(self, stage: str, settings: str, lr: float):
+        self.stage, self.settings, self.lr = stage, settings, lr
+
+    def _fail(self, trainer, what: str) -> None:
+        raise TTPUserError(f"{self.stage} diverged at epoch {trainer.current_epoch + 1}: {what}; nothing was "
+                           f"released. Lower {self.settings}.lr (now {self.lr:g})")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor) and not bool(torch.isfinite(loss.detach()).all()):
+            self._fail(trainer, f"the training loss is {float(loss.detach().float().mean())}")
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        for name, param in pl_module.named_parameters():
+            if not bool(torch.isfinite(param.detach()).all()):
+                self._fail(trainer, f"weight {name} is not finite")

@@ -1,5 +1,6 @@
 """Pre-flight check of config-group choices on the command line, for a one-line error on a typo."""
 
+import os
 import re
 from pathlib import Path
 
@@ -24,3 +25,35 @@ def check_group_choices(argv: list[str]) -> None:
         for value in match["value"].split(","):
             if value and value not in options:
                 raise TTPUserError(f"unknown {match['group']} {value!r}; choose one of: {', '.join(options)}")
+
+
+def check_output_dir(argv: list[str], cwd: Path | None = None) -> None:
+    """Raise TTPUserError when the run's output folder (hydra.run.dir / hydra.sweep.dir, default under the
+    current folder) cannot be created or written, before Hydra fails on it with a traceback."""
+    wanted = {"outputs"}
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value and "$" not in value:
+            wanted.add(value)
+    for target in sorted(wanted):
+        path = (cwd or Path.cwd()) / target
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not os.access(existing, os.W_OK):
+            raise TTPUserError(f"output folder {str(path)!r} cannot be written ({str(existing)!r} is read-only); "
+                               "run from a writable folder or set hydra.run.dir=<writable folder>")
+
+
+ADDABLE = ("experiment", "trainer.", "logger.", "hydra.")  # `+key=` may add these (passed to Lightning/Hydra)
+
+
+def check_unknown_additions(argv: list[str]) -> None:
+    """Raise TTPUserError for `+key=value` that adds a key the application never reads (a typo or a
+    feature that does not exist would otherwise be accepted and silently ignored)."""
+    for arg in argv:
+        if not arg.startswith("+") or arg.startswith("++") or "=" not in arg:
+            continue
+        key = arg[1:].split("=", 1)[0]
+        if not key.startswith(ADDABLE):
+            raise TTPUserError(f"unknown key {key!r}: `+{key}=...` adds a setting ttp_lightning never reads; "
+                               "see `--cfg job` for the settings there are (only trainer.*, logger.*, hydra.* "
+                               "and experiment can be added)")

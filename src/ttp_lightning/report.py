@@ -1,12 +1,14 @@
 """results.json writing (atomic) and the terminal table."""
 
 import json
+import math
 import os
 from pathlib import Path
 
 import torch
 
 from ttp_lightning.certify.certificate import is_vacuous
+from ttp_lightning.errors import TTPUserError
 
 COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.2%}"),
            ("forget_acc", "forget acc", "{:.2%}"), ("forget_conf_dist", "forget CD", "{:.4f}"),
@@ -27,11 +29,26 @@ def write_weights(net, output_dir: str | Path) -> Path:
     return path
 
 
+def non_finite_keys(value, path: str = "") -> list[str]:
+    """Dotted paths of every NaN or infinite number inside `value` (dicts, lists, numbers)."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [path or "<top>"]
+    if isinstance(value, dict):
+        return [bad for key, item in value.items() for bad in non_finite_keys(item, f"{path}.{key}" if path else key)]
+    if isinstance(value, (list, tuple)):
+        return [bad for i, item in enumerate(value) for bad in non_finite_keys(item, f"{path}[{i}]")]
+    return []
+
+
 def write_results(results: dict, output_dir: str | Path) -> Path:
-    """Write results.json via a temporary file and rename, so a crash never leaves half a file."""
+    """Write results.json via a temporary file and rename, so a crash never leaves half a file. Strict
+    JSON: a NaN or infinite value is an error naming where it is, and nothing is written."""
+    bad = non_finite_keys(results)
+    if bad:
+        raise TTPUserError(f"non-finite values in the results ({', '.join(bad[:5])}); nothing was written")
     path = Path(output_dir) / "results.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2, sort_keys=False))
+    tmp.write_text(json.dumps(results, indent=2, sort_keys=False, allow_nan=False))
     os.replace(tmp, path)
     return path
 

@@ -18,9 +18,15 @@ class RunContext:
     output_dir: str = "."
 
 
-def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None) -> L.Trainer:
-    """A Trainer from the `trainer` config group, logging to the run's logger."""
-    callbacks = list(callbacks or [])
+def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None,
+                 settings: str = "pretrain") -> L.Trainer:
+    """A Trainer from the `trainer` config group, logging to the run's logger; it stops with one error line
+    when training diverges (`settings`: the config section whose lr trains it, named in that line)."""
+    from ttp_lightning.callbacks import FiniteGuard
+
+    section = ctx.cfg[settings]
+    stage = "pretraining" if settings == "pretrain" else f"method {ctx.cfg.method.name}"
+    callbacks = [*(callbacks or []), FiniteGuard(stage, settings, float(section.lr))]
     if ctx.cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=ctx.cfg.progress_bar_refresh_rate))
     return hydra.utils.instantiate(ctx.cfg.trainer, max_epochs=max_epochs, logger=ctx.logger,

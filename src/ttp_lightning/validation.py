@@ -164,8 +164,19 @@ def _adversarial(adversarial: DictConfig) -> None:
             _positive(beta, "method.adversarial.eval_surrogate_betas")
 
 
+def _accelerator(trainer: DictConfig) -> None:
+    """A GPU trainer on a machine without one fails here in one line instead of deep inside Lightning."""
+    import torch
+
+    if str(trainer.get("accelerator", "cpu")) in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise TTPUserError(f"trainer.accelerator={trainer.accelerator} needs a CUDA GPU and this machine has none "
+                           "(torch.cuda.is_available() is False); use trainer=cpu, or trainer=ddp_sim for two "
+                           "CPU processes")
+
+
 def validate_config(cfg: DictConfig, methods) -> None:
     """Raise TTPUserError naming the first bad value and what is allowed."""
+    _accelerator(cfg.trainer)
     _choice(cfg.method.name, "method.name", list(methods))
     _positive_int(cfg.progress_bar_refresh_rate, "progress_bar_refresh_rate")
     _optim(cfg.pretrain, "pretrain")

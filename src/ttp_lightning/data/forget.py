@@ -11,23 +11,55 @@ from ttp_lightning.errors import TTPUserError
 
 
 def read_index_file(path: str | Path) -> torch.Tensor:
-    """Forget indices from .txt/.csv (whitespace or comma separated), .json (a list), .npy or .pt."""
+    """Forget indices from .txt/.csv (whitespace or comma separated), .json (a list), .npy or .pt (an
+    integer tensor, loaded weights-only). Only integers are accepted: a float or boolean entry is an error,
+    never truncated."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise TTPUserError(f"forget index file {str(path)!r} does not exist")
     try:
         if path.suffix == ".json":
-            values = json.loads(path.read_text())
+            indices = _integer_list(json.loads(path.read_text()), path)
         elif path.suffix == ".npy":
-            values = np.load(path).tolist()
+            indices = _integer_array(np.load(path, allow_pickle=False), path)
         elif path.suffix == ".pt":
-            values = torch.load(path, weights_only=True).tolist()
+            indices = _integer_tensor(torch.load(path, weights_only=True, map_location="cpu"), path)
         else:
-            values = [int(tok) for tok in path.read_text().replace(",", " ").split()]
-        indices = torch.as_tensor(values, dtype=torch.long).flatten()
-    except (ValueError, TypeError, json.JSONDecodeError) as exc:
-        raise TTPUserError(f"forget index file {str(path)!r} is not a list of integers ({exc})") from exc
-    return indices
+            indices = torch.as_tensor([int(tok) for tok in path.read_text().replace(",", " ").split()],
+                                      dtype=torch.long)
+    except TTPUserError:
+        raise
+    except Exception as exc:  # any unreadable or hostile file is one error line
+        raise TTPUserError(f"forget index file {str(path)!r} is not a list of integers "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    return indices.flatten()
+
+
+def _not_integers(path: Path, found: str) -> TTPUserError:
+    return TTPUserError(f"forget index file {str(path)!r} holds {found}; it must hold integer indices only")
+
+
+def _integer_list(values, path: Path) -> torch.Tensor:
+    if not isinstance(values, list):
+        raise _not_integers(path, f"a JSON {type(values).__name__}")
+    bad = [v for v in values if type(v) is not int]  # bool is a subclass of int: excluded here
+    if bad:
+        raise _not_integers(path, f"the value {bad[0]!r}")
+    return torch.as_tensor(values, dtype=torch.long)
+
+
+def _integer_array(array: np.ndarray, path: Path) -> torch.Tensor:
+    if array.dtype.kind not in "iu":
+        raise _not_integers(path, f"an array of dtype {array.dtype}")
+    return torch.as_tensor(array.astype(np.int64))
+
+
+def _integer_tensor(value, path: Path) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise _not_integers(path, f"a {type(value).__name__}, not a tensor")
+    if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        raise _not_integers(path, f"a tensor of dtype {value.dtype}")
+    return value.to(torch.long)
 
 
 def select_forget(num_train: int, size: int | None, seed: int, indices_file: str | None,

@@ -149,9 +149,27 @@ def load_source(name: str, root: str | Path, download: bool) -> tuple[DatasetInf
     except TTPUserError:
         raise
     except Exception as exc:  # torchvision raises RuntimeError / URLError / FileNotFoundError
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if not _is_missing(exc):
+            raise TTPUserError(f"data set {name!r} under {root} could not be read; its files look corrupt or "
+                               f"truncated (expected {source.expected_files}; {reason})") from exc
         how = "and the download failed" if download else "and data.download=false"
         raise TTPUserError(
-            f"data set {name!r} not found under {root} {how} (expected {source.expected_files}; "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            f"data set {name!r} not found under {root} {how} (expected {source.expected_files}; {reason})"
         ) from exc
+    _check_labels(name, root, source.info.num_classes, arrays)
     return source.info, arrays
+
+
+def _is_missing(exc: Exception) -> bool:
+    """torchvision's "files are not there" (as opposed to files that are there but unreadable)."""
+    return isinstance(exc, FileNotFoundError) or "not found" in str(exc).lower() or "download" in str(exc).lower()
+
+
+def _check_labels(name: str, root: Path, num_classes: int, arrays: ImageArrays) -> None:
+    """Every label must be a class index; a corrupt label file otherwise fails deep inside training."""
+    for part, labels in (("training", arrays.train_labels), ("test", arrays.test_labels)):
+        bad = labels[(labels < 0) | (labels >= num_classes)]
+        if len(bad):
+            raise TTPUserError(f"data set {name!r} under {root} has label {int(bad[0])} in its {part} labels; "
+                               f"allowed 0..{num_classes - 1} (a corrupt label file?)")

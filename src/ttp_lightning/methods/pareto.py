@@ -41,7 +41,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         conf_dist_key="val/forget_robust_conf_dist" if adversarial else "val/forget_conf_dist",
     )
     callbacks = [history, timer] + ([best] if best else [])
-    trainer = make_trainer(ctx, epochs, callbacks)
+    trainer = make_trainer(ctx, epochs, callbacks, settings="method")
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:

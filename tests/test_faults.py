@@ -1,0 +1,156 @@
+"""Runs that meet real life: signals, divergence, hostile or corrupt input files, a GPU trainer without a GPU,
+unwritable output folders, unknown keys, and the console script started from any folder. Each ends in one
+`error:` line, a non-zero exit and nothing half-written."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import MNIST_ROOT, REPO, TINY, needs_mnist
+from ttp_lightning.cli_checks import check_output_dir, check_unknown_additions
+from ttp_lightning.data.forget import read_index_file
+from ttp_lightning.data.sources import load_source
+from ttp_lightning.errors import TTPUserError
+from ttp_lightning.report import non_finite_keys, write_results
+from ttp_lightning.validation import _accelerator
+
+
+@pytest.mark.parametrize(("name", "content", "found"), [
+    ("floats.json", "[1.9, 2.9]", "the value 1.9"),
+    ("bools.json", "[true, false]", "the value True"),
+    ("object.json", '{"a": 1}', "a JSON dict"),
+    ("floats.npy", np.array([1.5, 2.0]), "dtype float64"),
+    ("bools.npy", np.array([True, False]), "dtype bool"),
+    ("dict.pt", {"indices": torch.tensor([1, 2])}, "a dict, not a tensor"),
+    ("floats.pt", torch.tensor([1.0, 2.0]), "dtype torch.float32"),
+    ("bools.pt", torch.tensor([True, False]), "dtype torch.bool"),
+])
+def test_index_files_hold_integers_only(tmp_path, name, content, found):
+    path = tmp_path / name
+    if name.endswith(".json"):
+        path.write_text(content)
+    elif name.endswith(".npy"):
+        np.save(path, content)
+    else:
+        torch.save(content, path)
+    with pytest.raises(TTPUserError, match="must hold integer indices only") as raised:
+        read_index_file(path)
+    assert found in str(raised.value)
+
+
+def test_integer_index_files_still_load(tmp_path):
+    (tmp_path / "a.json").write_text("[3, 1, 2]")
+    np.save(tmp_path / "b.npy", np.array([3, 1, 2], dtype=np.int32))
+    torch.save(torch.tensor([3, 1, 2]), tmp_path / "c.pt")
+    for name in ("a.json", "b.npy", "c.pt"):
+        assert read_index_file(tmp_path / name).tolist() == [3, 1, 2]
+
+
+def test_a_pickled_object_in_an_index_file_is_refused_not_run(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    torch.save(Payload(), tmp_path / "hostile.pt")
+    with pytest.raises(TTPUserError, match="is not a list of integers"):
+        read_index_file(tmp_path / "hostile.pt")
+    assert not (tmp_path / "pwned").exists()
+
+
+def _mnist_copy(tmp_path: Path) -> Path:
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        shutil.copy(MNIST_ROOT / "MNIST" / "raw" / name, raw / name)
+    return raw
+
+
+@needs_mnist
+def test_corrupt_mnist_is_not_called_missing_and_a_bad_label_byte_is_named(tmp_path):
+    raw = _mnist_copy(tmp_path / "truncated")
+    (raw / "train-images-idx3-ubyte").write_bytes((raw / "train-images-idx3-ubyte").read_bytes()[:1000])
+    with pytest.raises(TTPUserError, match="could not be read; its files look corrupt or truncated"):
+        load_source("mnist", tmp_path / "truncated", False)
+    raw = _mnist_copy(tmp_path / "labels")
+    labels = bytearray((raw / "train-labels-idx1-ubyte").read_bytes())
+    labels[20] = 200
+    (raw / "train-labels-idx1-ubyte").write_bytes(bytes(labels))
+    with pytest.raises(TTPUserError, match="has label 200 in its training labels; allowed 0..9"):
+        load_source("mnist", tmp_path / "labels", False)
+    with pytest.raises(TTPUserError, match="not found under"):
+        load_source("mnist", tmp_path / "nothing", False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_gpu_trainer_without_a_gpu_is_one_line():
+    with pytest.raises(TTPUserError, match="needs a CUDA GPU and this machine has none"):
+        _accelerator(OmegaConf.create({"accelerator": "gpu"}))
+    _accelerator(OmegaConf.create({"accelerator": "cpu"}))
+
+
+def test_unwritable_output_folder_and_unknown_keys_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path / "ro")
+    (tmp_path / "ro").mkdir()
+    with pytest.raises(TTPUserError, match="cannot be written"):
+        check_output_dir([f"hydra.run.dir={tmp_path / 'ro' / 'run'}"])
+    check_output_dir([f"hydra.run.dir={tmp_path / 'rw' / 'run'}"], cwd=tmp_path)
+    with pytest.raises(TTPUserError, match="unknown key 'pretrain.checkpoint'"):
+        check_unknown_additions(["+pretrain.checkpoint=model.pt"])
+    check_unknown_additions(["+experiment=mnist_mlp", "+trainer.deterministic=true", "++method.theta=0.5"])
+
+
+def test_results_are_strict_json(tmp_path):
+    assert non_finite_keys({"a": {"b": [1.0, float("nan")]}, "c": float("inf"), "d": "nan"}) == ["a.b[1]", "c"]
+    with pytest.raises(TTPUserError, match=r"non-finite values in the results \(metrics.pareto.forget_acc\)"):
+        write_results({"metrics": {"pareto": {"forget_acc": float("nan")}}}, tmp_path)
+    assert not list(tmp_path.iterdir())
+    write_results({"metrics": {"pareto": {"forget_acc": 0.5}}}, tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text())["metrics"]["pareto"]["forget_acc"] == 0.5
+
+
+@pytest.mark.parametrize("mode", ["minibatch", "fullbatch"])
+def test_divergence_stops_the_run_and_releases_nothing(run_cli, tmp_path, mode):
+    proc, results = run_cli("method.lr=1e30", f"method.mode={mode}", "attacks.enabled=false")
+    assert proc.returncode == 2 and results is None
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.match(r"error: method pareto diverged at epoch \d+: ", last) and "Lower method.lr (now 1e+30)" in last
+    assert not (tmp_path / "out" / "model.pt").exists()
+
+
+def test_sigterm_exits_143_with_one_line_and_no_results(tmp_path):
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    env = dict(os.environ, TTP_CACHE_DIR=str(cache), WANDB_MODE="disabled")
+    overrides = [o for o in TINY if not o.startswith("method.epochs")] + ["method.epochs=5000",
+                                                                           "method.early_stopping.enabled=false"]
+    proc = subprocess.Popen([sys.executable, "-m", "ttp_lightning", *overrides, f"hydra.run.dir={out}"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(cache.rglob("*.pt")) and time.monotonic() < deadline:  # pretraining done: finetuning runs
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert stderr.strip().splitlines()[-1].startswith("error: received SIGTERM")
+    assert not (out / "results.json").exists() and not (out / "model.pt").exists()
+
+
+def test_console_script_starts_from_any_folder(tmp_path):
+    script = Path(sys.executable).parent / "ttp-lightning"
+    if not script.exists():
+        pytest.skip("console script not installed (pip install -e .)")
+    proc = subprocess.run([str(script), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0 and "ttp_lightning: test-time privacy" in proc.stdout

@@ -248,7 +248,7 @@ def test_never_unlearned_weights_under_an_edited_hash_fail_recompute_and_audit(r
 
     out = released("certified_exact")
     results = json.loads((out / "results.json").read_text())
-    pretrained = torch.load(results["metrics"]["pretrain"]["cache_file"], weights_only=True)["state_dict"]
+    pretrained = load_file(results["metrics"]["pretrain"]["cache_file"])
     folder = tmp_path / "forged"
     folder.mkdir()
     save_file(pretrained, str(folder / "model.safetensors"))

@@ -2,19 +2,24 @@
 
 import hashlib
 import json
+import logging
 import os
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
+from filelock import FileLock
 from omegaconf import OmegaConf
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.modules.erm import ERMModule
 from ttp_lightning.training import RunContext, make_trainer, timed_fit
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: safetensors + checksum record (1: pickled .pt)
+
+log = logging.getLogger(__name__)
 
 
 def erm_module(ctx: RunContext, net: nn.Module, mixup_alpha: float = 0.0) -> ERMModule:
@@ -69,16 +74,73 @@ def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataMo
 
 
 def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit) -> dict:
-    """Load `net` from the cache entry `key`, or run `fit()` (which trains `net`, returns seconds) and store it."""
-    path = Path(ctx.cfg.paths.cache_dir).expanduser() / "pretrain" / f"{key}.pt"
-    if ctx.cfg.pretrain.use_cache and path.is_file():
-        entry = torch.load(path, map_location="cpu", weights_only=True)
-        net.load_state_dict(entry["state_dict"])
-        return {"wall_s": float(entry["wall_s"]), "cached": True, "cache_file": str(path)}
-    wall = fit()
-    if ctx.cfg.pretrain.use_cache and is_global_zero():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        torch.save({"state_dict": net.state_dict(), "wall_s": wall}, tmp)
-        os.replace(tmp, path)
-    return {"wall_s": round(wall, 3), "cached": False, "cache_file": str(path)}
+    """Load `net` from the cache entry `key`, or run `fit()` (which trains `net`, returns seconds) and store it.
+
+    An entry is `<key>.safetensors` (the weights, never pickled) and `<key>.json` (its SHA-256 and the
+    training time), written in that order through temporary files, so the record marks a complete entry. An
+    entry that is unreadable or whose checksum does not match is reported in one warning naming the file,
+    deleted and trained again. Single-process runs hold a file lock on the key from the check to the store,
+    so two jobs started together on an empty cache (a sweep's parallel jobs, a shared filesystem) train
+    once: the second waits and loads. Multi-process (DDP) runs train in every rank together and cannot
+    wait on each other's lock; they only lock the store."""
+    directory = Path(ctx.cfg.paths.cache_dir).expanduser() / "pretrain"
+    weights = directory / f"{key}.safetensors"
+    if not ctx.cfg.pretrain.use_cache:
+        return {"wall_s": round(fit(), 3), "cached": False, "cache_file": None}
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(directory / f"{key}.lock"))
+    with lock if _single_process(ctx) else nullcontext():
+        wall = _load_entry(net, weights)
+        if wall is not None:
+            return {"wall_s": wall, "cached": True, "cache_file": str(weights)}
+        wall = fit()
+        if is_global_zero():
+            with lock:
+                _store_entry(net, wall, weights)
+    return {"wall_s": round(wall, 3), "cached": False, "cache_file": str(weights)}
+
+
+def _single_process(ctx: RunContext) -> bool:
+    trainer = ctx.cfg.trainer
+    devices = trainer.get("devices", 1)
+    return "ddp" not in str(trainer.get("strategy", "auto")) and devices in (1, "1", "auto", None) \
+        and int(trainer.get("num_nodes", 1) or 1) == 1
+
+
+def _record(weights: Path) -> Path:
+    return weights.with_suffix(".json")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _load_entry(net: nn.Module, weights: Path) -> float | None:
+    """The entry's training seconds after loading it into `net`; None when there is no usable entry."""
+    if not weights.exists() and not _record(weights).exists():
+        return None
+    try:
+        record = json.loads(_record(weights).read_text())
+        if sha256_file(weights) != record["sha256"]:
+            raise ValueError("its SHA-256 does not match the one recorded when it was written")
+        net.load_state_dict(load_file(str(weights)))
+        return float(record["wall_s"])
+    except Exception as exc:  # noqa: BLE001 -- any unreadable or corrupt entry is discarded and rebuilt
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        log.warning("cache entry %s is unreadable or corrupt (%s); discarding it and training again", weights, reason)
+        for path in (weights, _record(weights)):
+            path.unlink(missing_ok=True)
+        return None
+
+
+def _store_entry(net: nn.Module, wall: float, weights: Path) -> None:
+    tmp = weights.with_suffix(f".tmp{os.getpid()}")
+    save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}, str(tmp))
+    os.replace(tmp, weights)
+    record_tmp = _record(weights).with_suffix(f".jsontmp{os.getpid()}")
+    record_tmp.write_text(json.dumps({"sha256": sha256_file(weights), "wall_s": wall, "format": CACHE_FORMAT}))
+    os.replace(record_tmp, _record(weights))

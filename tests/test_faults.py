@@ -154,3 +154,21 @@ def test_console_script_starts_from_any_folder(tmp_path):
     proc = subprocess.run([str(script), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0 and "ttp_lightning: test-time privacy" in proc.stdout
+
+
+def test_threads_are_shared_by_the_processes_of_a_run(monkeypatch):
+    from ttp_lightning.training import choose_threads
+
+    before = torch.get_num_threads()
+    cores = os.cpu_count() or 1
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        ddp_sim = {"accelerator": "cpu", "devices": 2, "strategy": "ddp"}
+        assert choose_threads(OmegaConf.create({"threads": "auto", "trainer": ddp_sim})) == max(1, cores // 2)
+        single = {"accelerator": "cpu", "devices": 1, "strategy": "auto"}
+        assert choose_threads(OmegaConf.create({"threads": "auto", "trainer": single})) == cores
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert choose_threads(OmegaConf.create({"threads": "auto", "trainer": single})) == 1
+        assert choose_threads(OmegaConf.create({"threads": 3, "trainer": single})) == 3
+    finally:
+        torch.set_num_threads(before)

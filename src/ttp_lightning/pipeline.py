@@ -24,7 +24,7 @@ from ttp_lightning.report import (
     write_results,
     write_weights,
 )
-from ttp_lightning.training import RunContext
+from ttp_lightning.training import RunContext, choose_threads
 from ttp_lightning.validation import validate_config
 from ttp_lightning.wandb_charts import log_run_charts
 
@@ -97,6 +97,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
     route_lightning_logs_to_hydra()
     validate_config(cfg, METHODS)
+    choose_threads(cfg)
     datamodule = build_datamodule(cfg.data)
 
     def make_net():

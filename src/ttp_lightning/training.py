@@ -18,6 +18,28 @@ class RunContext:
     output_dir: str = "."
 
 
+def choose_threads(cfg: DictConfig) -> int:
+    """Intra-op threads for this process: `threads` when an integer; with `auto`, OMP_NUM_THREADS when set,
+    else the CPU cores shared evenly by the processes this run starts on this machine."""
+    import os
+
+    import torch
+
+    if cfg.get("threads", "auto") != "auto":
+        threads = int(cfg.threads)
+    elif os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = int(os.environ["OMP_NUM_THREADS"])
+    else:
+        trainer = cfg.trainer
+        on_cpu = str(trainer.get("accelerator", "cpu")) == "cpu"
+        devices = trainer.get("devices", 1)
+        processes = int(devices) if on_cpu and "ddp" in str(trainer.get("strategy", "")) and \
+            str(devices).isdigit() else 1
+        threads = max(1, (os.cpu_count() or 1) // max(processes, 1))
+    torch.set_num_threads(max(1, threads))
+    return torch.get_num_threads()
+
+
 def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None,
                  settings: str = "pretrain") -> L.Trainer:
     """A Trainer from the `trainer` config group, logging to the run's logger; it stops with one error line

@@ -177,6 +177,9 @@ def _accelerator(trainer: DictConfig) -> None:
 def validate_config(cfg: DictConfig, methods) -> None:
     """Raise TTPUserError naming the first bad value and what is allowed."""
     _accelerator(cfg.trainer)
+    threads = cfg.get("threads", "auto")
+    if threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise TTPUserError(f"threads={threads!r} is not allowed; choose auto or a positive integer")
     _choice(cfg.method.name, "method.name", list(methods))
     _positive_int(cfg.progress_bar_refresh_rate, "progress_bar_refresh_rate")
     _optim(cfg.pretrain, "pretrain")

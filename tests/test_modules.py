@@ -68,7 +68,7 @@ def test_constrained_best_model_keeps_lowest_qualifying_and_restores_it():
         with torch.no_grad():
             net.weight.fill_(float(epoch + 1))
         callback.on_validation_end(fake_trainer(epoch, cd, acc), module)
-    assert callback.summary() == {"best_epoch": 4, "constraint_met": True}
+    assert {k: callback.summary()[k] for k in ("best_epoch", "constraint_met")} == {"best_epoch": 4, "constraint_met": True}
     callback.on_fit_end(None, module)
     assert net.weight.item() == 4.0  # epoch 4's weights, not epoch 3's lower but unqualified CD
 
@@ -79,7 +79,8 @@ def test_constrained_best_model_without_qualifying_epoch_keeps_last():
     for epoch in range(3):
         callback.on_validation_end(fake_trainer(epoch, 0.5, 0.95), module)
     callback.on_fit_end(None, module)
-    assert callback.summary() == {"best_epoch": 3, "constraint_met": False}
+    assert callback.summary() == {"best_epoch": 3, "constraint_met": False,
+                                  "selection_rule": "no epoch met the thresholds: the last epoch"}
 
 
 def test_patience_stops_after_stale_epochs():
@@ -89,3 +90,18 @@ def test_patience_stops_after_stale_epochs():
     for trainer in trainers:
         callback.on_validation_end(trainer, module)
     assert [t.should_stop for t in trainers] == [False, False, True]
+
+
+def test_without_a_qualifying_epoch_the_pareto_fallback_keeps_a_pareto_optimal_epoch():
+    net = nn.Linear(1, 1)
+    module = SimpleNamespace(state_dict=net.state_dict, load_state_dict=net.load_state_dict)
+    callback = ConstrainedBestModel(conf_dist_below=0.05, retain_acc_at_least=0.98, fallback="pareto")
+    trajectory = [(0.30, 0.90), (0.10, 0.89), (0.08, 0.80), (0.07, 0.74)]  # CD falls, accuracy collapses
+    for epoch, (cd, acc) in enumerate(trajectory):
+        with torch.no_grad():
+            net.weight.fill_(float(epoch + 1))
+        callback.on_validation_end(fake_trainer(epoch, cd, acc), module)
+    callback.on_fit_end(None, module)
+    summary = callback.summary()
+    assert summary["best_epoch"] == 2 and summary["constraint_met"] is False and "fallback" in summary["selection_rule"]
+    assert net.weight.item() == 2.0  # 0.89 - 0.10 is the best trade-off; the last epoch (0.74) is not kept

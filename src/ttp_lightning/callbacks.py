@@ -22,9 +22,12 @@ class ConstrainedBestModel(Callback):
 
     def __init__(self, conf_dist_below: float = math.inf, retain_acc_at_least: float = 0.0,
                  patience: int | None = None, conf_dist_key: str = "val/forget_conf_dist",
-                 retain_acc_key: str = "val/retain_acc"):
+                 retain_acc_key: str = "val/retain_acc", fallback: str = "last"):
         self.conf_dist_below, self.retain_acc_at_least, self.patience = conf_dist_below, retain_acc_at_least, patience
-        self.conf_dist_key, self.retain_acc_key = conf_dist_key, retain_acc_key
+        self.conf_dist_key, self.retain_acc_key, self.fallback = conf_dist_key, retain_acc_key, fallback
+        self.fallback_score: float | None = None
+        self.fallback_epoch: int | None = None
+        self.fallback_state: dict | None = None
         self.best_conf_dist: float | None = None
         self.best_epoch: int | None = None
         self.best_state: dict | None = None
@@ -38,6 +41,11 @@ class ConstrainedBestModel(Callback):
         conf_dist, retain_acc = float(metrics[self.conf_dist_key]), float(metrics[self.retain_acc_key])
         self.last_epoch = trainer.current_epoch + 1
         qualifies = conf_dist < self.conf_dist_below and retain_acc >= self.retain_acc_at_least
+        score = retain_acc - conf_dist
+        if self.fallback == "pareto" and self.best_epoch is None and \
+                (self.fallback_score is None or score > self.fallback_score):
+            self.fallback_score, self.fallback_epoch = score, self.last_epoch
+            self.fallback_state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
         if qualifies and (self.best_conf_dist is None or conf_dist < self.best_conf_dist):
             self.best_conf_dist, self.best_epoch = conf_dist, self.last_epoch
             self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
@@ -50,10 +58,20 @@ class ConstrainedBestModel(Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.best_state is not None:
             pl_module.load_state_dict(self.best_state)
+        elif self.fallback_state is not None:
+            pl_module.load_state_dict(self.fallback_state)
 
     def summary(self) -> dict:
-        met = self.best_epoch is not None
-        return {"best_epoch": self.best_epoch if met else self.last_epoch, "constraint_met": met}
+        """best_epoch, constraint_met and selection_rule: which rule chose the kept epoch."""
+        if self.best_epoch is not None:
+            return {"best_epoch": self.best_epoch, "constraint_met": True,
+                    "selection_rule": "lowest forget CD among the epochs meeting the thresholds"}
+        if self.fallback_epoch is not None:
+            return {"best_epoch": self.fallback_epoch, "constraint_met": False,
+                    "selection_rule": "no epoch met the thresholds: fallback to the highest retain accuracy minus "
+                                      "forget CD (a Pareto-optimal epoch)"}
+        return {"best_epoch": self.last_epoch, "constraint_met": False,
+                "selection_rule": "no epoch met the thresholds: the last epoch"}
 
 
 class EpochHistory(Callback):

@@ -202,6 +202,9 @@ def validate_config(cfg: DictConfig, methods) -> None:
         stopping = method.early_stopping
         if stopping.patience is not None:
             _positive_int(stopping.patience, "method.early_stopping.patience")
+        _choice(stopping.get("fallback", "last"), "method.early_stopping.fallback", ("pareto", "last"))
+        if stopping.get("retain_acc_drop_at_most") is not None:
+            _fraction(stopping.retain_acc_drop_at_most, "method.early_stopping.retain_acc_drop_at_most")
     if cfg.method.name == "pareto_robust":
         _adversarial(cfg.method.adversarial)
     if cfg.method.name.startswith("certified_"):

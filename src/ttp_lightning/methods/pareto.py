@@ -10,6 +10,7 @@ from torch import nn
 from ttp_lightning.attacks.robust import AdversarialSettings
 from ttp_lightning.callbacks import ConstrainedBestModel, EpochHistory, StepTimer
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.modules.pareto import ParetoFinetuneModule
 from ttp_lightning.training import RunContext, make_trainer, timed_fit
@@ -19,6 +20,17 @@ def run_pareto(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule
     cfg = ctx.cfg.method
     return finetune(ctx, copy.deepcopy(pretrained), datamodule, cfg, cfg.epochs,
                     cfg.early_stopping if cfg.early_stopping.enabled else None)
+
+
+def retain_threshold(net: nn.Module, datamodule: TTPDataModule, stopping: DictConfig) -> float:
+    """tau_r: `retain_acc_at_least`, raised to (the starting model's retain accuracy minus
+    `retain_acc_drop_at_most`) when that is set, a threshold that carries to data sets of any difficulty."""
+    threshold = float(stopping.retain_acc_at_least)
+    drop = stopping.get("retain_acc_drop_at_most")
+    if drop is not None:
+        start = evaluate(net, datamodule)["retain_acc"]
+        threshold = max(threshold, start - float(drop))
+    return threshold
 
 
 def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: DictConfig, epochs: int,
@@ -37,7 +49,8 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
     history, timer = EpochHistory(), StepTimer()
     best = None if stopping is None else ConstrainedBestModel(
         conf_dist_below=math.inf if stopping.conf_dist_below is None else stopping.conf_dist_below,
-        retain_acc_at_least=stopping.retain_acc_at_least, patience=stopping.patience,
+        retain_acc_at_least=retain_threshold(net, datamodule, stopping), patience=stopping.patience,
+        fallback=stopping.get("fallback", "last"),
         conf_dist_key="val/forget_robust_conf_dist" if adversarial else "val/forget_conf_dist",
     )
     callbacks = [history, timer] + ([best] if best else [])
@@ -47,7 +60,10 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
     else:
         train_loader = datamodule.pareto_dataloader()
     wall = timed_fit(trainer, module, train_dataloaders=train_loader, val_dataloaders=datamodule.val_dataloader())
-    summary = best.summary() if best else {"best_epoch": len(history.rows), "constraint_met": None}
+    summary = best.summary() if best else {"best_epoch": len(history.rows), "constraint_met": None,
+                                           "selection_rule": "early stopping off: the last epoch"}
+    if best is not None:
+        summary["retain_acc_threshold"] = round(best.retain_acc_at_least, 6)
     best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
     metrics = {
         **summary,

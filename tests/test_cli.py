@@ -127,6 +127,7 @@ BAD_INPUT = [
     ("method.mode=sometimes", "method.mode='sometimes' is not allowed; choose one of: minibatch, fullbatch"),
     ("attacks.names=[pgd,magic]", "attacks.names='magic' is not allowed; choose one of: gaussian, fgsm, pgd"),
     ("attacks.gammas=[2,-1]", "attacks.gammas=-1 is not allowed; choose a value > 0"),
+    ("method.thetta=0.5", "Could not override 'method.thetta'. Key 'thetta' is not in struct"),
     ("threads=0", "threads=0 is not allowed; choose auto or a positive integer"),
     ("attacks=strongest", "unknown attacks 'strongest'; choose one of: adaptive, paper"),
     ("attacks.robust_gamma=3", "attacks.robust_gamma=3 is not allowed; choose one of attacks.gammas: 1, 2, 5, 8"),

@@ -8,7 +8,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ttp_lightning.cli_checks import check_group_choices, check_output_dir, check_unknown_additions
+from ttp_lightning.cli_checks import (
+    check_composition,
+    check_group_choices,
+    check_output_dir,
+    check_unknown_additions,
+)
 from ttp_lightning.errors import TTPUserError
 
 
@@ -61,6 +66,7 @@ def main() -> None:
         check_group_choices(sys.argv[1:])
         check_unknown_additions(sys.argv[1:])
         check_output_dir(sys.argv[1:])
+        check_composition(sys.argv[1:])
     except TTPUserError as exc:
         _fail(exc)
     _hydra_main()

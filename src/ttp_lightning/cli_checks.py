@@ -57,3 +57,24 @@ def check_unknown_additions(argv: list[str]) -> None:
             raise TTPUserError(f"unknown key {key!r}: `+{key}=...` adds a setting ttp_lightning never reads; "
                                "see `--cfg job` for the settings there are (only trainer.*, logger.*, hydra.* "
                                "and experiment can be added)")
+
+
+def check_composition(argv: list[str]) -> None:
+    """Compose the config as Hydra will and turn a failure (an unknown key, a value of the wrong type) into
+    one TTPUserError line. Skipped for multirun sweeps and Hydra's own flags (Hydra reports those)."""
+    if any(arg.startswith("-") for arg in argv) or any("," in arg for arg in argv):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("hydra.")]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            compose(config_name="main", overrides=overrides)
+    except Exception as exc:
+        text = str(exc) + ("\n" + str(exc.__cause__) if exc.__cause__ else "")
+        lines = [line.strip() for line in text.splitlines()
+                 if line.strip() and not line.strip().startswith(("To append", "full_key", "object_type"))]
+        raise TTPUserError(" ".join(lines) + " (see `--cfg job` for every setting)") from exc
+    finally:
+        GlobalHydra.instance().clear()

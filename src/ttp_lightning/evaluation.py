@@ -44,12 +44,14 @@ def evaluate(model: nn.Module, datamodule: TTPDataModule) -> dict[str, float]:
 
 
 @torch.no_grad()
-def predictions(model: nn.Module, dataset, chunk_size: int = 1024) -> torch.Tensor:
-    """The model's arg-max class for every instance of `dataset`, in order (eval mode)."""
+def predictions(model: nn.Module, dataset, chunk_size: int = 1024, device: torch.device | None = None) -> torch.Tensor:
+    """The model's arg-max class for every instance of `dataset`, in order (eval mode), on `device` (default
+    `eval_device()`; inside a fit, the module's own device)."""
+    device = eval_device() if device is None else device
     was_training = model.training
-    model.eval().to(eval_device())
+    model.eval().to(device)
     images, _ = dataset.everything()
-    out = torch.cat([model(images[i:i + chunk_size].to(eval_device())).argmax(dim=-1).cpu()
+    out = torch.cat([model(images[i:i + chunk_size].to(device)).argmax(dim=-1).cpu()
                      for i in range(0, len(images), chunk_size)])
     model.train(was_training)
     return out

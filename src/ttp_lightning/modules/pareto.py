@@ -7,6 +7,7 @@ from torch import nn
 
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
 from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
+from ttp_lightning.evaluation import predictions
 from ttp_lightning.modules.evaluation_mixin import PartsValidationMixin
 from ttp_lightning.modules.optim import configure_optimizer
 from ttp_lightning.objectives import UNIFORMITY_LOSSES, combine_gradients, retain_loss
@@ -73,7 +74,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
     # ------------------------------------------------------ robust validation
     def on_fit_start(self) -> None:
         if self.adversarial is not None:  # the labels an attacker wants back: the starting model's predictions
-            self._attack_targets = _predict(self.net, self.forget_data, self.device)
+            self._attack_targets = predictions(self.net, self.forget_data, device=self.device)
 
     def on_validation_epoch_end(self) -> None:
         if self.adversarial is None or self.trainer.sanity_checking:
@@ -128,12 +129,3 @@ class ParetoFinetuneModule(PartsValidationMixin):
     def configure_optimizers(self):
         return configure_optimizer(self.net.parameters(), self.trainer.max_epochs, **self.optim)
 
-
-@torch.no_grad()
-def _predict(net: nn.Module, dataset: ImageBatchDataset, device) -> torch.Tensor:
-    was_training = net.training
-    net.eval()
-    images, _ = dataset.everything()
-    out = net(images.to(device)).argmax(dim=-1)
-    net.train(was_training)
-    return out

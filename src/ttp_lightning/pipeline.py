@@ -88,9 +88,8 @@ def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig) -> N
     for stage, net in models.items():
         evaluation = evaluate_attacks(net, forget, cfg, targets=targets, reference_conf_dist=reference)
         results["attacks"][stage], results["attack_checks"][stage] = evaluation["scores"], evaluation["checks"]
-        robust = evaluation["scores"][WORST].get(f"{float(cfg.robust_gamma):g}")
-        if robust is not None:
-            results["metrics"][stage]["forget_robust_conf_dist"] = robust["forget_conf_dist"]
+        robust = evaluation["scores"][WORST][f"{float(cfg.robust_gamma):g}"]  # validated: one of the gammas
+        results["metrics"][stage]["forget_robust_conf_dist"] = robust["forget_conf_dist"]
 
 
 def run(cfg: DictConfig, output_dir: str) -> dict | None:

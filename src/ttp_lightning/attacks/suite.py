@@ -89,22 +89,22 @@ def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg, targets: 
     betas = [b for b in [cfg.get("relu_gradient_beta"), *(cfg.surrogate_betas if "apgd" in cfg.names else [])]
              if b is not None]
     gammas = sorted(float(g) for g in cfg.gammas)
-    per_image = _attack_per_image(model, images, labels, targets, cfg, gammas, samples)
+    chunk = int(cfg.get("chunk_size", 512))
+    per_image = _attack_per_image(model, images, labels, targets, cfg, gammas, samples, chunk)
     scores = {attack: {_key(g): _summary(*by_gamma[g], num_classes) for g in by_gamma}
               for attack, by_gamma in per_image.items() if attack != "unbounded"}
     scores = _in_config_order(scores, cfg.gammas)
-    chunk = int(cfg.get("chunk_size", 512))
     checks = {"randomised": randomised, "eot_samples": samples,
               **_masking(model, images, targets, max(betas, default=None), chunk),
               **_monotonicity(per_image, gammas, num_classes)}
-    if cfg.get("unbounded_check", True) and "unbounded" in per_image:
+    if "unbounded" in per_image:
         checks["unbounded"] = _unbounded(per_image["unbounded"][UNBOUNDED], num_classes, reference_conf_dist)
     model.train(was_training)
     checks["wall_s"] = round(time.perf_counter() - started, 3)
     return {"scores": scores, "checks": checks}
 
 
-def _attack_per_image(model, images, labels, targets, cfg, gammas, samples) -> dict:
+def _attack_per_image(model, images, labels, targets, cfg, gammas, samples, chunk) -> dict:
     """{attack: {gamma: (confidence, correct) per image}}; gamma 255 under "unbounded" for the gradient
     attacks. Generators are seeded per (attack, gamma) and consumed chunk by chunk, as the paper's attacks
     always were, so two models face the same random draws."""
@@ -116,7 +116,6 @@ def _attack_per_image(model, images, labels, targets, cfg, gammas, samples) -> d
     gradient_attacks = [name for name in names if name not in RANDOM_ATTACKS]
     if cfg.get("unbounded_check", True) and gradient_attacks:
         per_image["unbounded"] = {UNBOUNDED: [[], []]}
-    chunk = int(cfg.get("chunk_size", 512))
     for start in range(0, len(images), chunk):
         x, y, t = images[start:start + chunk], labels[start:start + chunk], targets[start:start + chunk]
         clean = confidence_and_correct(model, x, y, samples)

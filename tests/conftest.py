@@ -53,3 +53,41 @@ def run_cli(tmp_path):
         return proc, results
 
     return _run
+
+
+@pytest.fixture
+def run_main(tmp_path, monkeypatch, capsys):
+    """`python -m ttp_lightning ARGS` in this process (Hydra's main, the error contract), for tests of what a
+    run does rather than of the process: returns (exit code, stdout, stderr, results|None)."""
+    import logging
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ttp_lightning import __main__ as entry
+
+    def _run(*overrides: str, tiny: bool = True):
+        monkeypatch.setenv("TTP_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.setenv("WANDB_MODE", "disabled")
+        monkeypatch.setattr(sys, "argv", ["ttp_lightning", *(TINY if tiny else []), *overrides,
+                                          f"hydra.run.dir={tmp_path / 'out'}", "hydra/job_logging=none",
+                                          "hydra/hydra_logging=none"])
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level
+        code = 0
+        try:
+            entry.main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            GlobalHydra.instance().clear()
+            for handler in list(root.handlers):
+                if handler not in handlers:
+                    root.removeHandler(handler)
+                    handler.close()
+            root.setLevel(level)
+        captured = capsys.readouterr()
+        results_file = tmp_path / "out" / "results.json"
+        results = json.loads(results_file.read_text()) if results_file.is_file() else None
+        return code, captured.out, captured.err, results
+
+    return _run

@@ -123,10 +123,10 @@ BAD_INPUT = [
     ("+experiment=nope", "unknown experiment 'nope'"),
     ("data.forget.size=5000", "data.forget.size=5000 is not allowed; choose 1..1257"),
     ("pretrain.epochs=-3", "pretrain.epochs=-3 is not allowed; choose a positive integer"),
-    ("method.lr=-0.01", "method.lr=-0.01 is not allowed; choose a value > 0"),
+    ("method.lr=-0.01", "method.lr=-0.01 is not allowed; choose a finite value > 0"),
     ("method.mode=sometimes", "method.mode='sometimes' is not allowed; choose one of: minibatch, fullbatch"),
     ("attacks.names=[pgd,magic]", "attacks.names='magic' is not allowed; choose one of: gaussian, fgsm, pgd"),
-    ("attacks.gammas=[2,-1]", "attacks.gammas=-1 is not allowed; choose a value > 0"),
+    ("attacks.gammas=[2,-1]", "attacks.gammas=-1 is not allowed; choose a finite value > 0"),
     ("method.thetta=0.5", "Could not override 'method.thetta'. Key 'thetta' is not in struct"),
     ("threads=0", "threads=0 is not allowed; choose auto or a positive integer"),
     ("attacks=strongest", "unknown attacks 'strongest'; choose one of: adaptive, paper"),
@@ -140,23 +140,29 @@ BAD_INPUT = [
 
 
 @pytest.mark.parametrize("override,message", BAD_INPUT)
-def test_bad_input_fails_in_one_line_without_results(run_cli, tmp_path, override, message):
-    proc, results = run_cli(*override.split())
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr[-2000:]
-    assert "Traceback" not in proc.stdout + proc.stderr and results is None
+def test_bad_input_fails_in_one_line_without_results(run_main, tmp_path, override, message):
+    code, out, err, results = run_main(*override.split())
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err[-2000:]
+    assert "Traceback" not in out + err and results is None
     assert not list((tmp_path / "out").glob("*.log"))  # no log file either
 
 
-def test_out_of_range_forget_index_and_missing_data(run_cli, tmp_path):
+def test_bad_input_through_a_real_process_is_one_line_and_exit_2(run_cli, tmp_path):
+    proc, results = run_cli("method.theta=1.5")
+    assert proc.returncode == 2 and results is None
+    assert proc.stderr.strip().splitlines() == ["error: method.theta=1.5 is not allowed; choose a value in [0, 1]"]
+
+
+def test_out_of_range_forget_index_and_missing_data(run_main, tmp_path):
     index_file = tmp_path / "forget.txt"
     index_file.write_text("1 2 99999")
-    proc, results = run_cli(f"data.forget.indices_file={index_file}")
-    assert proc.returncode == 2 and "forget index 99999 out of range; allowed 0..1257" in proc.stderr
-    proc, results = run_cli("data=mnist", f"data.root={tmp_path / 'empty'}")
-    assert proc.returncode == 2 and results is None
-    assert f"data set 'mnist' not found under {tmp_path / 'empty'}" in proc.stderr
+    code, _, err, results = run_main(f"data.forget.indices_file={index_file}")
+    assert code == 2 and "forget index 99999 out of range; allowed 0..1257" in err
+    code, _, err, results = run_main("data=mnist", f"data.root={tmp_path / 'empty'}")
+    assert code == 2 and results is None
+    assert f"data set 'mnist' not found under {tmp_path / 'empty'}" in err
 
 
 def test_help_and_cfg_job():

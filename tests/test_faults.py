@@ -129,7 +129,7 @@ def test_divergence_stops_the_run_and_releases_nothing(run_cli, tmp_path, mode):
     assert not (tmp_path / "out" / "model.pt").exists()
 
 
-def test_sigterm_exits_143_with_one_line_and_no_results(tmp_path):
+def test_sigterm_exits_143_with_one_line_naming_the_checkpoint_and_no_results(tmp_path):
     cache, out = tmp_path / "cache", tmp_path / "out"
     env = dict(os.environ, TTP_CACHE_DIR=str(cache), WANDB_MODE="disabled")
     overrides = [o for o in TINY if not o.startswith("method.epochs")] + ["method.epochs=5000",
@@ -137,13 +137,16 @@ def test_sigterm_exits_143_with_one_line_and_no_results(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "ttp_lightning", *overrides, f"hydra.run.dir={out}"], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not any(cache.rglob("*.pt")) and time.monotonic() < deadline:  # pretraining done: finetuning runs
-        time.sleep(0.2)
-    time.sleep(1.0)
+    while not list(cache.glob("checkpoints/*_alg1/last.ckpt")) and time.monotonic() < deadline:  # Alg 1 runs
+        time.sleep(0.05)
+    time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM
-    assert stderr.strip().splitlines()[-1].startswith("error: received SIGTERM")
+    last = stderr.strip().splitlines()[-1]
+    assert re.match(r"error: received SIGTERM; the run stopped before writing its results \(rerun the same command "
+                    r"to resume from the checkpoint after epoch \d+ in .*_alg1\)$", last), last
+    assert list(cache.glob("checkpoints/*_alg1/last.ckpt"))
     assert not (out / "results.json").exists() and not (out / "model.pt").exists()
 
 

@@ -66,11 +66,13 @@ def _run(compose_cfg, tmp_path, monkeypatch, method: str, *overrides: str) -> di
 
 def test_robust_alg1_keeps_uniformity_under_attack_and_stops_on_the_attacked_cd(compose_cfg, tmp_path, monkeypatch):
     plain = _run(compose_cfg, tmp_path, monkeypatch, "pareto")
-    robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust")
+    robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust",
+                  "method.early_stopping.retain_acc_drop_at_most=0.05")  # robust Alg 1 costs digits' MLP 1-4 %
     history = robust["history"]["pareto_robust"]
     assert all("forget_robust_conf_dist" in row for row in history)
-    best = robust["metrics"]["pareto_robust"]["best_epoch"]
-    assert history[best - 1]["forget_robust_conf_dist"] == min(row["forget_robust_conf_dist"] for row in history)
+    best, threshold = (robust["metrics"]["pareto_robust"][k] for k in ("best_epoch", "retain_acc_threshold"))
+    qualifying = [row for row in history if row["retain_acc"] >= threshold]
+    assert history[best - 1]["forget_robust_conf_dist"] == min(row["forget_robust_conf_dist"] for row in qualifying)
     attacked = {name: results["metrics"][name]["forget_robust_conf_dist"]
                 for name, results in (("pareto", plain), ("pareto_robust", robust))}
     assert attacked["pareto_robust"] < attacked["pareto"]

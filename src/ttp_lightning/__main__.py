@@ -33,9 +33,13 @@ def _on_sigint(signum, frame) -> None:
 def _stopped_by(name: str, code: int) -> None:
     """A signal ends the run: one error line and the shell's code for it (128 + signal number), so a
     scheduler never records a killed run as a success. Nothing half-written is left (results.json and
-    weights are written atomically at the very end)."""
-    print(f"error: received {name}; the run stopped before writing its results (rerun the same command to "
-          "start it again)", file=sys.stderr, flush=True)
+    weights are written atomically at the very end); the line names the checkpoint a rerun resumes from."""
+    from ttp_lightning.checkpointing import LATEST
+
+    where = (f"rerun the same command to resume from the checkpoint after epoch {LATEST['epoch']} in "
+             f"{LATEST['folder']}") if LATEST else "no epoch had finished; rerun the same command to start again"
+    print(f"error: received {name}; the run stopped before writing its results ({where})", file=sys.stderr,
+          flush=True)
     sys.exit(code)
 
 

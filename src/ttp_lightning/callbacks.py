@@ -33,6 +33,22 @@ class ConstrainedBestModel(Callback):
         self.best_state: dict | None = None
         self.last_epoch = 0
         self._stale_epochs = 0
+        self.stopped = False
+
+    _STATE = ("fallback_score", "fallback_epoch", "fallback_state", "best_conf_dist", "best_epoch", "best_state",
+              "last_epoch", "_stale_epochs", "stopped")
+
+    def state_dict(self) -> dict:
+        """The record so far, saved in checkpoints so a resumed fit keeps the same epoch."""
+        return {name: getattr(self, name) for name in self._STATE}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        for name in self._STATE:
+            setattr(self, name, state_dict[name])
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stopped:  # resumed from the checkpoint of the epoch at which patience ran out
+            trainer.should_stop = True
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -53,7 +69,7 @@ class ConstrainedBestModel(Callback):
         elif self.best_epoch is not None:
             self._stale_epochs += 1
             if self.patience is not None and self._stale_epochs >= self.patience:
-                trainer.should_stop = True
+                trainer.should_stop = self.stopped = True
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.best_state is not None:
@@ -81,8 +97,18 @@ class EpochHistory(Callback):
         self.rows: list[dict] = []
         self._start = time.perf_counter()
 
+    def state_dict(self) -> dict:
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Resumed: the rows so far; elapsed time continues from the last one."""
+        self.rows = list(state_dict["rows"])
+
     def on_fit_start(self, trainer, pl_module) -> None:
         self._start = time.perf_counter()
+
+    def on_train_start(self, trainer, pl_module) -> None:  # after a checkpoint's states are restored
+        self._start = time.perf_counter() - (self.rows[-1]["elapsed_s"] if self.rows else 0.0)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -101,6 +127,12 @@ class StepTimer(Callback):
         self.seconds, self.steps = 0.0, 0
         self._t0 = 0.0
 
+    def state_dict(self) -> dict:
+        return {"seconds": self.seconds, "steps": self.steps}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.seconds, self.steps = float(state_dict["seconds"]), int(state_dict["steps"])
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._t0 = time.perf_counter()
 
@@ -109,7 +141,6 @@ class StepTimer(Callback):
             torch.cuda.synchronize(pl_module.device)
         self.seconds += time.perf_counter() - self._t0
         self.steps += 1
-
 
 
 class FiniteGuard(Callback):

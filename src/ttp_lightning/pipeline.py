@@ -1,6 +1,7 @@
 """One run: data -> pretrain A(D) (cached) -> method -> evaluation -> results.json + table."""
 
 import copy
+import hashlib
 import json
 import logging
 
@@ -12,11 +13,12 @@ from omegaconf import DictConfig, OmegaConf
 from ttp_lightning.attacks import WORST, evaluate_attacks
 from ttp_lightning.certify.certificate import AUDIT_FILE, PRIVATE_DIR, RELEASE_DIR, write_release
 from ttp_lightning.certify.schema import data_spec, model_spec
+from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.evaluation import evaluate, forget_softmax, predictions
 from ttp_lightning.methods import METHODS
 from ttp_lightning.models import build_classifier
-from ttp_lightning.pretraining import absorb_outside_forget, pretrained_model
+from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
 from ttp_lightning.report import (
     format_attack_table,
     format_certificate_line,
@@ -92,6 +94,14 @@ def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig) -> N
         results["metrics"][stage]["forget_robust_conf_dist"] = robust["forget_conf_dist"]
 
 
+def method_key(ctx: RunContext, datamodule) -> str:
+    """What determines the method's fits: A(D) (data, model, pretraining incl. absorb_epochs, seed, process
+    layout), the forget set, and the method's settings; names their checkpoint folders."""
+    identity = {"pretrained": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(),
+                "method": OmegaConf.to_container(ctx.cfg.method, resolve=True)}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
 def run(cfg: DictConfig, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
     route_lightning_logs_to_hydra()
@@ -111,6 +121,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         original = copy.deepcopy(pretrained)
         pretrain_info.update(absorb_outside_forget(ctx, pretrained, datamodule, is_global_zero))
 
+    ctx.run_key = method_key(ctx, datamodule)
     output = METHODS[cfg.method.name](ctx, pretrained, datamodule, make_net)
     if not is_global_zero():
         return None
@@ -127,6 +138,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
                  "forget_fingerprint": datamodule.forget_fingerprint()},
         "metrics": metrics,
         "history": {cfg.method.name: output.history},
+        "resumed": dict(ctx.resumed),  # stage -> the epoch a rerun resumed after (wall times cover this process)
     }
     results["forget_softmax"] = {"pretrain": forget_softmax(pretrained, datamodule),
                                  cfg.method.name: forget_softmax(output.net, datamodule)}
@@ -148,4 +160,5 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{attacks}{certified}\nresults: {path}",
           flush=True)
     finish_logger(ctx.logger, results, output_dir)
+    remove_checkpoints(ctx.checkpoint_dirs)  # the results are written: a rerun starts afresh
     return results

@@ -13,11 +13,12 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.modules.erm import ERMModule
-from ttp_lightning.training import RunContext, make_trainer, timed_fit
+from ttp_lightning.training import RunContext, checkpoint_folder, fit
 
-CACHE_FORMAT = 2  # 2: safetensors + checksum record (1: pickled .pt)
+CACHE_FORMAT = 3  # 3: augmentation reseeded per epoch (resumable); 2: safetensors + checksum; 1: pickled .pt
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +30,12 @@ def erm_module(ctx: RunContext, net: nn.Module, mixup_alpha: float = 0.0) -> ERM
     return ERMModule(net, optim, norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
 
 
-def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0, epochs: int | None = None) -> float:
+def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0, epochs: int | None = None,
+              key: str | None = None, stage: str = "ERM") -> float:
     """Fit `net` by ERM with the pretraining settings (`epochs` defaults to pretrain.epochs) on the loader's
-    data; returns wall seconds."""
-    trainer = make_trainer(ctx, ctx.cfg.pretrain.epochs if epochs is None else epochs)
-    return timed_fit(trainer, erm_module(ctx, net, mixup_alpha), train_dataloaders=loader)
+    data, resumable under the checkpoint `key`; returns wall seconds."""
+    epochs = ctx.cfg.pretrain.epochs if epochs is None else epochs
+    return fit(ctx, erm_module(ctx, net, mixup_alpha), epochs, stage, key=key, train_dataloaders=loader)
 
 
 def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
@@ -57,8 +59,9 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
 def pretrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, is_global_zero) -> dict:
     """Load A(D) into `net` from the cache, or train it and store it. Returns {wall_s, cached, cache_file}.
     D is the training set before any forget instances from outside it are added."""
-    return _cached_fit(ctx, net, cache_key(ctx, datamodule), is_global_zero,
-                       lambda: train_erm(ctx, net, datamodule.training_loader("pretrain")))
+    key = cache_key(ctx, datamodule)
+    return _cached_fit(ctx, net, key, is_global_zero, lambda: train_erm(
+        ctx, net, datamodule.training_loader("pretrain"), key=f"{key}_fit", stage="pretraining A(D)"))
 
 
 def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, is_global_zero) -> dict:
@@ -68,8 +71,9 @@ def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataMo
     epochs = int(ctx.cfg.pretrain.absorb_epochs)
     identity = {"start": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(), "epochs": epochs}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-    info = _cached_fit(ctx, net, f"{key}_absorbed", is_global_zero,
-                       lambda: train_erm(ctx, net, datamodule.training_loader("train"), epochs=epochs))
+    info = _cached_fit(ctx, net, f"{key}_absorbed", is_global_zero, lambda: train_erm(
+        ctx, net, datamodule.training_loader("train"), epochs=epochs, key=f"{key}_absorbed_fit",
+        stage="absorbing the outside forget instances"))
     return {"absorb_epochs": epochs, "absorb_wall_s": info["wall_s"], "absorb_cached": info["cached"]}
 
 
@@ -97,6 +101,7 @@ def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit) 
         if is_global_zero():
             with lock:
                 _store_entry(net, wall, weights)
+            remove_checkpoints([checkpoint_folder(ctx, f"{key}_fit", register=False)])  # the entry supersedes them
     return {"wall_s": round(wall, 3), "cached": False, "cache_file": str(weights)}
 
 

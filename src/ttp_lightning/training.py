@@ -1,12 +1,15 @@
 """Builds Trainers from the `trainer` config group and fits a module, timing the fit."""
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import hydra
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig
+
+from ttp_lightning.checkpointing import LATEST, RandomState, epoch_checkpoint, resume_from
 
 
 @dataclass
@@ -16,6 +19,13 @@ class RunContext:
     cfg: DictConfig
     logger: object = False
     output_dir: str = "."
+    run_key: str | None = None  # hashes what determines the method's fits (set once A(D) is known)
+    checkpoint_dirs: list = field(default_factory=list)  # this run's checkpoint folders, deleted at the end
+    resumed: dict = field(default_factory=dict)  # stage -> the epoch it resumed after
+
+    def key_for(self, label: str) -> str | None:
+        """The checkpoint key of one of the method's fits."""
+        return None if self.run_key is None else f"{self.run_key}_{label}"
 
 
 def choose_threads(cfg: DictConfig) -> int:
@@ -41,9 +51,10 @@ def choose_threads(cfg: DictConfig) -> int:
 
 
 def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None,
-                 settings: str = "pretrain") -> L.Trainer:
+                 settings: str = "pretrain", root_dir: Path | None = None) -> L.Trainer:
     """A Trainer from the `trainer` config group, logging to the run's logger; it stops with one error line
-    when training diverges (`settings`: the config section whose lr trains it, named in that line)."""
+    when training diverges (`settings`: the config section whose lr trains it, named in that line).
+    `root_dir` (default: the run's output folder) is where Lightning's SLURM requeue checkpoint goes."""
     from ttp_lightning.callbacks import FiniteGuard
 
     section = ctx.cfg[settings]
@@ -52,11 +63,32 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
     if ctx.cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=ctx.cfg.progress_bar_refresh_rate))
     return hydra.utils.instantiate(ctx.cfg.trainer, max_epochs=max_epochs, logger=ctx.logger,
-                                   callbacks=callbacks, default_root_dir=ctx.output_dir)
+                                   callbacks=callbacks, enable_checkpointing=root_dir is not None,
+                                   default_root_dir=str(root_dir or ctx.output_dir))
 
 
-def timed_fit(trainer: L.Trainer, module: L.LightningModule, **loaders) -> float:
-    """trainer.fit and its wall-clock seconds."""
+def checkpoint_folder(ctx: RunContext, key: str, register: bool = True) -> Path:
+    """Where the fit keyed `key` keeps its checkpoints (registered for deletion when the run ends)."""
+    folder = Path(ctx.cfg.paths.cache_dir).expanduser() / "checkpoints" / key
+    if register:
+        ctx.checkpoint_dirs.append(folder)
+    return folder
+
+
+def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str, key: str | None = None,
+        callbacks: list | None = None, settings: str = "pretrain", **loaders) -> float:
+    """trainer.fit of `module` for `max_epochs` and its wall-clock seconds. With a checkpoint `key`, the fit
+    writes checkpoints every `checkpoint_every_n_epochs` epochs and resumes from the newest one a stopped
+    run of the same key left (see checkpointing.py); `stage` names it in the log."""
+    every = int(ctx.cfg.get("checkpoint_every_n_epochs", 0) or 0)
+    folder = checkpoint_folder(ctx, key) if key is not None and every > 0 else None
+    callbacks, ckpt_path = list(callbacks or []), None
+    if folder is not None:
+        callbacks += [epoch_checkpoint(folder, every), RandomState()]
+        ckpt_path = resume_from(folder, bool(ctx.cfg.get("resume", True)), stage)
+        if ckpt_path is not None:
+            ctx.resumed[stage] = LATEST["epoch"]
+    trainer = make_trainer(ctx, max_epochs, callbacks, settings, root_dir=folder)
     start = time.perf_counter()
-    trainer.fit(module, **loaders)
+    trainer.fit(module, ckpt_path=ckpt_path, weights_only=True, **loaders)
     return time.perf_counter() - start

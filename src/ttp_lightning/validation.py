@@ -1,5 +1,7 @@
 """Checks config values before any work starts, so bad input fails in one line with nothing written."""
 
+import math
+
 from omegaconf import DictConfig
 
 from ttp_lightning.errors import TTPUserError
@@ -12,6 +14,8 @@ from ttp_lightning.objectives import UNIFORMITY_LOSSES
 def _number(value, key: str):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TTPUserError(f"{key}={value!r} is not a number")
+    if math.isnan(value):
+        raise TTPUserError(f"{key}=nan is not allowed; choose a number")
     return value
 
 
@@ -21,8 +25,8 @@ def _positive_int(value, key: str) -> None:
 
 
 def _positive(value, key: str) -> None:
-    if _number(value, key) <= 0:
-        raise TTPUserError(f"{key}={value} is not allowed; choose a value > 0")
+    if not 0 < _number(value, key) < float("inf"):
+        raise TTPUserError(f"{key}={value} is not allowed; choose a finite value > 0")
 
 
 def _choice(value, key: str, allowed) -> None:

@@ -29,7 +29,13 @@ class ImageBatchDataset(Dataset):
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, augment: str = "none", seed: int = 0):
         self.images, self.labels = images, labels
         self.augment = AUGMENTATIONS[augment]
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Augmentation draws of epoch `epoch` come from (seed, epoch) alone, so a resumed fit draws what an
+        uninterrupted one would."""
+        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -65,8 +71,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, size: int, batch_size: int, shuffle: bool, drop_last: bool, seed: int = 0,
-                 equal_shards: bool = True, sharded: bool = True):
-        self.sharded = sharded
+                 equal_shards: bool = True, sharded: bool = True, on_epoch=None):
+        self.sharded, self.on_epoch = sharded, on_epoch
         self.size, self.batch_size = size, batch_size
         self.shuffle, self.drop_last, self.seed, self.equal_shards = shuffle, drop_last, seed, equal_shards
         self.epoch = 0
@@ -85,8 +91,14 @@ class ShardedBatchSampler(Sampler[list[int]]):
             shard = shard[: self.size // world]
         return shard
 
+    def set_epoch(self, epoch: int) -> None:
+        """Called by Lightning before every training epoch (the epoch counter of a resumed fit included)."""
+        self.epoch = epoch
+
     def __iter__(self):
         shard = self._shard()
+        if self.on_epoch is not None:
+            self.on_epoch(self.epoch)
         self.epoch += 1
         stop = len(shard) - len(shard) % self.batch_size if self.drop_last else len(shard)
         for start in range(0, stop, self.batch_size):
@@ -103,7 +115,7 @@ def batch_loader(dataset: ImageBatchDataset, batch_size: int, shuffle: bool = Fa
     """A DataLoader that fetches whole batches by fancy indexing (this rank's shard unless `sharded=False`)."""
     batch_size = max(1, min(batch_size, len(dataset)))
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, equal_shards=training,
-                                  sharded=sharded)
+                                  sharded=sharded, on_epoch=getattr(dataset, "set_epoch", None) if training else None)
     return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
                       persistent_workers=num_workers > 0)
 

@@ -13,13 +13,13 @@ from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.modules.pareto import ParetoFinetuneModule
-from ttp_lightning.training import RunContext, make_trainer, timed_fit
+from ttp_lightning.training import RunContext, fit
 
 
 def run_pareto(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
     cfg = ctx.cfg.method
     return finetune(ctx, copy.deepcopy(pretrained), datamodule, cfg, cfg.epochs,
-                    cfg.early_stopping if cfg.early_stopping.enabled else None)
+                    cfg.early_stopping if cfg.early_stopping.enabled else None, label="alg1")
 
 
 def retain_threshold(net: nn.Module, datamodule: TTPDataModule, stopping: DictConfig) -> float:
@@ -34,8 +34,9 @@ def retain_threshold(net: nn.Module, datamodule: TTPDataModule, stopping: DictCo
 
 
 def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: DictConfig, epochs: int,
-             stopping: DictConfig | None) -> MethodOutput:
-    """Alg 1 on `net` in place with the Alg 1 settings in `cfg`; `stopping=None` keeps the last epoch.
+             stopping: DictConfig | None, label: str) -> MethodOutput:
+    """Alg 1 on `net` in place with the Alg 1 settings in `cfg`; `stopping=None` keeps the last epoch;
+    `label` names the fit's checkpoints (resumable, see checkpointing.py).
     With `cfg.adversarial` (method=pareto_robust) the uniformity term is robust and early stopping watches
     the forget CD under attack."""
     optim = {k: cfg[k] for k in ("optimizer", "lr", "weight_decay", "momentum", "schedule")}
@@ -54,12 +55,12 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         conf_dist_key="val/forget_robust_conf_dist" if adversarial else "val/forget_conf_dist",
     )
     callbacks = [history, timer] + ([best] if best else [])
-    trainer = make_trainer(ctx, epochs, callbacks, settings="method")
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:
         train_loader = datamodule.pareto_dataloader()
-    wall = timed_fit(trainer, module, train_dataloaders=train_loader, val_dataloaders=datamodule.val_dataloader())
+    wall = fit(ctx, module, epochs, f"Alg 1 finetuning ({label})", key=ctx.key_for(label), callbacks=callbacks,
+               settings="method", train_dataloaders=train_loader, val_dataloaders=datamodule.val_dataloader())
     summary = best.summary() if best else {"best_epoch": len(history.rows), "constraint_met": None,
                                            "selection_rule": "early stopping off: the last epoch"}
     if best is not None:

@@ -39,7 +39,8 @@ def run_gaussian_uniform(ctx: RunContext, pretrained: nn.Module, datamodule: TTP
     train = datamodule.float_dataset(torch.cat([noisy_retain.images, noisy_forget.images, clean]),
                                      torch.cat([noisy_retain.labels, noisy_forget.labels, random_labels]))
     net = make_net()
-    wall = train_erm(ctx, net, datamodule.loader_for(train))
+    wall = train_erm(ctx, net, datamodule.loader_for(train), key=ctx.key_for("gaussian_uniform"),
+                     stage="training on noisy copies")
     metrics = {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs), "train_size": len(train),
                "noisy_retain_acc": accuracy(net, noisy_retain), "noisy_forget_acc": accuracy(net, noisy_forget)}
     if len(datamodule.test_labels):

@@ -72,13 +72,14 @@ def run_labeldp(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModul
     first_labels = rr_with_prior(uniform, labels[first], cfg.epsilon, generator)
     net = make_net()
     wall = train_erm(ctx, net, datamodule.loader_for(datamodule.float_dataset(images[first], first_labels)),
-                     cfg.mixup_alpha)
+                     cfg.mixup_alpha, key=ctx.key_for("labeldp_stage1"), stage="LabelDP stage 1")
 
     prior = softmax_prior(net, images[second], cfg.temperature)
     second_labels = rr_with_prior(prior, labels[second], cfg.epsilon, generator)
     both = torch.cat([first, second])
     stage_two = datamodule.float_dataset(images[both], torch.cat([first_labels, second_labels]))
-    wall += train_erm(ctx, net, datamodule.loader_for(stage_two), cfg.mixup_alpha)
+    wall += train_erm(ctx, net, datamodule.loader_for(stage_two), cfg.mixup_alpha, key=ctx.key_for("labeldp_stage2"),
+                      stage="LabelDP stage 2")
     metrics = {
         "wall_s": round(wall, 3), "stage_sizes": [len(first), len(second)],
         "stage1_labels_kept": round(float((first_labels == labels[first]).float().mean()), 6),

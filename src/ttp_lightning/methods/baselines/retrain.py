@@ -10,5 +10,6 @@ from ttp_lightning.training import RunContext
 
 def run_retrain(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
     net = make_net()
-    wall = train_erm(ctx, net, datamodule.training_loader("retain"))
+    wall = train_erm(ctx, net, datamodule.training_loader("retain"), key=ctx.key_for("retrain"),
+                     stage="retraining A(D_r)")
     return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs)})

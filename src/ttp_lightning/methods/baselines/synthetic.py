@@ -31,6 +31,7 @@ def run_synthetic(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataMod
     retain_images, retain_labels = datamodule.dataset("retain").everything()
     train = datamodule.float_dataset(torch.cat([retain_images, points]), torch.cat([retain_labels, labels]))
     net = make_net()
-    wall = train_erm(ctx, net, datamodule.loader_for(train))
+    wall = train_erm(ctx, net, datamodule.loader_for(train), key=ctx.key_for("synthetic"),
+                     stage="training on D_r + synthetic points")
     return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs),
                               "synthetic_points": len(points), "train_size": len(train)})

@@ -55,7 +55,7 @@ def warm_start(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule
     cfg = ctx.cfg.method
     prepared = Prepared(copy.deepcopy(pretrained))
     if cfg.warmup_epochs:
-        warm = finetune(ctx, prepared.net, datamodule, cfg, cfg.warmup_epochs, stopping=None)
+        warm = finetune(ctx, prepared.net, datamodule, cfg, cfg.warmup_epochs, stopping=None, label="warmup")
         prepared = Prepared(warm.net, warm.history, warm.metrics["wall_s"])
     project_to_norm_ball(prepared.net, ctx.cfg.pretrain.norm_bound, ctx.cfg.pretrain.projection)
     prepared.net.to(eval_device())

@@ -1,0 +1,414 @@
+"""Fault injection: runs `python -m ttp_lightning` on the embedded digits data through kills, signals,
+divergence, corrupt caches and checkpoints, concurrent jobs and hostile or broken input files, and reports
+for each case what happened and whether anything was lost.
+
+    python scripts/faults.py [--out bench/faults.json] [--markdown] [--only NAME ...]
+
+"Lost" compares a stopped-and-rerun job with an uninterrupted one of the same command: the final metrics
+and the per-epoch history, timings and cache flags aside. Exits 1 when any case does not end as expected.
+The README's fault table is this script's --markdown output.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+MNIST_RAW = REPO.parent / "shared" / "data" / "MNIST" / "raw"
+BASE = ["logger=none", "trainer.enable_progress_bar=false", "data.forget.size=20", "attacks.enabled=false",
+        "pretrain.epochs=150", "method.epochs=150", "method.early_stopping.patience=null"]
+QUICK = ["logger=none", "trainer.enable_progress_bar=false", "data.forget.size=20", "attacks.enabled=false",
+         "pretrain.epochs=4", "method.epochs=4"]
+TIMING = ("wall", "per_s", "elapsed")
+
+
+class Job:
+    """One `python -m ttp_lightning` process with its own cache and run folder."""
+
+    def __init__(self, work: Path, name: str, cache: Path, args: list[str], env: dict | None = None):
+        self.out = work / name
+        self.cache = cache
+        environment = dict(os.environ, TTP_CACHE_DIR=str(cache), WANDB_MODE="disabled", OMP_NUM_THREADS="1",
+                           **(env or {}))
+        command = [sys.executable, "-m", "ttp_lightning", f"hydra.run.dir={self.out}", *args]  # args may move it
+        self.proc = subprocess.Popen(command, cwd=REPO, env=environment, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.stdout = self.stderr = ""
+
+    def wait_for(self, pattern: str, timeout: float = 180.0) -> Path:
+        """The first file matching `pattern` under the cache (the process must still be running)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = sorted(self.cache.glob(pattern))
+            if found:
+                return found[0]
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the job ended before {pattern} appeared:\n{self.finish()[2][-2000:]}")
+            time.sleep(0.02)
+        raise RuntimeError(f"{pattern} did not appear within {timeout:.0f} s")
+
+    def finish(self, timeout: float = 600.0) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        self.stdout, self.stderr = self.stdout + out, self.stderr + err
+        return self.proc.returncode, self.stdout, self.stderr
+
+    @property
+    def results(self) -> dict | None:
+        path = self.out / "results.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def last_line(self) -> str:
+        lines = self.stderr.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+def untimed(values: dict) -> dict:
+    return {k: v for k, v in values.items() if not any(t in k for t in TIMING) and k not in ("cached", "cache_file")}
+
+
+def same_results(first: dict | None, second: dict | None) -> bool:
+    if first is None or second is None:
+        return False
+    metrics = all(untimed(first["metrics"][s]) == untimed(second["metrics"].get(s, {})) for s in first["metrics"])
+    history = all([untimed(r) for r in rows] == [untimed(r) for r in second["history"].get(m, [])]
+                  for m, rows in first["history"].items())
+    return metrics and history
+
+
+def run(work: Path, name: str, cache: Path, args: list[str], **kwargs) -> Job:
+    job = Job(work, name, cache, args, **kwargs)
+    job.finish()
+    return job
+
+
+def refused(job: Job) -> dict:
+    """Bad input: exit 2, one error line, nothing written."""
+    line = job.last_line()
+    nothing = not (job.out / "results.json").exists() and not (job.out / "model.pt").exists()
+    ok = job.proc.returncode == 2 and line.startswith("error:") and nothing
+    return {"exit": job.proc.returncode, "happened": line, "lost": "nothing written" if nothing else "WROTE FILES",
+            "ok": ok}
+
+
+# ----------------------------------------------------------------------------------------------- cases
+
+
+def kill_and_rerun(work, reference, stage_pattern: str, name: str, how=signal.SIGKILL, cache=None) -> dict:
+    cache = cache or work / f"cache_{name}"
+    job = Job(work, f"{name}_stopped", cache, BASE)
+    checkpoint = job.wait_for(stage_pattern)
+    time.sleep(0.5)
+    job.proc.send_signal(how)
+    code, _, _ = job.finish()
+    written = checkpoint.exists()
+    again = run(work, f"{name}_rerun", cache, BASE)
+    resumed = again.results["resumed"] if again.results else None
+    equal = same_results(reference.results, again.results)
+    happened = f"exit {code}" + (f" ({job.last_line()})" if how != signal.SIGKILL else "") + \
+        f"; rerun resumed {resumed}"
+    expected_code = {signal.SIGKILL: -9, signal.SIGTERM: 143, signal.SIGINT: 130}[how]
+    ok = code == expected_code and written and bool(resumed) and equal
+    return {"exit": code, "happened": happened,
+            "lost": "nothing: final metrics and history equal the uninterrupted run" if equal else "RESULTS DIFFER",
+            "ok": ok}
+
+
+def case_kill_pretraining(work, reference):
+    return kill_and_rerun(work, reference, "checkpoints/*_fit/last.ckpt", "kill9_pretraining")
+
+
+def case_kill_finetuning(work, reference):
+    return kill_and_rerun(work, reference, "checkpoints/*_alg1/last.ckpt", "kill9_finetuning",
+                          cache=copy_cache(work, reference, "kill9_finetuning"))
+
+
+def case_sigterm(work, reference):
+    return kill_and_rerun(work, reference, "checkpoints/*_alg1/last.ckpt", "sigterm", how=signal.SIGTERM,
+                          cache=copy_cache(work, reference, "sigterm"))
+
+
+def case_sigint(work, reference):
+    return kill_and_rerun(work, reference, "checkpoints/*_alg1/last.ckpt", "sigint", how=signal.SIGINT,
+                          cache=copy_cache(work, reference, "sigint"))
+
+
+def case_slurm_requeue(work, reference):
+    """Lightning's SLURM handler: SIGUSR1 -> hpc checkpoint in the checkpoint folder + `scontrol requeue`;
+    SLURM then ends the job; the requeued job resumes from the hpc checkpoint (mid-epoch)."""
+    cache = copy_cache(work, reference, "slurm")
+    tools = work / "slurm_bin"
+    tools.mkdir(exist_ok=True)
+    calls = work / "scontrol_calls.txt"
+    (tools / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    (tools / "scontrol").chmod(0o755)
+    env = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "ttp", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0",
+           "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NTASKS_PER_NODE": "1",
+           "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    job = Job(work, "slurm_stopped", cache, BASE, env=env)
+    job.wait_for("checkpoints/*_alg1/last.ckpt")
+    time.sleep(0.5)
+    job.proc.send_signal(signal.SIGUSR1)
+    hpc = job.wait_for("checkpoints/*_alg1/hpc_ckpt_*.ckpt")
+    job.proc.send_signal(signal.SIGTERM)  # what SLURM sends once the job is requeued
+    code, _, _ = job.finish()
+    requeued = calls.exists() and "requeue 4242" in calls.read_text()
+    again = run(work, "slurm_rerun", cache, BASE, env=env)
+    output = again.stdout + again.stderr
+    source = "hpc_ckpt" if "hpc_ckpt_" in output.split("resuming", 1)[-1][:400] else "last.ckpt"
+    equal = same_results(reference.results, again.results)
+    ok = code == 143 and requeued and bool(again.results and again.results["resumed"])
+    return {"exit": code, "happened": f"{hpc.name} written and `scontrol requeue 4242` called: {requeued}; exit "
+                                      f"{code}; the requeued job resumed from the newer checkpoint, {source}",
+            "lost": "nothing: results equal the uninterrupted run" if equal else
+                    "from hpc_ckpt (mid-epoch) the rest of that epoch's batches are not replayed in the same order; "
+                    "the job completed",
+            "ok": ok}
+
+
+def case_nan_lr(work, reference):
+    return refused(run(work, "nan_lr", work / "cache_reference", [*QUICK, "method.lr=nan"]))
+
+
+def case_divergence(work, reference):
+    return refused(run(work, "lr_1e30", work / "cache_reference", [*QUICK, "method.lr=1e30"]))
+
+
+def case_collapse(work, reference):
+    """A finite but absurd learning rate: no epoch keeps retain accuracy, the fallback picks one."""
+    job = run(work, "lr_1e9", work / "cache_reference", [*QUICK, "method.lr=1e9"])
+    results = job.results or {}
+    metrics = results.get("metrics", {}).get("pareto", {})
+    happened = (f"exit {job.proc.returncode}; constraint_met {metrics.get('constraint_met')}, kept epoch "
+                f"{metrics.get('best_epoch')} by '{metrics.get('selection_rule', '')[:40]}...', retain "
+                f"{metrics.get('retain_acc', float('nan')):.3f}") if metrics else job.last_line()
+    ok = job.proc.returncode == 0 and metrics.get("constraint_met") is False
+    return {"exit": job.proc.returncode, "happened": happened,
+            "lost": "nothing: results.json says no epoch met the thresholds", "ok": ok}
+
+
+def copy_cache(work: Path, reference: Job, name: str) -> Path:
+    target = work / f"cache_{name}"
+    shutil.copytree(reference.cache, target, dirs_exist_ok=True)
+    return target
+
+
+def case_truncated_cache(work, reference):
+    cache = copy_cache(work, reference, "truncated")
+    entry = next((cache / "pretrain").glob("*.safetensors"))
+    entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
+    job = run(work, "truncated_cache", cache, BASE)
+    warned = "unreadable or corrupt" in job.stdout + job.stderr
+    equal = same_results(reference.results, job.results)
+    pretrain = (job.results or {}).get("metrics", {}).get("pretrain", {})
+    return {"exit": job.proc.returncode,
+            "happened": f"warning naming {entry.name}: {warned}; retrained (cached {pretrain.get('cached')})",
+            "lost": "nothing: results equal the reference" if equal else "RESULTS DIFFER",
+            "ok": job.proc.returncode == 0 and warned and equal and pretrain.get("cached") is False}
+
+
+def case_truncated_checkpoint(work, reference):
+    cache = copy_cache(work, reference, "truncated_ckpt")
+    job = Job(work, "truncated_ckpt_stopped", cache, BASE)
+    checkpoint = job.wait_for("checkpoints/*_alg1/last.ckpt")
+    job.proc.kill()
+    job.finish()
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    again = run(work, "truncated_ckpt_rerun", cache, BASE)
+    warned = "unreadable or corrupt" in again.stdout + again.stderr
+    equal = same_results(reference.results, again.results)
+    return {"exit": again.proc.returncode, "happened": f"warning naming last.ckpt: {warned}; Alg 1 started afresh",
+            "lost": "the finished epochs (retrained); results equal the reference" if equal else "RESULTS DIFFER",
+            "ok": again.proc.returncode == 0 and warned and equal}
+
+
+def case_concurrent(work, reference):
+    cache = work / "cache_concurrent"
+    jobs = [Job(work, f"concurrent_{i}", cache, BASE) for i in range(2)]
+    for job in jobs:
+        job.finish()
+    cached = sorted(bool(job.results and job.results["metrics"]["pretrain"]["cached"]) for job in jobs)
+    equal = all(same_results(reference.results, job.results) for job in jobs)
+    return {"exit": max(job.proc.returncode for job in jobs),
+            "happened": f"pretrained once: {cached == [False, True]} (one trained, the other waited and reused)",
+            "lost": "nothing: both results equal the reference" if equal else "RESULTS DIFFER",
+            "ok": cached == [False, True] and equal}
+
+
+def case_read_only_output(work, reference):
+    if os.geteuid() == 0:  # root writes through permission bits: use a read-only file system instead
+        target = Path("/proc/sys/kernel/ttp_run")
+        if os.access(target.parent, os.W_OK):
+            return {"exit": "-", "happened": "skipped: running as root and no read-only folder found", "lost": "-",
+                    "ok": True}
+    else:
+        folder = work / "read_only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        target = folder / "run"
+    job = Job(work, "read_only_job", work / "cache_reference", [*QUICK, f"hydra.run.dir={target}"])
+    job.finish()
+    return refused(job)
+
+
+def _index_file(work: Path, name: str, content) -> Path:
+    path = work / "inputs" / name
+    path.parent.mkdir(exist_ok=True)
+    if name.endswith(".json"):
+        path.write_text(content)
+    elif name.endswith(".npy"):
+        np.save(path, content)
+    else:
+        torch.save(content, path)
+    return path
+
+
+def bad_index(name, content):
+    def case(work, reference):
+        path = _index_file(work, name, content)
+        return refused(run(work, f"index_{name}", work / "cache_reference",
+                           [*QUICK, f"data.forget.indices_file={path}"]))
+    return case
+
+
+def case_hostile_pickle(work, reference):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {work / 'pwned'}",))
+
+    path = _index_file(work, "hostile.pt", Payload())
+    result = refused(run(work, "index_hostile", work / "cache_reference", [*QUICK, f"data.forget.indices_file={path}"]))
+    result["ok"] = result["ok"] and not (work / "pwned").exists()
+    result["lost"] += "; the pickle's code did not run" if not (work / "pwned").exists() else "; CODE RAN"
+    return result
+
+
+def mnist_copy(work: Path, name: str, damage) -> Path:
+    root = work / name
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for path in MNIST_RAW.glob("*-ubyte"):
+        shutil.copy(path, raw / path.name)
+    damage(raw)
+    return root
+
+
+def case_mnist_label(work, reference):
+    def damage(raw):
+        labels = bytearray((raw / "train-labels-idx1-ubyte").read_bytes())
+        labels[20] = 200
+        (raw / "train-labels-idx1-ubyte").write_bytes(bytes(labels))
+    root = mnist_copy(work, "mnist_label", damage)
+    return refused(run(work, "mnist_label", work / "cache_mnist", [*QUICK, "data=mnist", f"data.root={root}"]))
+
+
+def case_mnist_truncated(work, reference):
+    def damage(raw):
+        path = raw / "train-images-idx3-ubyte"
+        path.write_bytes(path.read_bytes()[:1000])
+    root = mnist_copy(work, "mnist_truncated", damage)
+    return refused(run(work, "mnist_truncated", work / "cache_mnist", [*QUICK, "data=mnist", f"data.root={root}"]))
+
+
+def case_gpu_without_gpu(work, reference):
+    return refused(run(work, "gpu", work / "cache_reference", [*QUICK, "trainer=gpu"]))
+
+
+def case_unknown_key(work, reference):
+    return refused(run(work, "unknown_key", work / "cache_reference", [*QUICK, "+pretrain.checkpoint=model.pt"]))
+
+
+CASES = {
+    "kill -9 during pretraining, rerun": case_kill_pretraining,
+    "kill -9 during Alg 1, rerun": case_kill_finetuning,
+    "SIGTERM during Alg 1, rerun": case_sigterm,
+    "SIGINT (Ctrl-C) during Alg 1, rerun": case_sigint,
+    "SLURM requeue signal (SIGUSR1), requeued job": case_slurm_requeue,
+    "method.lr=nan": case_nan_lr,
+    "method.lr=1e30 (diverges)": case_divergence,
+    "method.lr=1e9 (finite collapse)": case_collapse,
+    "truncated pretraining cache entry": case_truncated_cache,
+    "truncated checkpoint": case_truncated_checkpoint,
+    "two jobs on an empty cache": case_concurrent,
+    "read-only output folder": case_read_only_output,
+    "forget indices [1.9, 2.9] (.json)": bad_index("floats.json", "[1.9, 2.9]"),
+    "forget indices [true, false] (.npy)": bad_index("bools.npy", np.array([True, False])),
+    "forget indices: a dict in a .pt": bad_index("dict.pt", {"indices": torch.tensor([1, 2])}),
+    "forget indices: a hostile pickle (.pt)": case_hostile_pickle,
+    "MNIST label byte 200": case_mnist_label,
+    "truncated MNIST image file": case_mnist_truncated,
+    "trainer=gpu without a GPU": case_gpu_without_gpu,
+    "unknown key +pretrain.checkpoint": case_unknown_key,
+}
+NEEDS_MNIST = {"MNIST label byte 200", "truncated MNIST image file"}
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| case | exit | what happened | lost | ok |", "|---|---|---|---|---|"]
+    for row in rows:
+        happened = row["happened"].replace("|", "/")
+        lines.append(f"| {row['case']} | {row['exit']} | {happened} | {row['lost']} | {'yes' if row['ok'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/faults.json")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (the README's)")
+    parser.add_argument("--only", nargs="*", help="case names containing any of these words")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="ttp_faults_"))
+    os.chmod(work, 0o755)
+    started = time.perf_counter()
+    rows = []
+    try:
+        reference = run(work, "reference", work / "cache_reference", BASE)
+        if reference.proc.returncode != 0:
+            print(reference.stderr[-3000:], file=sys.stderr)
+            return 1
+        for name, case in CASES.items():
+            if args.only and not any(word.lower() in name.lower() for word in args.only):
+                continue
+            if name in NEEDS_MNIST and not MNIST_RAW.is_dir():
+                rows.append({"case": name, "exit": "-", "happened": "skipped: no MNIST files", "lost": "-",
+                             "ok": True})
+                continue
+            if name == "trainer=gpu without a GPU" and torch.cuda.is_available():
+                continue
+            t0 = time.perf_counter()
+            try:
+                row = case(work, reference)
+            except Exception as exc:  # noqa: BLE001 -- a case that breaks is reported as failed, the rest still run
+                row = {"exit": "-", "happened": f"the case broke: {type(exc).__name__}: {exc}"[:300], "lost": "?",
+                       "ok": False}
+            rows.append({"case": name, **row, "seconds": round(time.perf_counter() - t0, 1)})
+            print(f"{'ok ' if row['ok'] else 'NO '} {name}: {row['happened']} | {row['lost']}", flush=True)
+    finally:
+        if not args.keep:
+            for path in work.rglob("*"):
+                if path.is_dir():
+                    path.chmod(0o755)
+            shutil.rmtree(work, ignore_errors=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"cases": rows, "seconds": round(time.perf_counter() - started, 1)},
+                                         indent=2))
+    if args.markdown:
+        print(markdown(rows))
+    failed = [row["case"] for row in rows if not row["ok"]]
+    print(f"{len(rows) - len(failed)}/{len(rows)} cases as expected in {time.perf_counter() - started:.0f} s"
+          + (f"; not as expected: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

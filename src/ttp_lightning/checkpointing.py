@@ -1,0 +1,110 @@
+"""Resumable fits. Every fit of a run (pretraining A(D), absorbing outside forget instances, Alg 1, the
+certified warm-up, the baselines' ERM) writes a Lightning checkpoint at the end of every
+`checkpoint_every_n_epochs`-th epoch into `paths.cache_dir/checkpoints/<key>/`, where the key hashes
+everything that determines the fit (Hydra's run folders are timestamped, so they cannot be the key).
+Rerunning the same command finds the newest checkpoint and resumes from it; `resume=false` deletes it and
+starts afresh. A run that writes its results deletes its checkpoints.
+
+On a SLURM cluster Lightning's requeue handler saves `hpc_ckpt_N.ckpt` into the same folder (it is the
+Trainer's `default_root_dir`) before it requeues the job; the requeued job resumes from whichever of the
+two checkpoints is newer.
+
+Checkpoints hold the weights, optimizer and scheduler states, the loop counters, the callbacks' states
+(early-stopping record, history) and the global random generators' states, so that a resumed run takes the
+same steps as one that was never stopped. They are written through fsspec's transaction (a temporary file
+moved into place) and read with `weights_only=True`; one that cannot be read is reported, deleted and the
+fit starts afresh."""
+
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+log = logging.getLogger(__name__)
+
+LAST = "last.ckpt"
+HPC_PATTERN = "hpc_ckpt_*.ckpt"
+# The newest checkpoint this process wrote or resumed from: named in the line a signal prints.
+LATEST: dict = {}
+
+
+class RandomState(Callback):
+    """Puts the global torch / numpy / random (and CUDA) generator states into every checkpoint and back
+    on resume: Alg 1's robust inner attack, mixup and dropout draw from them."""
+
+    def state_dict(self) -> dict:
+        kind, keys, position, has_gauss, cached = np.random.get_state()
+        version, state, gauss_next = random.getstate()
+        states = {"torch": torch.get_rng_state(), "numpy": [kind, torch.from_numpy(keys.astype(np.int64)),
+                                                             position, has_gauss, cached],
+                  "python": [version, list(state), gauss_next]}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            states["cuda"] = torch.cuda.get_rng_state_all()
+        return states
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        torch.set_rng_state(state_dict["torch"])
+        kind, keys, position, has_gauss, cached = state_dict["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+        version, state, gauss_next = state_dict["python"]
+        random.setstate((version, tuple(state), gauss_next))
+        if "cuda" in state_dict and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state_dict["cuda"])
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        LATEST.update(epoch=int(checkpoint.get("epoch", trainer.current_epoch)) + 1,
+                      folder=str(trainer.default_root_dir))
+
+
+def epoch_checkpoint(directory: Path, every_n_epochs: int) -> ModelCheckpoint:
+    """Lightning's ModelCheckpoint keeping only `last.ckpt`, written at the end of every N-th training epoch
+    (after that epoch's validation, so the early-stopping record in it is up to date)."""
+    return ModelCheckpoint(dirpath=str(directory), filename=Path(LAST).stem, monitor=None, save_top_k=1,
+                           every_n_epochs=every_n_epochs, save_on_train_epoch_end=True,
+                           enable_version_counter=False)
+
+
+def _readable(path: Path) -> tuple[int, int] | None:
+    """(global step, epoch) of a checkpoint; None (after a warning naming it, and deleting it) when it
+    cannot be read."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(checkpoint["global_step"]), int(checkpoint["epoch"])
+    except Exception as exc:  # noqa: BLE001 -- any unreadable checkpoint is discarded; the fit starts afresh
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        log.warning("checkpoint %s is unreadable or corrupt (%s); discarding it", path, reason)
+        path.unlink(missing_ok=True)
+        return None
+
+
+def resume_from(directory: Path, resume: bool, stage: str) -> str | None:
+    """The newest readable checkpoint in `directory` (last.ckpt or a SLURM hpc_ckpt), or None to start
+    afresh; with `resume=False` the folder's checkpoints are deleted first."""
+    candidates = [directory / LAST, *sorted(directory.glob(HPC_PATTERN))]
+    if not resume:
+        for path in candidates:
+            path.unlink(missing_ok=True)
+        return None
+    newest, newest_step = None, -1
+    for path in candidates:
+        if not path.exists():
+            continue
+        found = _readable(path)
+        if found is not None and found[0] > newest_step:
+            newest, newest_step = (path, found[1]), found[0]
+    if newest is None:
+        return None
+    path, epoch = newest
+    log.info("resuming %s from %s (saved after epoch %d)", stage, path, epoch + 1)
+    LATEST.update(epoch=epoch + 1, folder=str(directory))
+    return str(path)
+
+
+def remove(directories) -> None:
+    """Delete the checkpoint folders of a run that has written its results."""
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,127 @@
+"""Resume after a stop: a run stopped after epoch N and rerun gives the results of a run never stopped."""
+
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import open_dict
+
+from ttp_lightning import callbacks as callbacks_module
+from ttp_lightning.checkpointing import LAST, RandomState, resume_from
+from ttp_lightning.pipeline import run
+
+TIMING = ("wall", "per_s", "elapsed")
+
+
+class Stopped(Exception):
+    """Stands in for a kill: raised inside a fit, after the checkpoint of the previous epoch was written."""
+
+
+def _untimed(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not any(t in k for t in TIMING) and k not in ("cache_file", "cached")}
+
+
+def _job(compose_cfg, tmp_path, name: str, *overrides: str) -> dict:
+    out = tmp_path / name
+    out.mkdir()
+    cfg = compose_cfg(f"paths.output_dir={out}", f"paths.cache_dir={tmp_path / 'cache'}", "attacks.enabled=false",
+                      *overrides)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return run(cfg, str(out))
+
+
+def _stop_at(monkeypatch, stage_word: str, epoch: int) -> None:
+    """Make the fit whose stage name contains `stage_word` stop at the end of `epoch` (before its checkpoint)."""
+    original = callbacks_module.FiniteGuard.on_train_epoch_end
+
+    def stopping(self, trainer, pl_module):
+        original(self, trainer, pl_module)
+        if stage_word in self.stage and trainer.current_epoch + 1 == epoch:
+            raise Stopped
+
+    monkeypatch.setattr(callbacks_module.FiniteGuard, "on_train_epoch_end", stopping)
+
+
+def _same(first: dict, second: dict) -> None:
+    for stage in first["metrics"]:
+        assert _untimed(first["metrics"][stage]) == _untimed(second["metrics"][stage]), stage
+    for method, rows in first["history"].items():
+        assert [_untimed(r) for r in rows] == [_untimed(r) for r in second["history"][method]]
+
+
+@pytest.mark.parametrize("mode", ["minibatch", "fullbatch"])
+def test_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, tmp_path, monkeypatch, mode):
+    overrides = (f"method.mode={mode}", "method.epochs=10", "method.early_stopping.patience=null")
+    whole = _job(compose_cfg, tmp_path, "whole", *overrides, "checkpoint_every_n_epochs=0")
+    with monkeypatch.context() as patch:
+        _stop_at(patch, "method", 6)
+        with pytest.raises(Stopped):
+            _job(compose_cfg, tmp_path, "stopped", *overrides)
+    assert list((tmp_path / "cache" / "checkpoints").glob(f"*_alg1/{LAST}"))
+    resumed = _job(compose_cfg, tmp_path, "resumed", *overrides)
+    assert resumed["resumed"] == {"Alg 1 finetuning (alg1)": 5}
+    assert whole["resumed"] == {}
+    _same(whole, resumed)
+    assert not any((tmp_path / "cache" / "checkpoints").iterdir())  # results written: checkpoints deleted
+
+
+def test_pretraining_resumes_and_a_run_stopped_by_patience_stays_stopped(compose_cfg, tmp_path, monkeypatch, caplog):
+    overrides = ("pretrain.epochs=6", "method.epochs=30", "method.early_stopping.patience=2",
+                 "method.early_stopping.retain_acc_drop_at_most=null")
+    whole = _job(compose_cfg, tmp_path, "whole", *overrides, "pretrain.use_cache=false", "checkpoint_every_n_epochs=0")
+    stopped_at = whole["metrics"]["pareto"]["epochs_run"]
+    assert stopped_at < 30  # patience ended it
+    with monkeypatch.context() as patch:
+        _stop_at(patch, "pretraining", 4)
+        with pytest.raises(Stopped):
+            _job(compose_cfg, tmp_path, "stopped_pretraining", *overrides)
+    with monkeypatch.context() as patch:  # resumes pretraining, then stops in Alg 1 after patience ran out
+        _stop_at(patch, "method", stopped_at + 1)
+        fit_end = callbacks_module.ConstrainedBestModel.on_fit_end
+
+        def end_then_stop(self, trainer, pl_module):  # a kill between the last checkpoint and the results
+            raise Stopped
+
+        patch.setattr(callbacks_module.ConstrainedBestModel, "on_fit_end", end_then_stop)
+        with pytest.raises(Stopped), caplog.at_level(logging.INFO, logger="ttp_lightning.checkpointing"):
+            _job(compose_cfg, tmp_path, "stopped_finetuning", *overrides)
+        assert "resuming pretraining A(D) from" in caplog.text and "(saved after epoch 3)" in caplog.text
+        patch.setattr(callbacks_module.ConstrainedBestModel, "on_fit_end", fit_end)
+    resumed = _job(compose_cfg, tmp_path, "resumed", *overrides)
+    assert resumed["resumed"] == {"Alg 1 finetuning (alg1)": stopped_at}
+    assert resumed["metrics"]["pareto"]["epochs_run"] == stopped_at  # no epoch trained past the stop
+    _same(whole, resumed)
+
+
+def test_a_corrupt_checkpoint_is_reported_and_the_fit_starts_afresh(tmp_path, caplog):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / LAST).write_bytes(b"PK\x03\x04 truncated")
+    with caplog.at_level(logging.WARNING):
+        assert resume_from(folder, resume=True, stage="test") is None
+    assert "unreadable or corrupt" in caplog.text and str(folder / LAST) in caplog.text
+    assert not (folder / LAST).exists()
+
+
+def test_the_newest_of_last_and_a_slurm_requeue_checkpoint_is_resumed_and_resume_false_deletes(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    torch.save({"global_step": 40, "epoch": 3}, folder / LAST)
+    torch.save({"global_step": 47, "epoch": 4}, folder / "hpc_ckpt_1.ckpt")  # SLURM's signal, mid-epoch 5
+    assert resume_from(folder, resume=True, stage="test") == str(folder / "hpc_ckpt_1.ckpt")
+    torch.save({"global_step": 50, "epoch": 4}, folder / LAST)
+    assert resume_from(folder, resume=True, stage="test") == str(folder / LAST)
+    assert resume_from(folder, resume=False, stage="test") is None
+    assert not list(folder.iterdir())
+
+
+def test_random_state_round_trips_every_global_generator():
+    callback = RandomState()
+    saved = callback.state_dict()
+    first = (torch.rand(3), np.random.rand(3), random.random())
+    callback.load_state_dict(saved)
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]

@@ -176,16 +176,16 @@ def case_slurm_requeue(work, reference):
 
 
 def case_nan_lr(work, reference):
-    return refused(run(work, "nan_lr", work / "cache_reference", [*QUICK, "method.lr=nan"]))
+    return refused(run(work, "nan_lr", work / "cache_quick", [*QUICK, "method.lr=nan"]))
 
 
 def case_divergence(work, reference):
-    return refused(run(work, "lr_1e30", work / "cache_reference", [*QUICK, "method.lr=1e30"]))
+    return refused(run(work, "lr_1e30", work / "cache_quick", [*QUICK, "method.lr=1e30"]))
 
 
 def case_collapse(work, reference):
     """A finite but absurd learning rate: no epoch keeps retain accuracy, the fallback picks one."""
-    job = run(work, "lr_1e9", work / "cache_reference", [*QUICK, "method.lr=1e9"])
+    job = run(work, "lr_1e9", work / "cache_quick", [*QUICK, "method.lr=1e9"])
     results = job.results or {}
     metrics = results.get("metrics", {}).get("pareto", {})
     happened = (f"exit {job.proc.returncode}; constraint_met {metrics.get('constraint_met')}, kept epoch "
@@ -255,7 +255,7 @@ def case_read_only_output(work, reference):
         folder.mkdir()
         folder.chmod(0o555)
         target = folder / "run"
-    job = Job(work, "read_only_job", work / "cache_reference", [*QUICK, f"hydra.run.dir={target}"])
+    job = Job(work, "read_only_job", work / "cache_quick", [*QUICK, f"hydra.run.dir={target}"])
     job.finish()
     return refused(job)
 
@@ -275,7 +275,7 @@ def _index_file(work: Path, name: str, content) -> Path:
 def bad_index(name, content):
     def case(work, reference):
         path = _index_file(work, name, content)
-        return refused(run(work, f"index_{name}", work / "cache_reference",
+        return refused(run(work, f"index_{name}", work / "cache_quick",
                            [*QUICK, f"data.forget.indices_file={path}"]))
     return case
 
@@ -286,7 +286,7 @@ def case_hostile_pickle(work, reference):
             return (os.system, (f"touch {work / 'pwned'}",))
 
     path = _index_file(work, "hostile.pt", Payload())
-    result = refused(run(work, "index_hostile", work / "cache_reference", [*QUICK, f"data.forget.indices_file={path}"]))
+    result = refused(run(work, "index_hostile", work / "cache_quick", [*QUICK, f"data.forget.indices_file={path}"]))
     result["ok"] = result["ok"] and not (work / "pwned").exists()
     result["lost"] += "; the pickle's code did not run" if not (work / "pwned").exists() else "; CODE RAN"
     return result
@@ -320,11 +320,11 @@ def case_mnist_truncated(work, reference):
 
 
 def case_gpu_without_gpu(work, reference):
-    return refused(run(work, "gpu", work / "cache_reference", [*QUICK, "trainer=gpu"]))
+    return refused(run(work, "gpu", work / "cache_quick", [*QUICK, "trainer=gpu"]))
 
 
 def case_unknown_key(work, reference):
-    return refused(run(work, "unknown_key", work / "cache_reference", [*QUICK, "+pretrain.checkpoint=model.pt"]))
+    return refused(run(work, "unknown_key", work / "cache_quick", [*QUICK, "+pretrain.checkpoint=model.pt"]))
 
 
 CASES = {
@@ -352,10 +352,12 @@ CASES = {
 NEEDS_MNIST = {"MNIST label byte 200", "truncated MNIST image file"}
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], work: Path) -> str:
+    """The README's table: temporary paths shortened to <tmp>, long library messages cut."""
     lines = ["| case | exit | what happened | lost | ok |", "|---|---|---|---|---|"]
     for row in rows:
-        happened = row["happened"].replace("|", "/")
+        happened = row["happened"].replace(str(work), "<tmp>").replace("|", "/")
+        happened = happened if len(happened) <= 230 else happened[:227] + "..."
         lines.append(f"| {row['case']} | {row['exit']} | {happened} | {row['lost']} | {'yes' if row['ok'] else 'NO'} |")
     return "\n".join(lines)
 
@@ -403,7 +405,7 @@ def main(argv=None) -> int:
     Path(args.out).write_text(json.dumps({"cases": rows, "seconds": round(time.perf_counter() - started, 1)},
                                          indent=2))
     if args.markdown:
-        print(markdown(rows))
+        print(markdown(rows, work))
     failed = [row["case"] for row in rows if not row["ok"]]
     print(f"{len(rows) - len(failed)}/{len(rows)} cases as expected in {time.perf_counter() - started:.0f} s"
           + (f"; not as expected: {', '.join(failed)}" if failed else ""))

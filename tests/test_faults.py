@@ -160,7 +160,9 @@ def test_console_script_starts_from_any_folder(tmp_path):
 
 
 def test_threads_are_shared_by_the_processes_of_a_run(monkeypatch):
-    from ttp_lightning.training import choose_threads
+    from torch import nn
+
+    from ttp_lightning.training import choose_threads, multiply_accumulates
 
     before = torch.get_num_threads()
     cores = os.cpu_count() or 1
@@ -170,6 +172,10 @@ def test_threads_are_shared_by_the_processes_of_a_run(monkeypatch):
         assert choose_threads(OmegaConf.create({"threads": "auto", "trainer": ddp_sim})) == max(1, cores // 2)
         single = {"accelerator": "cpu", "devices": 1, "strategy": "auto"}
         assert choose_threads(OmegaConf.create({"threads": "auto", "trainer": single})) == cores
+        small, large = multiply_accumulates(nn.Sequential(nn.Flatten(), nn.Linear(784, 10)), 1, 28), 12_000_000  # MNIST logreg, digits ResNet8
+        assert small == 7840
+        assert choose_threads(OmegaConf.create({"threads": "auto", "trainer": single}), macs=small) == 1
+        assert choose_threads(OmegaConf.create({"threads": "auto", "trainer": single}), macs=large) == cores
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         assert choose_threads(OmegaConf.create({"threads": "auto", "trainer": single})) == 1
         assert choose_threads(OmegaConf.create({"threads": 3, "trainer": single})) == 3

@@ -20,6 +20,14 @@ def test_cache_key_tracks_what_determines_the_pretrained_model(compose_cfg):
     for override in ("data.normalize=false", "data.split_seed=1", "pretrain.lr=0.001", "seed=7",
                      "model.hidden_dim=32", "trainer=ddp_sim", "data.batch_size=64"):
         assert key_for(compose_cfg, override) != base, override
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)  # another float summation order: another A(D)
+        assert key_for(compose_cfg) != base
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _cache_ctx(tmp_path, **trainer):

@@ -1,11 +1,12 @@
 """Longer runs (deselected by `make test`; `make test-slow` runs them)."""
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from conftest import MNIST_ROOT, needs_mnist
+from conftest import MNIST_ROOT, REPO, needs_mnist
 
 pytestmark = pytest.mark.slow
 
@@ -81,3 +82,14 @@ def test_mnist_logreg_alg3_matches_alg2(run_cli):
     assert alg3["newton_residual"] <= 0.05 and alg3["direction_vs_exact"] <= 0.05
     assert alg3["forget_conf_dist"] <= 0.30 and alg3["test_acc"] >= 0.87
     assert results["certificate"]["algorithm"] == "alg3_hessian_estimator"
+
+
+def test_fault_injection_script_reports_every_case_as_expected(tmp_path):
+    """scripts/faults.py: kills, signals, SLURM requeue, divergence, corrupt caches and checkpoints, concurrent
+    jobs, read-only output and hostile inputs each end as the README's table says (about 4 minutes)."""
+    out = tmp_path / "faults.json"
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "faults.py"), "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    cases = json.loads(out.read_text())["cases"]
+    assert len(cases) >= 20 and all(case["ok"] for case in cases)

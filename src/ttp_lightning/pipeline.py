@@ -26,7 +26,7 @@ from ttp_lightning.report import (
     write_results,
     write_weights,
 )
-from ttp_lightning.training import RunContext, choose_threads
+from ttp_lightning.training import RunContext, choose_threads, multiply_accumulates
 from ttp_lightning.validation import validate_config
 from ttp_lightning.wandb_charts import log_run_charts
 
@@ -106,7 +106,6 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
     route_lightning_logs_to_hydra()
     validate_config(cfg, METHODS)
-    choose_threads(cfg)
     datamodule = build_datamodule(cfg.data)
 
     def make_net():
@@ -115,6 +114,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
 
     ctx = RunContext(cfg=cfg, logger=build_logger(cfg), output_dir=output_dir)
     pretrained = make_net()
+    choose_threads(cfg, multiply_accumulates(pretrained, datamodule.info.channels, datamodule.info.image_size))
     pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)
     original = None
     if datamodule.outside_forget_count:  # D_f from outside D: A(D) learns those instances first

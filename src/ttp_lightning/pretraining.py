@@ -8,6 +8,7 @@ from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
 from filelock import FileLock
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
@@ -52,6 +53,8 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
         # the process layout changes batching (each DDP rank takes its own batch), so it is part of the key;
         # read from the config, never the environment, so every rank computes the same key
         "processes": {k: ctx.cfg.trainer.get(k) for k in ("accelerator", "devices", "num_nodes", "strategy")},
+        # intra-op threads change the order of floating-point sums, and training amplifies the difference
+        "threads": torch.get_num_threads(),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -2,6 +2,7 @@
 certified learners)."""
 
 import copy
+import logging
 import math
 
 from omegaconf import DictConfig
@@ -14,6 +15,8 @@ from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.modules.pareto import ParetoFinetuneModule
 from ttp_lightning.training import RunContext, fit
+
+log = logging.getLogger(__name__)
 
 
 def run_pareto(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
@@ -65,6 +68,10 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
                                            "selection_rule": "early stopping off: the last epoch"}
     if best is not None:
         summary["retain_acc_threshold"] = round(best.retain_acc_at_least, 6)
+        if not summary["constraint_met"]:
+            log.warning("no epoch of Alg 1 met the stopping thresholds (forget CD < %g, retain accuracy >= %.4f); "
+                        "kept epoch %d: %s", best.conf_dist_below, best.retain_acc_at_least, summary["best_epoch"],
+                        summary["selection_rule"])
     best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
     metrics = {
         **summary,

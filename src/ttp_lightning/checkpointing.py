@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_only
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,8 @@ def resume_from(directory: Path, resume: bool, stage: str) -> str | None:
     if newest is None:
         return None
     path, epoch = newest
-    log.info("resuming %s from %s (saved after epoch %d)", stage, path, epoch + 1)
+    if rank_zero_only.rank == 0:  # every DDP rank resumes; one says so
+        log.info("resuming %s from %s (saved after epoch %d)", stage, path, epoch + 1)
     LATEST.update(epoch=epoch + 1, folder=str(directory))
     return str(path)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from ttp_lightning.cli_checks import normalize_overrides
+
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "src" / "ttp_lightning" / "conf"
 MNIST_ROOT = REPO.parent / "shared" / "data"
@@ -32,7 +34,7 @@ def compose_cfg():
 
     def _compose(*overrides: str, tiny: bool = True):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="main", overrides=(TINY if tiny else []) + list(overrides),
+            return compose(config_name="main", overrides=normalize_overrides((TINY if tiny else []) + list(overrides)),
                            return_hydra_config=True)
 
     return _compose

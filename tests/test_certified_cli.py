@@ -368,12 +368,11 @@ def test_certified_bad_input(run_cli):
 ])
 def test_certified_options_are_validated(compose_cfg, overrides, message):
     from ttp_lightning.errors import TTPUserError
-    from ttp_lightning.methods import METHODS
     from ttp_lightning.validation import validate_config
 
     cfg = compose_cfg("model=logreg", "pretrain.norm_bound=10", *overrides, tiny=False)
     with pytest.raises(TTPUserError, match=message):
-        validate_config(cfg, METHODS)
+        validate_config(cfg)
 
 
 def test_lam_auto_is_the_lipschitz_mixture(compose_cfg):

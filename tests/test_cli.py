@@ -177,3 +177,34 @@ def test_help_and_cfg_job():
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert job.returncode == 0 and "experiment_name: mnist_mlp" in job.stdout and "patience: 20" in job.stdout
     assert Path(REPO, "conf").resolve() == Path(REPO, "src", "ttp_lightning", "conf").resolve()
+
+
+def test_a_method_is_one_module_plus_one_yaml(run_main, tmp_path, monkeypatch):
+    """A toy method outside the package: its class in one module, its YAML in a config folder on Hydra's
+    search path; `method=toy` picks it up with no other file touched, and its own check runs."""
+    (tmp_path / "toy_method.py").write_text(
+        "import copy\n"
+        "import torch\n"
+        "from ttp_lightning.errors import TTPUserError\n"
+        "from ttp_lightning.methods import Method, MethodOutput\n\n"
+        "class Shrink(Method):\n"
+        "    def check(self, cfg):\n"
+        "        if not 0 < self.settings.factor <= 1:\n"
+        "            raise TTPUserError(f'method.factor={self.settings.factor} is not allowed; choose a value in (0, 1]')\n\n"
+        "    def run(self, ctx, pretrained, datamodule, make_net):\n"
+        "        net = copy.deepcopy(pretrained)\n"
+        "        with torch.no_grad():\n"
+        "            for param in net.parameters():\n"
+        "                param.mul_(self.settings.factor)\n"
+        "        return MethodOutput(net, {'factor': self.settings.factor})\n")
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    (tmp_path / "conf" / "method" / "toy.yaml").write_text(
+        "_target_: toy_method.Shrink\nname: toy\nfactor: 0.1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    code, _, err, results = run_main("method=toy", search, "attacks.enabled=false", *TINY_WITHOUT_METHOD, tiny=False)
+    assert code == 0, err[-2000:]
+    assert results["method"] == "toy" and results["metrics"]["toy"]["factor"] == 0.1
+    assert results["metrics"]["toy"]["forget_conf_dist"] < results["metrics"]["pretrain"]["forget_conf_dist"]
+    code, _, err, results = run_main("method=toy", search, "method.factor=2", *TINY_WITHOUT_METHOD, tiny=False)
+    assert code == 2 and err.strip().splitlines()[-1] == "error: method.factor=2 is not allowed; choose a value in (0, 1]"

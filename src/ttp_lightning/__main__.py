@@ -13,6 +13,7 @@ from ttp_lightning.cli_checks import (
     check_group_choices,
     check_output_dir,
     check_unknown_additions,
+    normalize_overrides,
 )
 from ttp_lightning.errors import TTPUserError
 
@@ -66,6 +67,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 def main() -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
     signal.signal(signal.SIGINT, _on_sigint)
+    sys.argv[1:] = normalize_overrides(sys.argv[1:])
     try:
         check_group_choices(sys.argv[1:])
         check_unknown_additions(sys.argv[1:])

@@ -11,17 +11,36 @@ GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "experiment
 _OVERRIDE = re.compile(r"^[+~]{0,2}(?P<group>" + "|".join(GROUPS) + r")=(?P<value>[^\s]*)$")
 
 
-def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+def normalize_overrides(argv: list[str]) -> list[str]:
+    """`+experiment=X` (the older spelling) as `experiment=X`: the defaults list now holds `experiment: null`,
+    and Hydra refuses to append a group that is already there."""
+    return [arg[1:] if arg.startswith("+experiment=") else arg for arg in argv]
+
+
+def searchpath_dirs(argv: list[str]) -> list[Path]:
+    """Config folders added with `hydra.searchpath=[file://DIR,...]` (where a user keeps their own methods,
+    data sets or experiments without touching the package)."""
+    folders = []
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "hydra.searchpath":
+            folders += [Path(item.strip()[len("file://"):]) for item in value.strip("[]").split(",")
+                        if item.strip().startswith("file://")]
+    return folders
+
+
+def group_options(group: str, extra: list[Path] = ()) -> list[str]:
+    return sorted({p.stem for folder in (CONF_DIR, *extra) for p in (folder / group).glob("*.yaml")})
 
 
 def check_group_choices(argv: list[str]) -> None:
     """Raise TTPUserError for `group=name` overrides whose config file does not exist."""
+    extra = searchpath_dirs(argv)
     for arg in argv:
         match = _OVERRIDE.match(arg)
         if not match or any(ch in match["value"] for ch in "()[]{}*$"):
             continue  # sweep functions and interpolations are left to Hydra
-        options = group_options(match["group"])
+        options = group_options(match["group"], extra)
         for value in match["value"].split(","):
             if value and value not in options:
                 raise TTPUserError(f"unknown {match['group']} {value!r}; choose one of: {', '.join(options)}")
@@ -67,7 +86,8 @@ def check_composition(argv: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("hydra.")]
+    overrides = [arg for arg in argv if "=" in arg and (not arg.startswith("hydra.") or
+                                                         arg.startswith("hydra.searchpath="))]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             compose(config_name="main", overrides=overrides)

@@ -16,7 +16,6 @@ from ttp_lightning.certify.schema import data_spec, model_spec
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.evaluation import evaluate, forget_softmax, predictions
-from ttp_lightning.methods import METHODS
 from ttp_lightning.models import build_classifier
 from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
 from ttp_lightning.report import (
@@ -52,6 +51,19 @@ def build_logger(cfg: DictConfig):
     return hydra.utils.instantiate(cfg.logger)
 
 
+def run_figures(results: dict, output_dir: str) -> list:
+    """The run's figures (dynamics, softmax bars, attack curves) in <output_dir>/figures; none without
+    matplotlib (the `plots` extra)."""
+    from pathlib import Path
+
+    try:
+        from ttp_lightning.plots import draw_figures
+    except ImportError as exc:
+        log.warning("figures not drawn for wandb (%s); install the plots extra", exc)
+        return []
+    return draw_figures([results], Path(output_dir) / "figures")
+
+
 def finish_logger(logger, results: dict, output_dir: str) -> None:
     """Send the final metrics (and to wandb the run's tables and figures) and end the run, so every
     multirun job gets its own wandb run. Rank 0 only."""
@@ -62,7 +74,7 @@ def finish_logger(logger, results: dict, output_dir: str) -> None:
     logger.log_metrics(flat)
     is_wandb = type(logger).__name__ == "WandbLogger"
     if is_wandb:
-        log_run_charts(logger.experiment, results, output_dir)
+        log_run_charts(logger.experiment, results, run_figures(results, output_dir))
     logger.finalize("success")
     if is_wandb:
         import wandb
@@ -105,7 +117,7 @@ def method_key(ctx: RunContext, datamodule) -> str:
 def run(cfg: DictConfig, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
     route_lightning_logs_to_hydra()
-    validate_config(cfg, METHODS)
+    method = validate_config(cfg)  # builds the method from cfg.method._target_ and checks its settings
     datamodule = build_datamodule(cfg.data)
 
     def make_net():
@@ -122,7 +134,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         pretrain_info.update(absorb_outside_forget(ctx, pretrained, datamodule, is_global_zero))
 
     ctx.run_key = method_key(ctx, datamodule)
-    output = METHODS[cfg.method.name](ctx, pretrained, datamodule, make_net)
+    output = method.run(ctx, pretrained, datamodule, make_net)
     if not is_global_zero():
         return None
 

@@ -5,11 +5,10 @@ attack curves, also written to <run dir>/figures/) in its own wandb run. Sweep-l
 (frontier, forget-set size, the paper's table layouts) go to a summary run: `plots --wandb`, `tables --wandb`.
 """
 
-import logging
 import os
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from ttp_lightning.report import attack_rows, metric_rows
 
 
 def _payload(images: list[Path], tables: dict[str, tuple[list[str], list[list[str]]]]) -> dict:
@@ -20,21 +19,12 @@ def _payload(images: list[Path], tables: dict[str, tuple[list[str], list[list[st
     return payload
 
 
-def log_run_charts(run, results: dict, output_dir: str | Path) -> None:
-    """Log one run's tables and figures to its wandb `run` (a WandbLogger's experiment). Without
-    matplotlib (the `plots` extra) only the tables are logged."""
-    from ttp_lightning.report import attack_rows, metric_rows
-
+def log_run_charts(run, results: dict, images: list[Path]) -> None:
+    """Log one run's tables and its figures (`images`, drawn by the caller) to its wandb `run` (a
+    WandbLogger's experiment)."""
     tables = {"metrics": metric_rows(results["metrics"])}
     if "attacks" in results:
         tables["attacks"] = attack_rows(results["attacks"])
-    try:
-        from ttp_lightning.plots import draw_figures
-
-        images = draw_figures([results], Path(output_dir) / "figures")
-    except ImportError as exc:
-        log.warning("figures not drawn for wandb (%s); install the plots extra", exc)
-        images = []
     run.log(_payload(images, {name: (rows[0], rows[1:]) for name, rows in tables.items()}))
 
 

@@ -1,19 +1,8 @@
-"""Registry of methods applied to the pretrained model: `method.name` -> runner.
+"""Methods applied to the pretrained model A(D). A method is one YAML in conf/method/ whose `_target_` names a
+Method subclass (base.py) plus that class; Hydra builds it, so no registry lists them and nothing imports a
+method that is not run: Alg 1 (pareto.py), the certified learners (certified/), the baselines (baselines/)."""
 
-A runner takes (ctx, pretrained model, datamodule, make_net) and returns a MethodOutput.
-"""
-
-from ttp_lightning.methods.baselines.gaussian_uniform import run_gaussian_uniform
-from ttp_lightning.methods.baselines.labeldp import run_labeldp
-from ttp_lightning.methods.baselines.retrain import run_retrain
-from ttp_lightning.methods.baselines.synthetic import run_synthetic
-from ttp_lightning.methods.certified import run_certified_exact, run_certified_lissa, run_certified_online
+from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
-from ttp_lightning.methods.pareto import run_pareto
 
-METHODS = {"pareto": run_pareto, "pareto_robust": run_pareto, "retrain": run_retrain, "certified_exact": run_certified_exact,
-           "certified_lissa": run_certified_lissa, "certified_online": run_certified_online,
-           "synthetic": run_synthetic, "gaussian_uniform": run_gaussian_uniform, "labeldp": run_labeldp}
-CERTIFIED_METHODS = ("certified_exact", "certified_lissa", "certified_online")
-
-__all__ = ["CERTIFIED_METHODS", "METHODS", "MethodOutput"]
+__all__ = ["Method", "MethodOutput"]

@@ -8,21 +8,71 @@ import math
 from omegaconf import DictConfig
 from torch import nn
 
+from ttp_lightning import checks
 from ttp_lightning.attacks.robust import AdversarialSettings
 from ttp_lightning.callbacks import ConstrainedBestModel, EpochHistory, StepTimer
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import evaluate
+from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
-from ttp_lightning.modules.pareto import ParetoFinetuneModule
+from ttp_lightning.modules.pareto import MODES, ParetoFinetuneModule
 from ttp_lightning.training import RunContext, fit
 
 log = logging.getLogger(__name__)
 
 
-def run_pareto(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-    cfg = ctx.cfg.method
-    return finetune(ctx, copy.deepcopy(pretrained), datamodule, cfg, cfg.epochs,
-                    cfg.early_stopping if cfg.early_stopping.enabled else None, label="alg1")
+class Pareto(Method):
+    """Alg 1 (method=pareto), and robust Alg 1 (method=pareto_robust: the same class with `adversarial`)."""
+
+    def check(self, cfg: DictConfig) -> None:
+        method = self.settings
+        theta = checks.number(method.theta, "method.theta")
+        if not 0.0 <= theta <= 1.0:
+            raise TTPUserError(f"method.theta={theta} is not allowed; choose a value in [0, 1]")
+        checks.optim(method, "method")
+        checks.choice(method.mode, "method.mode", MODES)
+        checks.uniformity(method)
+        checks.positive_int(method.chunk_size, "method.chunk_size")
+        stopping = method.early_stopping
+        if stopping.patience is not None:
+            checks.positive_int(stopping.patience, "method.early_stopping.patience")
+        checks.choice(stopping.get("fallback", "last"), "method.early_stopping.fallback", ("pareto", "last"))
+        if stopping.get("retain_acc_drop_at_most") is not None:
+            checks.fraction(stopping.retain_acc_drop_at_most, "method.early_stopping.retain_acc_drop_at_most")
+        if method.get("adversarial"):
+            check_adversarial(method.adversarial)
+
+    def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
+        cfg = ctx.cfg.method
+        return finetune(ctx, copy.deepcopy(pretrained), datamodule, cfg, cfg.epochs,
+                        cfg.early_stopping if cfg.early_stopping.enabled else None, label="alg1")
+
+
+def check_adversarial(adversarial: DictConfig) -> None:
+    """Robust Alg 1's inner attack and early-stopping attack settings."""
+    from ttp_lightning.attacks import OBJECTIVES
+
+    checks.positive(adversarial.gamma, "method.adversarial.gamma")
+    if adversarial.train_gamma is not None:
+        checks.positive(adversarial.train_gamma, "method.adversarial.train_gamma")
+    checks.positive_int(adversarial.steps, "method.adversarial.steps")
+    checks.positive(adversarial.step_size, "method.adversarial.step_size")
+    checks.choice(adversarial.objective, "method.adversarial.objective", list(OBJECTIVES))
+    if not adversarial.surrogate_betas:
+        raise TTPUserError("method.adversarial.surrogate_betas=[] is not allowed; list at least one beta > 0 or null")
+    for key in ("surrogate_betas", "eval_surrogate_betas"):
+        for beta in adversarial[key]:
+            if beta is not None:
+                checks.positive(beta, f"method.adversarial.{key}")
+    clean_weight = checks.number(adversarial.clean_weight, "method.adversarial.clean_weight")
+    if not 0.0 <= clean_weight < 1.0:
+        raise TTPUserError(f"method.adversarial.clean_weight={clean_weight} is not allowed; choose a value in [0, 1)")
+    checks.positive_int(adversarial.eval_steps, "method.adversarial.eval_steps")
+    checks.positive_int(adversarial.eval_restarts, "method.adversarial.eval_restarts")
+    checks.positive_int(adversarial.eval_chunk_size, "method.adversarial.eval_chunk_size")
+    for objective in adversarial.eval_objectives:
+        checks.choice(objective, "method.adversarial.eval_objectives", list(OBJECTIVES))
 
 
 def retain_threshold(net: nn.Module, datamodule: TTPDataModule, stopping: DictConfig) -> float:

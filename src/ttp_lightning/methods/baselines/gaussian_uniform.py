@@ -7,11 +7,14 @@ noisy copy of the test set (D_test'), besides the usual clean metrics."""
 import math
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
+from ttp_lightning import checks
 from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import batch_metrics, eval_device
+from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.pretraining import train_erm
 from ttp_lightning.training import RunContext
@@ -27,22 +30,27 @@ def accuracy(net: nn.Module, dataset: ImageBatchDataset, chunk_size: int = 1024)
     return batch_metrics(net, iterate_shard(dataset, chunk_size, sharded=False))["acc"]
 
 
-def run_gaussian_uniform(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule,
-                         make_net) -> MethodOutput:
-    cfg = ctx.cfg.method
-    generator = torch.Generator().manual_seed(int(cfg.seed))
-    std = math.sqrt(cfg.noise_variance)
-    noisy_retain = noisy_copy(datamodule.dataset("retain"), std, generator)
-    noisy_forget = noisy_copy(datamodule.dataset("forget"), std, generator)
-    clean, labels = datamodule.dataset("train").everything()
-    random_labels = torch.randint(datamodule.info.num_classes, (len(labels),), generator=generator)
-    train = datamodule.float_dataset(torch.cat([noisy_retain.images, noisy_forget.images, clean]),
-                                     torch.cat([noisy_retain.labels, noisy_forget.labels, random_labels]))
-    net = make_net()
-    wall = train_erm(ctx, net, datamodule.loader_for(train), key=ctx.key_for("gaussian_uniform"),
-                     stage="training on noisy copies")
-    metrics = {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs), "train_size": len(train),
-               "noisy_retain_acc": accuracy(net, noisy_retain), "noisy_forget_acc": accuracy(net, noisy_forget)}
-    if len(datamodule.test_labels):
-        metrics["noisy_test_acc"] = accuracy(net, noisy_copy(datamodule.dataset("test"), std, generator))
-    return MethodOutput(net, metrics)
+class GaussianUniform(Method):
+    """Noisy copies with true labels plus clean copies with random labels (method=gaussian_uniform)."""
+
+    def check(self, cfg: DictConfig) -> None:
+        checks.positive(self.settings.noise_variance, "method.noise_variance")
+
+    def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
+        cfg = ctx.cfg.method
+        generator = torch.Generator().manual_seed(int(cfg.seed))
+        std = math.sqrt(cfg.noise_variance)
+        noisy_retain = noisy_copy(datamodule.dataset("retain"), std, generator)
+        noisy_forget = noisy_copy(datamodule.dataset("forget"), std, generator)
+        clean, labels = datamodule.dataset("train").everything()
+        random_labels = torch.randint(datamodule.info.num_classes, (len(labels),), generator=generator)
+        train = datamodule.float_dataset(torch.cat([noisy_retain.images, noisy_forget.images, clean]),
+                                         torch.cat([noisy_retain.labels, noisy_forget.labels, random_labels]))
+        net = make_net()
+        wall = train_erm(ctx, net, datamodule.loader_for(train), key=ctx.key_for("gaussian_uniform"),
+                         stage="training on noisy copies")
+        metrics = {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs), "train_size": len(train),
+                   "noisy_retain_acc": accuracy(net, noisy_retain), "noisy_forget_acc": accuracy(net, noisy_forget)}
+        if len(datamodule.test_labels):
+            metrics["noisy_test_acc"] = accuracy(net, noisy_copy(datamodule.dataset("test"), std, generator))
+        return MethodOutput(net, metrics)

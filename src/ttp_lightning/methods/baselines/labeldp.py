@@ -18,10 +18,14 @@ uniform draw from the k* classes is returned.
 import math
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
+from ttp_lightning import checks
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device
+from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.pretraining import train_erm
 from ttp_lightning.training import RunContext
@@ -59,30 +63,41 @@ def softmax_prior(net: nn.Module, images: torch.Tensor, temperature: float, chun
                       for chunk in images.split(chunk_size)])
 
 
-def run_labeldp(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-    cfg = ctx.cfg.method
-    generator = torch.Generator().manual_seed(int(cfg.seed))
-    images, labels = datamodule.dataset("train").everything()
-    order = torch.randperm(len(labels), generator=generator)
-    cut = round(cfg.stage_fraction * len(labels))
-    first, second = order[:cut], order[cut:]
-    num_classes = datamodule.info.num_classes
+class LabelDP(Method):
+    """Two stages of randomized response with a prior (method=labeldp)."""
 
-    uniform = torch.full((len(first), num_classes), 1.0 / num_classes)
-    first_labels = rr_with_prior(uniform, labels[first], cfg.epsilon, generator)
-    net = make_net()
-    wall = train_erm(ctx, net, datamodule.loader_for(datamodule.float_dataset(images[first], first_labels)),
-                     cfg.mixup_alpha, key=ctx.key_for("labeldp_stage1"), stage="LabelDP stage 1")
+    def check(self, cfg: DictConfig) -> None:
+        method = self.settings
+        checks.positive(method.epsilon, "method.epsilon")
+        checks.fraction(method.stage_fraction, "method.stage_fraction")
+        checks.positive(method.temperature, "method.temperature")
+        if checks.number(method.mixup_alpha, "method.mixup_alpha") < 0:
+            raise TTPUserError(f"method.mixup_alpha={method.mixup_alpha} is not allowed; choose a value >= 0")
 
-    prior = softmax_prior(net, images[second], cfg.temperature)
-    second_labels = rr_with_prior(prior, labels[second], cfg.epsilon, generator)
-    both = torch.cat([first, second])
-    stage_two = datamodule.float_dataset(images[both], torch.cat([first_labels, second_labels]))
-    wall += train_erm(ctx, net, datamodule.loader_for(stage_two), cfg.mixup_alpha, key=ctx.key_for("labeldp_stage2"),
-                      stage="LabelDP stage 2")
-    metrics = {
-        "wall_s": round(wall, 3), "stage_sizes": [len(first), len(second)],
-        "stage1_labels_kept": round(float((first_labels == labels[first]).float().mean()), 6),
-        "stage2_labels_kept": round(float((second_labels == labels[second]).float().mean()), 6),
-    }
-    return MethodOutput(net, metrics)
+    def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
+        cfg = ctx.cfg.method
+        generator = torch.Generator().manual_seed(int(cfg.seed))
+        images, labels = datamodule.dataset("train").everything()
+        order = torch.randperm(len(labels), generator=generator)
+        cut = round(cfg.stage_fraction * len(labels))
+        first, second = order[:cut], order[cut:]
+        num_classes = datamodule.info.num_classes
+
+        uniform = torch.full((len(first), num_classes), 1.0 / num_classes)
+        first_labels = rr_with_prior(uniform, labels[first], cfg.epsilon, generator)
+        net = make_net()
+        wall = train_erm(ctx, net, datamodule.loader_for(datamodule.float_dataset(images[first], first_labels)),
+                         cfg.mixup_alpha, key=ctx.key_for("labeldp_stage1"), stage="LabelDP stage 1")
+
+        prior = softmax_prior(net, images[second], cfg.temperature)
+        second_labels = rr_with_prior(prior, labels[second], cfg.epsilon, generator)
+        both = torch.cat([first, second])
+        stage_two = datamodule.float_dataset(images[both], torch.cat([first_labels, second_labels]))
+        wall += train_erm(ctx, net, datamodule.loader_for(stage_two), cfg.mixup_alpha, key=ctx.key_for("labeldp_stage2"),
+                          stage="LabelDP stage 2")
+        metrics = {
+            "wall_s": round(wall, 3), "stage_sizes": [len(first), len(second)],
+            "stage1_labels_kept": round(float((first_labels == labels[first]).float().mean()), 6),
+            "stage2_labels_kept": round(float((second_labels == labels[second]).float().mean()), 6),
+        }
+        return MethodOutput(net, metrics)

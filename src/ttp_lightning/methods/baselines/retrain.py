@@ -3,13 +3,17 @@
 from torch import nn
 
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.pretraining import train_erm
 from ttp_lightning.training import RunContext
 
 
-def run_retrain(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-    net = make_net()
-    wall = train_erm(ctx, net, datamodule.training_loader("retain"), key=ctx.key_for("retrain"),
-                     stage="retraining A(D_r)")
-    return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs)})
+class Retrain(Method):
+    """A(D_r): a fresh model trained on the retain set (method=retrain)."""
+
+    def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
+        net = make_net()
+        wall = train_erm(ctx, net, datamodule.training_loader("retain"), key=ctx.key_for("retrain"),
+                         stage="retraining A(D_r)")
+        return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs)})

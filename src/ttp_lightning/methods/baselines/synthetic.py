@@ -4,9 +4,12 @@ uniformly random label, added to the retain set; a fresh model trained on that w
 settings. The forget instances themselves are not trained on."""
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
+from ttp_lightning import checks
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.pretraining import train_erm
 from ttp_lightning.training import RunContext
@@ -22,16 +25,23 @@ def uniform_ball_points(centres: torch.Tensor, k: int, radius: float, generator:
     return (flat + distances * directions).clamp(0, 1).view(len(flat), *centres.shape[1:])
 
 
-def run_synthetic(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-    cfg = ctx.cfg.method
-    generator = torch.Generator().manual_seed(int(cfg.seed))
-    forget_images, _ = datamodule.dataset("forget").everything()
-    points = uniform_ball_points(forget_images, int(cfg.k), cfg.radius / 255.0, generator)
-    labels = torch.randint(datamodule.info.num_classes, (len(points),), generator=generator)
-    retain_images, retain_labels = datamodule.dataset("retain").everything()
-    train = datamodule.float_dataset(torch.cat([retain_images, points]), torch.cat([retain_labels, labels]))
-    net = make_net()
-    wall = train_erm(ctx, net, datamodule.loader_for(train), key=ctx.key_for("synthetic"),
-                     stage="training on D_r + synthetic points")
-    return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs),
-                              "synthetic_points": len(points), "train_size": len(train)})
+class Synthetic(Method):
+    """D_r plus `k` synthetic points per forget instance with random labels (method=synthetic)."""
+
+    def check(self, cfg: DictConfig) -> None:
+        checks.positive_int(self.settings.k, "method.k")
+        checks.positive(self.settings.radius, "method.radius")
+
+    def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
+        cfg = ctx.cfg.method
+        generator = torch.Generator().manual_seed(int(cfg.seed))
+        forget_images, _ = datamodule.dataset("forget").everything()
+        points = uniform_ball_points(forget_images, int(cfg.k), cfg.radius / 255.0, generator)
+        labels = torch.randint(datamodule.info.num_classes, (len(points),), generator=generator)
+        retain_images, retain_labels = datamodule.dataset("retain").everything()
+        train = datamodule.float_dataset(torch.cat([retain_images, points]), torch.cat([retain_labels, labels]))
+        net = make_net()
+        wall = train_erm(ctx, net, datamodule.loader_for(train), key=ctx.key_for("synthetic"),
+                         stage="training on D_r + synthetic points")
+        return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs),
+                                  "synthetic_points": len(points), "train_size": len(train)})

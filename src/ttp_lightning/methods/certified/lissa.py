@@ -2,14 +2,11 @@
 `asymptotically_unbiased_estimator` (Hessian-vector products only, memory O(#params); lambda_min and ||H|| by
 Lanczos), then Gaussian noise calibrated to eq. `hessian_estimator_bound`."""
 
-from torch import nn
-
 from ttp_lightning.certify.certificate import ESTIMATOR
-from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.methods.certified.common import run_certified
-from ttp_lightning.methods.output import MethodOutput
-from ttp_lightning.training import RunContext
+from ttp_lightning.methods.certified.base import Certified
 
 
-def run_certified_lissa(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-    return run_certified(ctx, pretrained, datamodule, ESTIMATOR)
+class CertifiedLissa(Certified):
+    """Alg 3: the Newton step by the stochastic inverse-Hessian estimator (method=certified_lissa)."""
+
+    algorithm = ESTIMATOR

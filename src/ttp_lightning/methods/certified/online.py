@@ -12,14 +12,11 @@ What is released (`method.release`):
   Delta (Prop. `bound_sequential`: the bound is identical in the online setting).
 Never sigma = Delta / (k epsilon) ..., the paper's formula, which understates epsilon (README, erratum)."""
 
-from torch import nn
-
 from ttp_lightning.certify.certificate import ONLINE
-from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.methods.certified.common import run_certified
-from ttp_lightning.methods.output import MethodOutput
-from ttp_lightning.training import RunContext
+from ttp_lightning.methods.certified.base import Certified
 
 
-def run_certified_online(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-    return run_certified(ctx, pretrained, datamodule, ONLINE)
+class CertifiedOnline(Certified):
+    """Alg 4: one estimated Newton step per forget request (method=certified_online)."""
+
+    algorithm = ONLINE

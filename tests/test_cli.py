@@ -14,7 +14,7 @@ from conftest import REPO, TINY, TINY_WITHOUT_METHOD
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.evaluation import evaluate
 from ttp_lightning.models import build_classifier
-from ttp_lightning.tables import main as tables_main
+from ttp_lightning.reporting.tables import main as tables_main
 
 METRIC_KEYS = {"retain_acc", "test_acc", "forget_acc", "forget_conf_dist", "retain_conf_dist", "test_conf_dist",
                "forget_l2_dist", "forget_nn_acc", "forget_nn_conf_dist", "wall_s"}

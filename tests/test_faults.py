@@ -22,7 +22,7 @@ from ttp_lightning.cli_checks import check_output_dir, check_unknown_additions
 from ttp_lightning.data.forget import read_index_file
 from ttp_lightning.data.sources import load_source
 from ttp_lightning.errors import TTPUserError
-from ttp_lightning.report import non_finite_keys, write_results
+from ttp_lightning.reporting.results import non_finite_keys, write_results
 from ttp_lightning.validation import _accelerator
 
 

@@ -3,8 +3,8 @@
 import json
 
 from test_tables import fake_results
-from ttp_lightning.plots import main
-from ttp_lightning.tables import main as tables_main
+from ttp_lightning.reporting.plots import main
+from ttp_lightning.reporting.tables import main as tables_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

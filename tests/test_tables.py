@@ -2,7 +2,7 @@
 
 import json
 
-from ttp_lightning.tables import main
+from ttp_lightning.reporting.tables import main
 
 
 def fake_results(theta: float, forget_cd: float, method: str = "certified_exact") -> dict:

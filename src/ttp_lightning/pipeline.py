@@ -18,16 +18,16 @@ from ttp_lightning.data import build_datamodule
 from ttp_lightning.evaluation import evaluate, forget_softmax, predictions
 from ttp_lightning.models import build_classifier
 from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
-from ttp_lightning.report import (
+from ttp_lightning.reporting.results import (
     format_attack_table,
     format_certificate_line,
     format_table,
     write_results,
     write_weights,
 )
+from ttp_lightning.reporting.wandb_charts import log_run_charts
 from ttp_lightning.training import RunContext, choose_threads, multiply_accumulates
 from ttp_lightning.validation import validate_config
-from ttp_lightning.wandb_charts import log_run_charts
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def run_figures(results: dict, output_dir: str) -> list:
     from pathlib import Path
 
     try:
-        from ttp_lightning.plots import draw_figures
+        from ttp_lightning.reporting.plots import draw_figures
     except ImportError as exc:
         log.warning("figures not drawn for wandb (%s); install the plots extra", exc)
         return []

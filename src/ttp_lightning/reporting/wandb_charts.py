@@ -8,7 +8,7 @@ attack curves, also written to <run dir>/figures/) in its own wandb run. Sweep-l
 import os
 from pathlib import Path
 
-from ttp_lightning.report import attack_rows, metric_rows
+from ttp_lightning.reporting.results import attack_rows, metric_rows
 
 
 def _payload(images: list[Path], tables: dict[str, tuple[list[str], list[list[str]]]]) -> dict:

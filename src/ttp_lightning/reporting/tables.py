@@ -1,0 +1,195 @@
+"""`python -m ttp_lightning.tables PATH... [--layout frontier|main|forget] [--by KEY] [--out FILE] [--wandb]`:
+Markdown tables from results.json files.
+
+PATH is a results.json or a folder searched for them (a multirun sweep).
+`frontier` (default): one table per data set, model and method, one row per theta (or per value of the
+config key `--by`, e.g. method.k), as the paper's Pareto-frontier tables (Model, theta, retain accuracy,
+test accuracy, forget confidence distance), the pretrained model first.
+`main`: one table per data set and model, one row per method (Pretrain, Retrain, Synthetic, LabelDP,
+GaussianUniform, Alg 1, certified ...), as the paper's main table, with retain and test confidence
+distances beside the forget one.
+`forget`: one table per data set, model and method, one block of rows per forget set (size, how many from
+the test set), as the paper's forget-set-size ablation and test-instance tables: the pretrained model
+(A(D) before and after learning outside forget instances, when there are any), then the method.
+"""
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+METHOD_LABELS = {"retrain": "Retrain", "synthetic": "Synthetic", "labeldp": "LabelDP",
+                 "gaussian_uniform": "GaussianUniform",
+                 "pareto": "Alg 1", "pareto_robust": "Alg 1 (robust)", "certified_exact": "Cert. (Alg 2)", "certified_lissa": "Cert. (Alg 3)",
+                 "certified_online": "Cert. (Alg 4)"}  # also the row order of the main table
+
+
+def load_results(paths: list[Path]) -> list[dict]:
+    """Every results.json under the given files/folders, in path order."""
+    files = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(path.rglob("results.json"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"{path} is neither a results.json nor a folder")
+    if not files:
+        raise FileNotFoundError(f"no results.json under {', '.join(map(str, paths))}")
+    return [json.loads(f.read_text()) for f in files]
+
+
+def model_name(results: dict) -> str:
+    return results["config"]["model"]["_target_"].rsplit(".", 1)[-1].replace("vision_transformer", "ViT")
+
+
+def percent(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+@dataclass
+class Table:
+    """One table of a layout: a title, column names and rows of formatted cells (Markdown or wandb)."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+
+    def markdown(self) -> str:
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in self.rows])
+
+
+def to_markdown(tables: list[Table]) -> str:
+    return "\n\n".join(table.markdown() for table in tables) + "\n"
+
+
+def scores(metrics: dict) -> list[str]:
+    """Retain accuracy, test accuracy, forget confidence distance: the paper's three columns."""
+    return [percent(metrics["retain_acc"]), percent(metrics.get("test_acc", float("nan"))),
+            f"{metrics['forget_conf_dist']:.3f}"]
+
+
+SCORE_COLUMNS = ["Retain Acc.", "Test Acc.", "Conf. Dist. (lower better)"]
+
+
+def config_value(results: dict, dotted_key: str):
+    """The resolved config value at `dotted_key` (e.g. method.theta), or None where the run has none."""
+    value = results["config"]
+    for part in dotted_key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def frontier_tables(all_results: list[dict], by: str = "method.theta") -> list[Table]:
+    """One table per (data set, model, method), rows sorted by the swept config value `by` (theta for
+    the Pareto frontier; e.g. method.k for the synthetic baseline's ablation), the pretrained model first."""
+    groups = defaultdict(list)
+    for results in all_results:
+        key = (results["config"]["data"]["name"], model_name(results), results["method"])
+        groups[key].append(results)
+    tables = []
+    for (data, model, method), runs in sorted(groups.items()):
+        runs.sort(key=lambda r: (config_value(r, by) is None, config_value(r, by) or 0))
+        label = f"{METHOD_LABELS.get(method, method)} {model}"
+        rows = [[f"pretrained {model}", "-", *scores(runs[0]["metrics"]["pretrain"])]]
+        for run in runs:
+            value = config_value(run, by)
+            shown = "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+            rows.append([label, shown, *scores(run["metrics"][method])])
+        tables.append(Table(f"{data}: {label}", ["Model", by.rsplit(".", 1)[-1], *SCORE_COLUMNS], rows))
+    return tables
+
+
+def main_tables(all_results: list[dict]) -> list[Table]:
+    """One table per (data set, model): Pretrain, then one row per method in the paper's order, with
+    retain and test confidence distances beside the forget one."""
+    groups = defaultdict(dict)
+    for results in all_results:
+        groups[(results["config"]["data"]["name"], model_name(results))][results["method"]] = results
+    order = list(METHOD_LABELS)
+    tables = []
+    for (data, model), by_method in sorted(groups.items()):
+        methods = sorted(by_method, key=lambda m: order.index(m) if m in order else len(order))
+        labelled = [("Pretrain", by_method[methods[0]]["metrics"]["pretrain"])]
+        labelled += [(METHOD_LABELS.get(m, m), by_method[m]["metrics"][m]) for m in methods]
+        rows = [[label, *scores(m)[:2], f"{m['forget_conf_dist']:.3f}", _robust(m), f"{m['retain_conf_dist']:.3f}",
+                 f"{m.get('test_conf_dist', float('nan')):.3f}"] for label, m in labelled]
+        header = ["Method", "Retain Acc.", "Test Acc.", "Conf. Dist. (forget)", "Robust CD (worst attack)",
+                  "Retain CD", "Test CD"]
+        tables.append(Table(f"{data}, {model}", header, rows))
+    return tables
+
+
+def _robust(metrics: dict) -> str:
+    """The forget CD under the worst attack at attacks.robust_gamma, or "-" for runs without attacks."""
+    value = metrics.get("forget_robust_conf_dist")
+    return "-" if value is None else f"{value:.3f}"
+
+
+def forget_set(results: dict) -> tuple[int, int]:
+    """(|D_f|, how many of them came from the test set)."""
+    data = results.get("data", {})
+    return data.get("forget_size", 0), data.get("forget_from_test", 0)
+
+
+def forget_set_tables(all_results: list[dict]) -> list[Table]:
+    """One table per (data set, model, method), rows grouped by forget set (share from test, size): the
+    pretrained model (before and after learning outside forget instances, when there are any), the method."""
+    groups = defaultdict(list)
+    for results in all_results:
+        groups[(results["config"]["data"]["name"], model_name(results), results["method"])].append(results)
+    stage_labels = {"pretrain_original": "Pretrain (D_f unseen)", "pretrain": "Pretrain"}
+    tables = []
+    for (data, model, method), runs in sorted(groups.items()):
+        label = METHOD_LABELS.get(method, method)
+        rows = []
+        for run in sorted(runs, key=lambda r: (forget_set(r)[1] / max(forget_set(r)[0], 1), forget_set(r)[0])):
+            size, from_test = forget_set(run)
+            rows += [[str(size), str(from_test), stage_labels.get(stage, label), *scores(m)]
+                     for stage, m in run["metrics"].items()]
+        header = ["Forget Size", "From Test", "Stage", *SCORE_COLUMNS]
+        tables.append(Table(f"{data}: {label} {model}, by forget set", header, rows))
+    return tables
+
+
+LAYOUTS = {"frontier": frontier_tables, "main": main_tables, "forget": forget_set_tables}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.tables", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="results.json files or folders holding them")
+    parser.add_argument("--layout", choices=list(LAYOUTS), default="frontier")
+    parser.add_argument("--by", default="method.theta",
+                        help="frontier layout: the swept config key that orders the rows (default method.theta)")
+    parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
+    parser.add_argument("--wandb", action="store_true",
+                        help="also log the tables to a wandb run (offline unless WANDB_MODE says otherwise)")
+    args = parser.parse_args(argv)
+    try:
+        all_results = load_results(args.paths)
+        tables = frontier_tables(all_results, args.by) if args.layout == "frontier" else LAYOUTS[args.layout](all_results)
+    except (OSError, json.JSONDecodeError, KeyError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    markdown = to_markdown(tables)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(markdown)
+    print(markdown, end="")
+    if args.wandb:
+        from ttp_lightning.reporting.wandb_charts import log_summary
+
+        where = args.out.parent if args.out else (args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent)
+        run_dir = log_summary(f"{args.layout}-tables", where,
+                              tables={t.title: (t.header, t.rows) for t in tables})
+        print(f"wandb: {run_dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

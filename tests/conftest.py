@@ -93,3 +93,15 @@ def run_main(tmp_path, monkeypatch, capsys):
         return code, captured.out, captured.err, results
 
     return _run
+
+
+@pytest.fixture
+def run_job(run_main):
+    """run_cli's interface (a CompletedProcess and the results), run in this process: for tests of what a
+    job does, where starting a new interpreter is not what is tested."""
+
+    def _run(*overrides: str, tiny: bool = True):
+        code, out, err, results = run_main(*overrides, tiny=tiny)
+        return subprocess.CompletedProcess(list(overrides), code, out, err), results
+
+    return _run

@@ -20,8 +20,8 @@ def test_ball_points_stay_within_the_radius_and_fill_the_ball():
     assert edge.min() >= 0  # clipped to [0, 1] pixels
 
 
-def test_synthetic_baseline_from_the_cli(run_cli):
-    proc, results = run_cli("method=synthetic", "method.k=5", "attacks.enabled=false", *TINY_WITHOUT_METHOD,
+def test_synthetic_baseline_from_the_cli(run_job):
+    proc, results = run_job("method=synthetic", "method.k=5", "attacks.enabled=false", *TINY_WITHOUT_METHOD,
                             tiny=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     synthetic = results["metrics"]["synthetic"]
@@ -29,8 +29,8 @@ def test_synthetic_baseline_from_the_cli(run_cli):
     assert synthetic["test_acc"] > 0.8 and synthetic["forget_conf_dist"] < results["metrics"]["pretrain"]["forget_conf_dist"] + 0.1
 
 
-def test_gaussian_uniform_baseline_reports_noisy_accuracies(run_cli):
-    proc, results = run_cli("method=gaussian_uniform", "attacks.enabled=false", *TINY_WITHOUT_METHOD, tiny=False)
+def test_gaussian_uniform_baseline_reports_noisy_accuracies(run_job):
+    proc, results = run_job("method=gaussian_uniform", "attacks.enabled=false", *TINY_WITHOUT_METHOD, tiny=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     baseline = results["metrics"]["gaussian_uniform"]
     assert baseline["train_size"] == 2 * 1258
@@ -50,8 +50,8 @@ def test_rr_with_prior_keeps_labels_as_often_as_epsilon_allows():
     assert rr_with_prior(confident, torch.tensor([3, 5]), 2.0, generator).tolist() == [3, 3]  # k* = 1
 
 
-def test_labeldp_baseline_from_the_cli(run_cli):
-    proc, results = run_cli("method=labeldp", "attacks.enabled=false", *TINY_WITHOUT_METHOD, tiny=False)
+def test_labeldp_baseline_from_the_cli(run_job):
+    proc, results = run_job("method=labeldp", "attacks.enabled=false", *TINY_WITHOUT_METHOD, tiny=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     labeldp = results["metrics"]["labeldp"]
     assert labeldp["stage_sizes"] == [629, 629]

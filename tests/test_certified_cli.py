@@ -335,8 +335,8 @@ def test_verify_cli_contract(released):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: cannot verify")
 
 
-def test_certified_run_stops_when_the_hypotheses_fail(run_cli):
-    proc, results = run_cli(*TINY_WITHOUT_METHOD, "model=logreg", "method=certified_exact", "pretrain.norm_bound=10",
+def test_certified_run_stops_when_the_hypotheses_fail(run_job):
+    proc, results = run_job(*TINY_WITHOUT_METHOD, "model=logreg", "method=certified_exact", "pretrain.norm_bound=10",
                             "method.lam=0.05", "method.grad_lipschitz_forget=2", "method.grad_lipschitz_retain=2",
                             "attacks.enabled=false", tiny=False)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -344,13 +344,13 @@ def test_certified_run_stops_when_the_hypotheses_fail(run_cli):
     assert errors[0].startswith("error: lambda + lambda_min(H) = 0.05 + (-") and "raise method.lam above" in errors[0]
 
 
-def test_certified_bad_input(run_cli):
-    proc, results = run_cli("model=logreg", "method=certified_exact", tiny=False)
+def test_certified_bad_input(run_job):
+    proc, results = run_job("model=logreg", "method=certified_exact", tiny=False)
     assert proc.returncode == 2 and "needs pretrain.norm_bound" in proc.stderr and results is None
-    proc, _ = run_cli("model=logreg", "method=certified_exact", "pretrain.norm_bound=10", "method.theta=1",
+    proc, _ = run_job("model=logreg", "method=certified_exact", "pretrain.norm_bound=10", "method.theta=1",
                       tiny=False)
     assert proc.returncode == 2 and "choose a value in (0, 1)" in proc.stderr
-    proc, _ = run_cli("model=resnet18", "method=certified_exact", "pretrain.norm_bound=10", "pretrain.epochs=1",
+    proc, _ = run_job("model=resnet18", "method=certified_exact", "pretrain.norm_bound=10", "pretrain.epochs=1",
                       "data.max_train_size=200", tiny=False)
     assert proc.returncode == 2 and "more than method.max_exact_params=20,000" in proc.stderr
 

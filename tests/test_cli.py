@@ -54,8 +54,8 @@ def test_default_job_writes_the_results_contract(run_cli, tmp_path):
     assert evaluate(net, datamodule)["forget_conf_dist"] == pytest.approx(alg1["forget_conf_dist"], abs=1e-6)
 
 
-def test_retrain_baseline_trains_on_the_retain_set(run_cli):
-    proc, results = run_cli("method=retrain", *TINY_WITHOUT_METHOD, tiny=False)
+def test_retrain_baseline_trains_on_the_retain_set(run_job):
+    proc, results = run_job("method=retrain", *TINY_WITHOUT_METHOD, tiny=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     retrain = results["metrics"]["retrain"]
     assert METRIC_KEYS <= retrain.keys() and retrain["test_acc"] > 0.8
@@ -81,8 +81,8 @@ def test_forget_instances_from_the_test_set_are_absorbed_then_protected(run_cli,
                     ["| 20", "10", "Pretrain"], ["| 20", "10", "Alg 1"]]
 
 
-def test_fullbatch_mode_with_surgery_and_temperature(run_cli):
-    proc, results = run_cli("method.mode=fullbatch", "method.gradient_surgery=true", "method.forget_temperature=2",
+def test_fullbatch_mode_with_surgery_and_temperature(run_job):
+    proc, results = run_job("method.mode=fullbatch", "method.gradient_surgery=true", "method.forget_temperature=2",
                             "method.epochs=40", "method.early_stopping.enabled=false")
     assert proc.returncode == 0, proc.stderr[-3000:]
     alg1 = results["metrics"]["pareto"]

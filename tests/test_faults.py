@@ -121,8 +121,8 @@ def test_results_are_strict_json(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["minibatch", "fullbatch"])
-def test_divergence_stops_the_run_and_releases_nothing(run_cli, tmp_path, mode):
-    proc, results = run_cli("method.lr=1e30", f"method.mode={mode}", "attacks.enabled=false")
+def test_divergence_stops_the_run_and_releases_nothing(run_job, tmp_path, mode):
+    proc, results = run_job("method.lr=1e30", f"method.mode={mode}", "attacks.enabled=false")
     assert proc.returncode == 2 and results is None
     last = proc.stderr.strip().splitlines()[-1]
     assert re.match(r"error: method pareto diverged at epoch \d+: ", last) and "Lower method.lr (now 1e+30)" in last

@@ -125,6 +125,28 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         return build_classifier(cfg.model, datamodule.info)
 
     ctx = RunContext(cfg=cfg, logger=build_logger(cfg), output_dir=output_dir)
+    try:
+        return _stages(ctx, method, datamodule, make_net)
+    except BaseException:
+        abort_logger(ctx.logger)
+        raise
+
+
+def abort_logger(logger) -> None:
+    """A run that stops with an error ends its logger's run as failed (a wandb run left open would be
+    reused by the next wandb.init in the same process)."""
+    if not logger:
+        return
+    logger.finalize("failed")
+    if type(logger).__name__ == "WandbLogger":
+        import wandb
+
+        wandb.finish(exit_code=1)
+
+
+def _stages(ctx: RunContext, method, datamodule, make_net) -> dict | None:
+    """pretrain (cached) -> method -> evaluation, attacks -> results.json, release, table, logger."""
+    cfg, output_dir = ctx.cfg, ctx.output_dir
     pretrained = make_net()
     choose_threads(cfg, multiply_accumulates(pretrained, datamodule.info.channels, datamodule.info.image_size))
     pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)

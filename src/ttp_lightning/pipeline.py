@@ -72,14 +72,19 @@ def finish_logger(logger, results: dict, output_dir: str) -> None:
     flat = {f"final/{stage}/{k}": v for stage, values in results["metrics"].items() for k, v in values.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
     logger.log_metrics(flat)
-    is_wandb = type(logger).__name__ == "WandbLogger"
-    if is_wandb:
+    if type(logger).__name__ == "WandbLogger":
         log_run_charts(logger.experiment, results, run_figures(results, output_dir))
-    logger.finalize("success")
-    if is_wandb:
+    end_logger(logger, "success")
+
+
+def end_logger(logger, status: str) -> None:
+    """Finalize the logger with `status` ("success" or "failed") and close its wandb run, so the next
+    wandb.init (the next multirun job, or the next run in the same process) starts a new one."""
+    logger.finalize(status)
+    if type(logger).__name__ == "WandbLogger":
         import wandb
 
-        wandb.finish()
+        wandb.finish(exit_code=0 if status == "success" else 1)
 
 
 def identity(cfg: DictConfig, datamodule) -> dict:
@@ -135,13 +140,8 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
 def abort_logger(logger) -> None:
     """A run that stops with an error ends its logger's run as failed (a wandb run left open would be
     reused by the next wandb.init in the same process)."""
-    if not logger:
-        return
-    logger.finalize("failed")
-    if type(logger).__name__ == "WandbLogger":
-        import wandb
-
-        wandb.finish(exit_code=1)
+    if logger:
+        end_logger(logger, "failed")
 
 
 def _stages(ctx: RunContext, method, datamodule, make_net) -> dict | None:

@@ -117,7 +117,8 @@ def estimator_memory(device: torch.device, retain_size: int, depth: int, chunk_s
     generator = torch.Generator().manual_seed(0)
     spectrum = measured_spectrum(curv, cfg, generator)
     gradient = curv.gradient()
-    direction = stochastic_inverse_hvp(gradient, lambda part, v: curv.sample_hvp(part, v, batch, generator), 0.75,
+    direction = stochastic_inverse_hvp(gradient, lambda part, v, keep: curv.sample_hvp(part, v, batch, generator, keep),
+                                       0.75,
                                        1.0, 1.2 * (spectrum.norm + 1.0), depth, 1, generator, slack=float("inf"))
     residual = ((curv.hvp(direction) - gradient).norm() / gradient.norm()).item()
     synchronize(device)

@@ -82,7 +82,7 @@ def test_estimator_converges_to_the_exact_solve():
     gradient = torch.randn(dim, generator=g, dtype=torch.float64)
     exact = torch.linalg.solve(exact_matrix, gradient)
 
-    def sample_hvp(part, rows):
+    def sample_hvp(part, rows, keep):
         return rows @ (forget_h if part == "forget" else retain_h)  # symmetric: row i -> H v_i
 
     top = max(torch.linalg.eigvalsh(forget_h + lam / (2 * theta) * torch.eye(dim, dtype=torch.float64)).max(),
@@ -95,10 +95,10 @@ def test_estimator_converges_to_the_exact_solve():
 def test_estimator_reports_divergence_with_what_to_change():
     matrix = torch.diag(torch.tensor([10.0, 1.0], dtype=torch.float64))
     with pytest.raises(TTPUserError, match="diverged.*method.lam.*J"):
-        stochastic_inverse_hvp(torch.ones(2, dtype=torch.float64), lambda part, rows: rows @ matrix, 0.5, 0.1,
+        stochastic_inverse_hvp(torch.ones(2, dtype=torch.float64), lambda part, rows, keep: rows @ matrix, 0.5, 0.1,
                                scale=1.0, depth=200)
     with pytest.raises(TTPUserError, match=r"choose a value in \(0, 1\)"):
-        stochastic_inverse_hvp(torch.ones(2), lambda part, v: v, 1.0, 0.1, scale=2.0, depth=5)
+        stochastic_inverse_hvp(torch.ones(2), lambda part, v, keep: v, 1.0, 0.1, scale=2.0, depth=5)
 
 
 def test_lanczos_brackets_the_extreme_eigenvalues_of_an_indefinite_matrix():
@@ -196,9 +196,32 @@ def test_estimator_on_model_hessians_matches_the_exact_solve():
     exact = torch.linalg.solve(matrix, gradient)
     generator = torch.Generator().manual_seed(0)
     scale = 1.5 * lanczos_spectrum(curv.hvp, dim, 30, 0.0, generator, dtype=torch.float64).norm
-    estimate = stochastic_inverse_hvp(gradient, lambda part, v: curv.sample_hvp(part, v, 16, generator), curv.theta,
+    estimate = stochastic_inverse_hvp(gradient, lambda part, v, keep: curv.sample_hvp(part, v, 16, generator, keep),
+                                      curv.theta,
                                       curv.lam, scale, depth=60, repeats=60, generator=generator)
     assert (estimate - exact).norm() / exact.norm() < 0.1
+
+
+def test_estimator_chains_split_over_ranks_sum_to_the_single_process_estimate():
+    """Rank r of w advances chains r, r + w, ... and draws every chain's samples, so the per-rank partial
+    estimates add up to the one-process estimate, and each rank computes only its share of the products."""
+    curv = curvature(lam=0.5)
+    gradient = curv.gradient()
+    scale = 1.5 * lanczos_spectrum(curv.hvp, len(gradient), 30, 0.0, torch.Generator().manual_seed(0),
+                                   dtype=torch.float64).norm
+
+    def estimate(rank, world):
+        generator = torch.Generator().manual_seed(5)
+        before = curv.instances
+        value = stochastic_inverse_hvp(gradient, lambda part, v, keep: curv.sample_hvp(part, v, 4, generator, keep),
+                                       curv.theta, curv.lam, scale, depth=20, repeats=7, generator=generator,
+                                       rank=rank, world=world)
+        return value, curv.instances - before
+
+    single, single_work = estimate(0, 1)
+    parts = [estimate(rank, 3) for rank in range(3)]
+    assert torch.allclose(sum(value for value, _ in parts), single, rtol=1e-10, atol=1e-12)
+    assert [work for _, work in parts] == [3 * 20 * 4, 2 * 20 * 4, 2 * 20 * 4] and single_work == 7 * 20 * 4
 
 
 def test_batchnorm_statistics_are_recomputed_on_the_given_data_and_hvps_use_them_frozen():

@@ -87,15 +87,16 @@ def choose_threads(cfg: DictConfig, macs: int | None = None) -> int:
 
 
 def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None,
-                 settings: str = "pretrain", root_dir: Path | None = None) -> L.Trainer:
+                 settings: str = "pretrain", root_dir: Path | None = None, guard: bool = True) -> L.Trainer:
     """A Trainer from the `trainer` config group, logging to the run's logger; it stops with one error line
     when training diverges (`settings`: the config section whose lr trains it, named in that line).
-    `root_dir` (default: the run's output folder) is where Lightning's SLURM requeue checkpoint goes."""
+    `root_dir` (default: the run's output folder) is where Lightning's SLURM requeue checkpoint goes;
+    `guard=False` leaves out the divergence check (a fit with no learning rate)."""
     from ttp_lightning.callbacks import FiniteGuard
 
     section = ctx.cfg[settings]
     stage = "pretraining" if settings == "pretrain" else f"method {ctx.cfg.method.name}"
-    callbacks = [*(callbacks or []), FiniteGuard(stage, settings, float(section.lr))]
+    callbacks = [*(callbacks or []), *([FiniteGuard(stage, settings, float(section.lr))] if guard else [])]
     if ctx.cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=ctx.cfg.progress_bar_refresh_rate))
     return hydra.utils.instantiate(ctx.cfg.trainer, max_epochs=max_epochs, logger=ctx.logger,
@@ -112,7 +113,7 @@ def checkpoint_folder(ctx: RunContext, key: str, register: bool = True) -> Path:
 
 
 def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str, key: str | None = None,
-        callbacks: list | None = None, settings: str = "pretrain", **loaders) -> float:
+        callbacks: list | None = None, settings: str = "pretrain", guard: bool = True, **loaders) -> float:
     """trainer.fit of `module` for `max_epochs` and its wall-clock seconds. With a checkpoint `key`, the fit
     writes checkpoints every `checkpoint_every_n_epochs` epochs and resumes from the newest one a stopped
     run of the same key left (see checkpointing.py); `stage` names it in the log."""
@@ -124,7 +125,7 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
         ckpt_path = resume_from(folder, bool(ctx.cfg.get("resume", True)), stage)
         if ckpt_path is not None:
             ctx.resumed[stage] = LATEST["epoch"]
-    trainer = make_trainer(ctx, max_epochs, callbacks, settings, root_dir=folder)
+    trainer = make_trainer(ctx, max_epochs, callbacks, settings, root_dir=folder, guard=guard)
     start = time.perf_counter()
     trainer.fit(module, ckpt_path=ckpt_path, weights_only=True, **loaders)
     return time.perf_counter() - start

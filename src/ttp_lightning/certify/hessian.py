@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from ttp_lightning.certify.hvp import ParetoCurvature, chunks, flatten, unflatten
+from ttp_lightning.certify.hvp import ParetoCurvature, all_reduce, flatten, unflatten
 from ttp_lightning.errors import TTPUserError
 
 
@@ -12,7 +12,8 @@ def exact_hessian(curv: ParetoCurvature, max_params: int, directions_per_pass: i
 
     A model whose only trainable layer is its final nn.Linear (logistic regression) takes the Kronecker
     path, exact for such models and ~10x faster; any other model takes reverse-over-reverse autodiff per
-    data chunk, `directions_per_pass` Hessian rows at a time.
+    data chunk, `directions_per_pass` Hessian rows at a time. Sharded curvature sums each DDP rank's chunks
+    and all-reduces, so every rank holds the same matrix.
     """
     size = sum(p.numel() for p in curv.params)
     if size > max_params:
@@ -66,7 +67,7 @@ def _affine_model_hessian(curv: ParetoCurvature, head: nn.Linear) -> torch.Tenso
                 continue
             instance_loss = lambda z, y, loss_fn=loss_fn: loss_fn(z.unsqueeze(0), y.unsqueeze(0))
             logit_hessian = torch.func.vmap(torch.func.hessian(instance_loss))
-            for images, labels in chunks(dataset, curv.chunk_size, curv.device, curv.dtype):
+            for images, labels in curv.shard(dataset):
                 with torch.no_grad():
                     logits = curv.net(images)
                 phi = torch.cat([captured["phi"], torch.ones_like(captured["phi"][:, :1])], dim=1)
@@ -76,6 +77,8 @@ def _affine_model_hessian(curv: ParetoCurvature, head: nn.Linear) -> torch.Tenso
                         blocks[a, b] += (phi * curvature[:, a, b, None]).T @ phi
     finally:
         hook.remove()
+    if curv.sharded:
+        all_reduce(blocks)
     for a in range(classes):
         for b in range(a):
             blocks[a, b] = blocks[b, a].T

@@ -1,5 +1,9 @@
 """Gradients and Hessian-vector products (Pearlmutter) of the Pareto objective, memory O(#params);
-fp32 by default (`dtype`), whatever precision the model was trained in.
+fp32 by default (`dtype`), whatever precision the model was trained in (autocast is switched off).
+
+With `sharded=True` under DDP every rank runs its own disjoint share of the data and the sums are
+all-reduced before the division by the global counts, so each rank does 1 / world of the forward-backward
+work and all ranks hold the same full-data result (the full-batch Pareto path sums the same way).
 
 Products are with H + lambda I, H the Hessian of theta * L_K(D_f) + (1 - theta) * L_A(D_r) (dataset
 means); the gradient is that of the unregularised objective, as in Algs 2-4. The model is
@@ -13,6 +17,7 @@ no double backward.
 from collections.abc import Callable, Iterable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
@@ -37,9 +42,21 @@ def unflatten(vector: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tens
     return out
 
 
-def chunks(dataset: ImageBatchDataset, chunk_size: int, device: torch.device, dtype: torch.dtype):
-    """The whole dataset in order, in this process (no DDP sharding), on `device` in `dtype`."""
-    for images, labels in iterate_shard(dataset, chunk_size, sharded=False):
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """The sum (or max) of `tensor` over the DDP ranks, in place; unchanged on a single process."""
+    if distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return tensor
+
+
+def chunks(dataset: ImageBatchDataset, chunk_size: int, device: torch.device, dtype: torch.dtype,
+           sharded: bool = False):
+    """The dataset in order on `device` in `dtype`: all of it, or with `sharded` this DDP rank's share."""
+    for images, labels in iterate_shard(dataset, chunk_size, sharded=sharded):
         yield images.to(device, dtype), labels.to(device)
 
 
@@ -81,8 +98,11 @@ class ParetoCurvature:
 
     def __init__(self, net: nn.Module, retain: ImageBatchDataset, forget: ImageBatchDataset, theta: float,
                  uniformity: Callable[[torch.Tensor], torch.Tensor], lam: float = 0.0,
-                 forget_temperature: float = 1.0, chunk_size: int = 4096, dtype: torch.dtype = torch.float32):
+                 forget_temperature: float = 1.0, chunk_size: int = 4096, dtype: torch.dtype = torch.float32,
+                 sharded: bool = False):
         self.net, self.retain, self.forget, self.dtype = net.eval().to(dtype), retain, forget, dtype
+        self.sharded = sharded and distributed()
+        self.instances = 0  # images this process ran forward (and backward) through, for the work measurement
         self.theta, self.lam, self.chunk_size = theta, lam, chunk_size
         self.uniformity, self.forget_temperature = uniformity, forget_temperature
         self.forget_loss: Loss = lambda logits, labels: uniformity(logits / forget_temperature)
@@ -101,12 +121,24 @@ class ParetoCurvature:
         """(dataset, loss, weight) per part: the objective is sum_parts weight * mean loss over the part."""
         return [(self.forget, self.forget_loss, self.theta), (self.retain, retain_loss, 1.0 - self.theta)]
 
+    def shard(self, dataset: ImageBatchDataset):
+        """(images, labels) chunks of this process's share of `dataset` (all of it unless sharded)."""
+        for images, labels in chunks(dataset, self.chunk_size, self.device, self.dtype, self.sharded):
+            self.instances += len(labels)
+            yield images, labels
+
     def part_sum(self, dataset: ImageBatchDataset, fn: Callable) -> torch.Tensor:
-        """Sum over the dataset's chunks of fn(images, labels)."""
+        """Sum over the dataset's chunks of fn(images, labels) (a tensor), all-reduced when sharded."""
         total = None
-        for images, labels in chunks(dataset, self.chunk_size, self.device, self.dtype):
-            value = fn(images, labels)
-            total = value if total is None else total + value
+        with torch.autocast(self.device.type, enabled=False):
+            for images, labels in self.shard(dataset):
+                value = fn(images, labels)
+                total = value if total is None else total + value
+            if self.sharded:
+                if total is None:  # more ranks than instances: this rank adds zeros of the right shape
+                    images, labels = dataset[[0]]
+                    total = fn(images.to(self.device, self.dtype), labels.to(self.device)) * 0
+                total = all_reduce(total.contiguous())
         return total
 
     def part_mean(self, dataset: ImageBatchDataset, loss_fn: Loss, fn: Callable) -> torch.Tensor:
@@ -133,16 +165,25 @@ class ParetoCurvature:
         return out
 
     def sample_hvp(self, part: str, vectors: torch.Tensor, batch_size: int,
-                   generator: torch.Generator | None = None) -> torch.Tensor:
+                   generator: torch.Generator | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
         """Row i: the Hessian of the part's loss (forget: L_K, retain: L_A; no theta weight, no lambda) on its
         own `batch_size` instances drawn uniformly with replacement, times vectors[i] (an unbiased sample
-        of that part's Hessian). All rows in one vectorised forward-over-reverse pass."""
+        of that part's Hessian). All rows in one vectorised forward-over-reverse pass. The instances of every
+        row are drawn from `generator`, but only the rows in the boolean mask `keep` (default: all) are
+        computed; the others are zero (a DDP rank computes its own estimator chains and draws what the
+        others draw, so every chain sees the samples it would see on one process)."""
         dataset, loss_fn = {"forget": (self.forget, self.forget_loss), "retain": (self.retain, retain_loss)}[part]
         rows = len(vectors)
-        positions = torch.randint(len(dataset), (rows * batch_size,), generator=generator).tolist()
-        images, labels = dataset[positions]
-        images = images.to(self.device, self.dtype).unflatten(0, (rows, batch_size))
-        labels = labels.to(self.device).unflatten(0, (rows, batch_size))
+        positions = torch.randint(len(dataset), (rows * batch_size,), generator=generator).view(rows, batch_size)
+        keep = torch.ones(rows, dtype=torch.bool) if keep is None else keep.cpu()
+        out = torch.zeros_like(vectors)
+        if not keep.any():
+            return out
+        kept = keep.nonzero().flatten()
+        images, labels = dataset[positions[kept].flatten().tolist()]
+        self.instances += len(labels)
+        images = images.to(self.device, self.dtype).unflatten(0, (len(kept), batch_size))
+        labels = labels.to(self.device).unflatten(0, (len(kept), batch_size))
         names = self.names
         weights = {name: p.detach() for name, p in zip(names, self.params)}
 
@@ -155,7 +196,9 @@ class ParetoCurvature:
                                                (weights,), (tangent,))
             return flatten(hessian_vector[name] for name in names)
 
-        return torch.func.vmap(product)(images, labels, vectors)
+        with torch.autocast(self.device.type, enabled=False):
+            out[kept.to(out.device)] = torch.func.vmap(product)(images, labels, vectors[kept.to(vectors.device)])
+        return out
 
     def _hvp_of(self, loss: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
         grads = torch.autograd.grad(loss, self.params, create_graph=True)

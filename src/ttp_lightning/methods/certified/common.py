@@ -19,21 +19,15 @@ from ttp_lightning.certify.certificate import (
 )
 from ttp_lightning.certify.hvp import refresh_batchnorm, trainable
 from ttp_lightning.certify.mechanism import implied_epsilon, noise_sigma
-from ttp_lightning.certify.noise import fresh_seed
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import eval_device
 from ttp_lightning.methods.certified import newton
-from ttp_lightning.methods.certified.newton import (
-    ESTIMATED,
-    NewtonPath,
-    newton_path,
-    noised_states,
-    resolve_lam,
-)
+from ttp_lightning.methods.certified.newton import ESTIMATED, NewtonPath, noised_states, resolve_lam
 from ttp_lightning.methods.output import CertifiedRelease, MethodOutput
 from ttp_lightning.methods.pareto import finetune
+from ttp_lightning.modules.certified import CertifiedStepModule, quiet_no_optimizer
 from ttp_lightning.modules.optim import project_to_norm_ball
-from ttp_lightning.training import RunContext
+from ttp_lightning.training import RunContext, fit
 
 KINDS = {EXACT: newton.EXACT, ESTIMATOR: ESTIMATED, ONLINE: ESTIMATED}  # algorithm -> how the step is solved
 
@@ -132,6 +126,21 @@ def request_parts(datamodule: TTPDataModule, algorithm: str) -> list:
     return [(datamodule.dataset("retain"), datamodule.dataset("forget"))]
 
 
+def newton_steps(ctx: RunContext, net: nn.Module, parts: list, algorithm: str) -> CertifiedStepModule:
+    """The Newton step(s) through Lightning (one training step each, sharded under DDP) and the noise seed."""
+    quiet_no_optimizer()
+    module = CertifiedStepModule(net, parts, ctx.cfg.method, KINDS[algorithm], float(ctx.cfg.pretrain.norm_bound),
+                                 ctx.cfg.pretrain.projection)
+    fit(ctx, module, max_epochs=1, stage="certified step", settings="method", guard=False)
+    return module
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, algorithm: str) -> MethodOutput:
     cfg = ctx.cfg.method
     prepared = warm_start(ctx, pretrained, datamodule)
@@ -139,14 +148,14 @@ def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataMod
     certificate = stated_constants(ctx, algorithm, prepared.net)
     parts = request_parts(datamodule, algorithm)
     start = time.perf_counter()
-    path = newton_path(prepared.net, parts, cfg, KINDS[algorithm], float(ctx.cfg.pretrain.norm_bound),
-                       ctx.cfg.pretrain.projection)
+    step = newton_steps(ctx, prepared.net, parts, algorithm)
+    path = step.path
     newton_wall = time.perf_counter() - start
     certificate = calibrate_noise(cfg, measured_constants(certificate, path))
     each = certificate["release_model"] == "each"
     noise_free = path.noise_free if each else path.noise_free[-1:]
     retain_sets = [retain for retain, _ in parts] if each else [parts[-1][0]]
-    seed = fresh_seed()
+    seed = step.noise_seed
     states = noised_states(prepared.net, noise_free, certificate["sigma"], seed, retain_sets, cfg.chunk_size)
     certificate["batchnorm"] = "recomputed_on_retain_after_noise" if prepared.has_batchnorm else "none"
     last = path.steps[-1]
@@ -162,6 +171,7 @@ def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataMod
            if KINDS[algorithm] == ESTIMATED else {}),
         **{k: v for extras in path.extras for k, v in extras.items()},
         "batchnorm_refreshed": prepared.has_batchnorm, "releases": certificate["releases"],
+        "curvature_images_per_rank": step.instances, "ranks": world_size(),
         **{key: certificate[key] for key in ("sensitivity", "sigma", "epsilon", "mechanism")},
         "vacuous": is_vacuous(certificate["epsilon"], cfg.vacuous_above),
     }

@@ -13,12 +13,20 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 
 from ttp_lightning.certify.bounds import check_hypotheses, estimator_depth, estimator_scale_b
 from ttp_lightning.certify.estimator import stochastic_inverse_hvp
 from ttp_lightning.certify.hessian import exact_hessian
-from ttp_lightning.certify.hvp import ParetoCurvature, flatten, refresh_batchnorm, trainable, unflatten
+from ttp_lightning.certify.hvp import (
+    ParetoCurvature,
+    all_reduce,
+    flatten,
+    refresh_batchnorm,
+    trainable,
+    unflatten,
+)
 from ttp_lightning.certify.noise import gaussian_noise
 from ttp_lightning.certify.spectrum import Spectrum, exact_spectrum, lanczos_spectrum
 from ttp_lightning.data.batching import ImageBatchDataset
@@ -45,9 +53,10 @@ def resolve_lam(cfg: DictConfig) -> float:
 
 
 def curvature(net, cfg: DictConfig, retain: ImageBatchDataset, forget: ImageBatchDataset,
-              dtype: torch.dtype = torch.float32) -> ParetoCurvature:
+              dtype: torch.dtype = torch.float32, sharded: bool = False) -> ParetoCurvature:
     return ParetoCurvature(net, retain, forget, cfg.theta, UNIFORMITY_LOSSES[cfg.uniformity], lam=resolve_lam(cfg),
-                           forget_temperature=cfg.forget_temperature, chunk_size=cfg.chunk_size, dtype=dtype)
+                           forget_temperature=cfg.forget_temperature, chunk_size=cfg.chunk_size, dtype=dtype,
+                           sharded=sharded)
 
 
 def project_flat(vector: torch.Tensor, sizes: list[int], bound: float, mode: str) -> torch.Tensor:
@@ -135,9 +144,10 @@ def estimated_step(curv: ParetoCurvature, cfg: DictConfig, generator: torch.Gene
     else:
         depth = int(cfg.depth)
     gradient = curv.gradient()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if curv.sharded else (0, 1)
     direction = stochastic_inverse_hvp(
-        gradient, lambda part, v: curv.sample_hvp(part, v, cfg.sample_size, generator), curv.theta, curv.lam,
-        scale, depth, cfg.repeats, generator)
+        gradient, lambda part, v, keep: curv.sample_hvp(part, v, cfg.sample_size, generator, keep), curv.theta,
+        curv.lam, scale, depth, cfg.repeats, generator, rank=rank, world=world, reduce=all_reduce)
     residual = ((curv.hvp(direction) - gradient).norm() / gradient.norm().clamp(min=1e-30)).item()
     if not residual <= cfg.max_residual:
         raise TTPUserError(
@@ -156,29 +166,46 @@ def distance_to_exact(curv: ParetoCurvature, cfg: DictConfig, direction: torch.T
     return ((direction.double().cpu() - exact.cpu()).norm() / exact.norm().clamp(min=1e-30)).item()
 
 
+def step_generator(cfg: DictConfig, kind: str) -> torch.Generator | None:
+    """The estimator's random stream (the same on every DDP rank), or None for the exact step."""
+    return torch.Generator().manual_seed(int(cfg.estimator_seed)) if kind == ESTIMATED else None
+
+
+def newton_step(curv: ParetoCurvature, cfg: DictConfig, kind: str, generator: torch.Generator | None,
+                norm_bound: float, projection: str, path: NewtonPath) -> None:
+    """One step of Algs 2-4 from the curvature's current weights: the direction, w~ = Pi(w - direction) (float64)
+    written back into the model and appended to `path` with its certificate record."""
+    weights = flatten(p.detach() for p in curv.params).double()
+    if kind == EXACT:
+        direction, record = exact_step(curv, cfg)
+        extras = {}
+    else:
+        direction, record = estimated_step(curv, cfg, generator)
+        extras = {"direction_vs_exact": distance_to_exact(curv, cfg, direction)} if cfg.get("compare_exact") else {}
+    unprojected = weights - direction.double().to(weights.device)
+    record["norm_before_projection"] = unprojected.norm().item()
+    projected = project_flat(unprojected, [p.numel() for p in curv.params], norm_bound, projection)
+    curv.assign(projected.to(curv.dtype))
+    path.noise_free.append(projected.cpu())
+    path.steps.append(record)
+    path.extras.append(extras)
+
+
+def step_dtype(kind: str) -> torch.dtype:
+    return torch.float64 if kind == EXACT else torch.float32
+
+
 def newton_path(net, parts: list[tuple[ImageBatchDataset, ImageBatchDataset]], cfg: DictConfig, kind: str,
                 norm_bound: float, projection: str) -> NewtonPath:
-    """One step per (retain, forget) part, each from the previous step's projected weights (Alg 4's
+    """One step per (retain, forget) part in this process (the audit's rerun; a run takes them through
+    CertifiedStepModule), each from the previous step's projected weights (Alg 4's
     w~_i = Pi(w~_{i-1} - P_n / J)); Alg 2 and 3 have one part. The model ends at the last noise-free weights
     (float32 for the estimator, float64 for the exact step)."""
     path = NewtonPath()
-    generator = torch.Generator().manual_seed(int(cfg.estimator_seed)) if kind == ESTIMATED else None
+    generator = step_generator(cfg, kind)
     for retain, forget in parts:
-        curv = curvature(net, cfg, retain, forget, dtype=torch.float64 if kind == EXACT else torch.float32)
-        weights = flatten(p.detach() for p in curv.params).double()
-        if kind == EXACT:
-            direction, record = exact_step(curv, cfg)
-            extras = {}
-        else:
-            direction, record = estimated_step(curv, cfg, generator)
-            extras = {"direction_vs_exact": distance_to_exact(curv, cfg, direction)} if cfg.get("compare_exact") else {}
-        unprojected = weights - direction.double().to(weights.device)
-        record["norm_before_projection"] = unprojected.norm().item()
-        projected = project_flat(unprojected, [p.numel() for p in curv.params], norm_bound, projection)
-        curv.assign(projected.to(curv.dtype))
-        path.noise_free.append(projected.cpu())
-        path.steps.append(record)
-        path.extras.append(extras)
+        newton_step(curvature(net, cfg, retain, forget, dtype=step_dtype(kind)), cfg, kind, generator, norm_bound,
+                    projection, path)
     return path
 
 

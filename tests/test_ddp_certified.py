@@ -1,0 +1,67 @@
+"""The certified step under `trainer=ddp_sim` (two gloo processes): each rank runs half of the curvature
+work, and the noise-free weights and the certificate's measured constants are those of one process."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY_WITHOUT_METHOD
+from test_certified_cli import LOGREG
+from ttp_lightning.certify.certificate import load_weights, noise_free_key
+from ttp_lightning.methods.certified.audit import method_config, rebuild_model
+from ttp_lightning.methods.certified.common import KINDS, request_parts
+from ttp_lightning.methods.certified.newton import (
+    NewtonPath,
+    curvature,
+    newton_step,
+    step_dtype,
+    step_generator,
+)
+
+CASES = {
+    "alg2_digits_logreg": LOGREG + ["method=certified_exact", "method.warmup_epochs=0"],
+    "alg3_digits_mlp": ["pretrain.norm_bound=10", "method.lam=auto", "method.grad_lipschitz_forget=20",
+                        "method.grad_lipschitz_retain=20", "attacks.enabled=false", "method=certified_lissa",
+                        "method.warmup_epochs=0", "method.depth=auto", "method.repeats=4", "method.sample_size=16",
+                        "method.max_residual=10"],
+}
+COMPARED = ("gradient_norm", "step_norm", "hessian_norm_measured", "lam_min_measured", "norm_before_projection")
+
+
+def relative(a, b) -> float:
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_two_ranks_give_the_single_process_newton_step_with_half_the_work_each(run_cli, tmp_path, case):
+    proc, results = run_cli(*TINY_WITHOUT_METHOD, "trainer=ddp_sim", *CASES[case], tiny=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Starting with 2 processes" in proc.stdout + proc.stderr
+    out = tmp_path / "out"
+    cert = json.loads((out / "release" / "certificate.json").read_text())
+    audit = json.loads((out / "private" / "audit.json").read_text())
+    metrics = results["metrics"][results["method"]]
+    assert metrics["ranks"] == 2
+
+    # the same step in this one process, from the start weights the run recorded
+    datamodule, net = rebuild_model(cert, out / "private" / audit["start_file"], [])
+    kind = KINDS[cert["algorithm"]]
+    settings = method_config(cert)
+    (retain, forget), = request_parts(datamodule, cert["algorithm"])
+    curv = curvature(net, settings, retain, forget, dtype=step_dtype(kind))
+    path = NewtonPath()
+    newton_step(curv, settings, kind, step_generator(settings, kind), cert["norm_bound_config"], cert["projection"],
+                path)
+
+    released_free = load_weights(out / "private" / audit["noise_free_file"])[noise_free_key(0)]
+    assert relative(released_free, path.noise_free[0]) < 1e-6
+    for key in COMPARED:
+        assert relative(cert["steps"][0][key], path.steps[0][key]) < 1e-6, key
+    if kind == "estimated":
+        assert relative(cert["steps"][0]["residual"], path.steps[0]["residual"]) < 1e-6
+    share = metrics["curvature_images_per_rank"] / curv.instances
+    print(f"{case}: noise-free weights differ by {relative(released_free, path.noise_free[0]):.2e} (relative l2); "
+          f"rank 0 ran {metrics['curvature_images_per_rank']} of {curv.instances} curvature images")
+    assert 0.45 <= share <= 0.55, (metrics["curvature_images_per_rank"], curv.instances)

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DATA_ROOT ?= ../shared/data
 ARGS ?=
 
-.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify bench-attacks lint clean
+.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify bench-attacks bench-gpu lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -69,6 +69,9 @@ bench-attacks: $(STAMP)  ## attack evaluation time, findings and torchattacks cr
 
 bench-certify: $(STAMP)  ## HVP cost and Alg 3 peak memory into bench/certify_<device>.json
 	$(BIN)/python scripts/bench_certify.py
+
+bench-gpu: $(STAMP)  ## GPU images/s, Alg 1 / ERM step, HVP / gradient, cifar100_resnet50 projection into bench/gpu_<device>.json (tiny on CPU)
+	$(BIN)/python scripts/bench_gpu.py
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check src tests scripts

@@ -1,0 +1,244 @@
+"""GPU training speed on CIFAR-shaped synthetic data (3 x 32 x 32, 100 classes; no download): one JSON per device.
+
+For ResNet18, ResNet50 and ViT-S/16 (the project's model configs), in fp32 and in bf16 autocast (what
+`trainer.precision=bf16-mixed` runs), channels_last for the CNNs, the images held on the device (no
+host-to-device copy per batch), SGD (momentum, weight decay; fused where torch has it):
+
+- pretraining images/s: one ERM step (cross entropy forward, backward, optimizer step) per batch;
+- Alg 1 minibatch step time / ERM step time at the same retain batch (the paper: Alg 1's time is 97-99 %
+  retain gradient, so close to 1): theta L_K(forget batch of 10) + (1 - theta) L_A(retain batch), one backward;
+- evaluation images/s (forward only, eval mode);
+- one full-data HVP / one full-data gradient of the Pareto objective (certify/hvp.py, fp32) on 512 images;
+- peak memory of the training step;
+- the projected wall time of `+experiment=cifar100_resnet50` (trainer=gpu, bf16) from the measured ResNet50
+  times at the experiment's own batch size: pretraining epochs x 50,000 images, plus Alg 1 epochs of
+  (retain / batch) steps and one evaluation pass over retain, test and forget.
+
+On a machine without CUDA it runs the same code at tiny sizes (`--tiny`, automatic), for the test suite.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from ttp_lightning.certify.hvp import ParetoCurvature, flatten
+from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.data.sources import DatasetInfo
+from ttp_lightning.models import build_classifier
+from ttp_lightning.objectives import UNIFORMITY_LOSSES, retain_loss
+
+CONF = Path(__file__).resolve().parents[1] / "src" / "ttp_lightning" / "conf"
+MODELS = ("resnet18", "resnet50", "vit_s_16")
+CNNS = ("resnet18", "resnet50")
+CIFAR_TRAIN, CIFAR_TEST = 50_000, 10_000
+THETA, FORGET_BATCH = 0.75, 10
+
+
+def model_config(name: str, tiny: bool):
+    cfg = OmegaConf.load(CONF / "model" / f"{name}.yaml")
+    if tiny and "width" in cfg:
+        cfg.width = 8
+    if tiny and "variant" in cfg:  # a two-block, 32-wide ViT of the same code path
+        cfg.merge_with({"embed_dim": 32, "depth": 2, "num_heads": 2})
+    return cfg
+
+
+def build(name: str, device: torch.device, tiny: bool, channels_last: bool):
+    info = DatasetInfo(num_classes=100, channels=3, image_size=32, mean=(0.5,) * 3, std=(0.25,) * 3)
+    torch.manual_seed(0)
+    net = build_classifier(model_config(name, tiny), info).to(device)
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    return net
+
+
+def sgd(net, device: torch.device):
+    fused = device.type == "cuda"
+    try:
+        return torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4, fused=fused), fused
+    except (RuntimeError, TypeError):
+        return torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4), False
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def per_call(fn, device: torch.device, warmup: int, steps: int) -> float:
+    """Median seconds of one call of fn over three timed runs of `steps` calls, after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    runs = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        synchronize(device)
+        runs.append((time.perf_counter() - start) / steps)
+    return statistics.median(runs)
+
+
+def training_steps(net, device, batch: int, bf16: bool, channels_last: bool):
+    """(ERM step, Alg 1 step, eval forward) closures on data held on the device."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    images = torch.rand(batch, 3, 32, 32, device=device, generator=generator).contiguous(memory_format=fmt)
+    labels = torch.randint(0, 100, (batch,), device=device, generator=generator)
+    forget = torch.rand(FORGET_BATCH, 3, 32, 32, device=device, generator=generator).contiguous(memory_format=fmt)
+    optimizer, _ = sgd(net, device)
+    uniformity = UNIFORMITY_LOSSES["kl"]
+
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    def step(loss_fn):
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            loss = loss_fn()
+        loss.backward()
+        optimizer.step()
+
+    def erm():
+        step(lambda: F.cross_entropy(net(images), labels))
+
+    def alg1():
+        step(lambda: THETA * uniformity(net(forget)) + (1 - THETA) * retain_loss(net(images), labels))
+
+    def joint_loss():
+        logits = net(torch.cat([forget, images]))
+        return THETA * uniformity(logits[:FORGET_BATCH]) + (1 - THETA) * retain_loss(logits[FORGET_BATCH:], labels)
+
+    def alg1_joint():  # both batches in one forward pass (BatchNorm then normalises them together)
+        step(joint_loss)
+
+    alg1.joint = alg1_joint
+
+    @torch.no_grad()
+    def evaluate():
+        with autocast():
+            net(images)
+
+    return erm, alg1, evaluate
+
+
+def peak_memory(device: torch.device, fn) -> int | None:
+    if device.type != "cuda":
+        return None
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
+
+
+def measure(name: str, device, batch: int, bf16: bool, tiny: bool, warmup: int, steps: int) -> dict:
+    channels_last = name in CNNS and device.type == "cuda"
+    net = build(name, device, tiny, channels_last).train()
+    erm, alg1, evaluate = training_steps(net, device, batch, bf16, channels_last)
+    erm_s = per_call(erm, device, warmup, steps)
+    alg1_s = per_call(alg1, device, warmup, steps)
+    joint_s = per_call(alg1.joint, device, warmup, steps)
+    net.eval()
+    eval_s = per_call(evaluate, device, warmup, steps)
+    net.train()
+    return {"model": name, "precision": "bf16-mixed" if bf16 else "32", "batch": batch,
+            "channels_last": channels_last, "params": sum(p.numel() for p in net.parameters()),
+            "pretrain_images_per_s": round(batch / erm_s, 1), "erm_step_ms": round(1000 * erm_s, 3),
+            "alg1_step_ms": round(1000 * alg1_s, 3), "alg1_over_erm": round(alg1_s / erm_s, 3),
+            "alg1_joint_forward_over_erm": round(joint_s / erm_s, 3),
+            "eval_images_per_s": round(batch / eval_s, 1),
+            "peak_memory_bytes": peak_memory(device, erm)}
+
+
+def hvp_over_gradient(name: str, device, tiny: bool, count: int, warmup: int, steps: int) -> dict:
+    """One full-data HVP / one full-data gradient of the Pareto objective (fp32, as the certified step runs)."""
+    net = build(name, device, tiny, channels_last=False)
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (count, 3, 32, 32), dtype=torch.uint8, generator=generator)
+    labels = torch.randint(0, 100, (count,), generator=generator)
+    retain = ImageBatchDataset(images[FORGET_BATCH:], labels[FORGET_BATCH:])
+    forget = ImageBatchDataset(images[:FORGET_BATCH], labels[:FORGET_BATCH])
+    curv = ParetoCurvature(net, retain, forget, THETA, UNIFORMITY_LOSSES["kl"], lam=1.0, chunk_size=256)
+    vector = torch.randn_like(flatten(p.detach() for p in curv.params))
+    gradient_s = per_call(curv.gradient, device, warmup, steps)
+    hvp_s = per_call(lambda: curv.hvp(vector), device, warmup, steps)
+    return {"model": name, "images": count, "gradient_ms": round(1000 * gradient_s, 3),
+            "hvp_ms": round(1000 * hvp_s, 3), "hvp_over_gradient": round(hvp_s / gradient_s, 3)}
+
+
+def projected_cifar100_resnet50(device, tiny: bool, warmup: int, steps: int) -> dict:
+    """The experiment's wall time from measured ResNet50 bf16 step times at its own batch size."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="main", overrides=["experiment=cifar100_resnet50"])
+    batch = int(cfg.data.batch_size)
+    row = measure("resnet50", device, 4 if tiny else batch, device.type == "cuda", tiny, warmup, steps)
+    erm_s, alg1_s = row["erm_step_ms"] / 1000, row["alg1_step_ms"] / 1000
+    forget = int(cfg.data.forget.size)
+    pretrain_s = int(cfg.pretrain.epochs) * (CIFAR_TRAIN // batch) * erm_s
+    eval_s = (CIFAR_TRAIN + CIFAR_TEST + 2 * forget) / row["eval_images_per_s"]
+    alg1_epoch_s = ((CIFAR_TRAIN - forget) // batch) * alg1_s + eval_s
+    alg1_s_total = int(cfg.method.epochs) * alg1_epoch_s
+    return {"batch": batch, "pretrain_epochs": int(cfg.pretrain.epochs), "alg1_epochs": int(cfg.method.epochs),
+            "pretrain_epoch_s": round(pretrain_s / int(cfg.pretrain.epochs), 2), "alg1_epoch_s": round(alg1_epoch_s, 2),
+            "pretrain_hours": round(pretrain_s / 3600, 3), "alg1_hours": round(alg1_s_total / 3600, 3),
+            "total_hours": round((pretrain_s + alg1_s_total) / 3600, 3),
+            "note": "Alg 1 runs every epoch (the experiment sets patience null); attacks and figures not included"}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes (automatic without CUDA)")
+    parser.add_argument("--batch", type=int, default=512, help="training batch for images/s (default 512)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--no-projection", action="store_true", help="skip the cifar100_resnet50 projection")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/gpu_<device>.json)")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tiny = args.tiny or device.type != "cuda"
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here; bf16 is the fast path
+        torch.backends.cudnn.allow_tf32 = False
+    batch, warmup, steps = (4, 1, 1) if tiny else (args.batch, 10, 20)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    report = {"device": name, "tiny": tiny, "torch": torch.__version__, "training": [], "curvature": []}
+    for model in args.models:
+        for bf16 in (False, True):
+            row = measure(model, device, batch, bf16, tiny, warmup, steps)
+            report["training"].append(row)
+            print(f"{model:9s} {row['precision']:10s} batch {batch}: pretraining {row['pretrain_images_per_s']:>9,.0f}"
+                  f" img/s, Alg 1 step / ERM step {row['alg1_over_erm']:.2f} (one joint forward: "
+                  f"{row['alg1_joint_forward_over_erm']:.2f}), eval {row['eval_images_per_s']:>9,.0f}"
+                  f" img/s", flush=True)
+        fp32, bf16 = report["training"][-2:]
+        report.setdefault("bf16_speedup", {})[model] = round(bf16["pretrain_images_per_s"] /
+                                                             fp32["pretrain_images_per_s"], 2)
+        row = hvp_over_gradient(model, device, tiny, 32 if tiny else 512, 1 if tiny else 3, 1 if tiny else 5)
+        report["curvature"].append(row)
+        print(f"{model:9s} one HVP / one gradient (fp32, {row['images']} images): {row['hvp_over_gradient']:.2f}",
+              flush=True)
+    if not args.no_projection:
+        report["cifar100_resnet50_projection"] = projection = projected_cifar100_resnet50(device, tiny, warmup, steps)
+        print(f"projected +experiment=cifar100_resnet50 ({'tiny sizes, not a projection' if tiny else name}): "
+              f"pretraining {projection['pretrain_hours']:.2f} h + Alg 1 {projection['alg1_hours']:.2f} h = "
+              f"{projection['total_hours']:.2f} h")
+    slug = "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_") or "cpu"
+    out = args.out or Path("bench") / f"gpu_{slug}{'_tiny' if tiny else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,25 @@
+"""`make bench-gpu` runs on a machine without a GPU at tiny sizes: the same code, every measurement."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_bench_gpu_runs_tiny_on_cpu_and_projects_the_cifar100_resnet50_experiment(tmp_path):
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, "scripts/bench_gpu.py", "--out", str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600, check=False, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["tiny"] is True
+    rows = {(row["model"], row["precision"]): row for row in report["training"]}
+    assert set(rows) == {(m, p) for m in ("resnet18", "resnet50", "vit_s_16") for p in ("32", "bf16-mixed")}
+    for row in rows.values():
+        assert row["pretrain_images_per_s"] > 0 and row["eval_images_per_s"] > 0 and row["alg1_over_erm"] > 0
+    assert all(row["hvp_over_gradient"] > 1 for row in report["curvature"])  # an HVP costs more than a gradient
+    projection = report["cifar100_resnet50_projection"]
+    assert projection["pretrain_epochs"] == 200 and projection["total_hours"] > projection["pretrain_hours"] > 0
+    assert "projected +experiment=cifar100_resnet50" in proc.stdout

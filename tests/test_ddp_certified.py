@@ -1,5 +1,6 @@
 """The certified step under `trainer=ddp_sim` (two gloo processes): each rank runs half of the curvature
-work, and the noise-free weights and the certificate's measured constants are those of one process."""
+work, and the noise-free weights and the certificate's measured constants are those of one process; so
+are the final metrics, which the two ranks evaluate on their own shares."""
 
 import json
 
@@ -18,6 +19,7 @@ from ttp_lightning.methods.certified.newton import (
     step_dtype,
     step_generator,
 )
+from ttp_lightning.modules.evaluation import evaluate
 
 CASES = {
     "alg2_digits_logreg": LOGREG + ["method=certified_exact", "method.warmup_epochs=0"],
@@ -61,6 +63,12 @@ def test_two_ranks_give_the_single_process_newton_step_with_half_the_work_each(r
         assert relative(cert["steps"][0][key], path.steps[0][key]) < 1e-6, key
     if kind == "estimated":
         assert relative(cert["steps"][0]["residual"], path.steps[0]["residual"]) < 1e-6
+    # the final metrics, evaluated by two ranks on their shares, are one process's on the released weights
+    released = out / "release" / cert["weights"][-1]["file"]
+    datamodule, released_net = rebuild_model(cert, released, [])
+    single = evaluate(released_net, datamodule)
+    assert set(single) <= set(metrics)  # the same values up to the last rounded digit (another summation order)
+    assert all(abs(single[key] - metrics[key]) <= 1.5e-6 for key in single), (single, metrics)
     share = metrics["curvature_images_per_rank"] / curv.instances
     print(f"{case}: noise-free weights differ by {relative(released_free, path.noise_free[0]):.2e} (relative l2); "
           f"rank 0 ran {metrics['curvature_images_per_rank']} of {curv.instances} curvature images")

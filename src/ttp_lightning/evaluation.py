@@ -1,4 +1,5 @@
-"""Final metric tables for retain / test / forget, computed with the same Metrics as training."""
+"""Single-process helpers on a finished model: metrics over given batches, predictions, softmax bars (the
+run's final metric tables go through Lightning: modules/evaluation.py)."""
 
 import torch
 from torch import nn
@@ -26,21 +27,6 @@ def batch_metrics(model: nn.Module, batches, l2: bool = False) -> dict[str, floa
         for metric in metrics.values():
             metric.update(logits.cpu(), labels)
     return {name: round(float(metric.compute()), 6) for name, metric in metrics.items()}
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, datamodule: TTPDataModule) -> dict[str, float]:
-    """{part}_acc and {part}_conf_dist for every evaluation part, plus forget_l2_dist (eval mode).
-
-    Runs in the calling process over the whole of every part, also under DDP (rank 0 evaluates)."""
-    was_training = model.training
-    model.eval().to(eval_device())
-    results: dict[str, float] = {}
-    for part in datamodule.eval_parts():
-        scores = batch_metrics(model, datamodule.eval_loader(part, sharded=False), l2=part == "forget")
-        results.update({f"{part}_{name}": value for name, value in scores.items()})
-    model.train(was_training)
-    return results
 
 
 @torch.no_grad()

@@ -15,8 +15,9 @@ from ttp_lightning.certify.certificate import AUDIT_FILE, PRIVATE_DIR, RELEASE_D
 from ttp_lightning.certify.schema import data_spec, model_spec
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.evaluation import evaluate, forget_softmax, predictions
+from ttp_lightning.evaluation import forget_softmax, predictions
 from ttp_lightning.models import build_classifier
+from ttp_lightning.modules.evaluation import evaluate
 from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
 from ttp_lightning.reporting.results import (
     format_attack_table,
@@ -157,12 +158,12 @@ def _stages(ctx: RunContext, method, datamodule, make_net) -> dict | None:
 
     ctx.run_key = method_key(ctx, datamodule)
     output = method.run(ctx, pretrained, datamodule, make_net)
+    # every rank evaluates its share (trainer.validate); rank 0 then attacks, writes and prints
+    metrics = {"pretrain_original": evaluate(original, datamodule, cfg.trainer)} if original is not None else {}
+    metrics["pretrain"] = {**evaluate(pretrained, datamodule, cfg.trainer), **pretrain_info}
+    metrics[cfg.method.name] = {**evaluate(output.net, datamodule, cfg.trainer), **output.metrics}
     if not is_global_zero():
         return None
-
-    metrics = {"pretrain_original": evaluate(original, datamodule)} if original is not None else {}
-    metrics["pretrain"] = {**evaluate(pretrained, datamodule), **pretrain_info}
-    metrics[cfg.method.name] = {**evaluate(output.net, datamodule), **output.metrics}
     results = {
         "experiment": cfg.experiment_name,
         "method": cfg.method.name,

@@ -13,9 +13,9 @@ from ttp_lightning.attacks.robust import AdversarialSettings
 from ttp_lightning.callbacks import ConstrainedBestModel, EpochHistory, StepTimer
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.errors import TTPUserError
-from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
+from ttp_lightning.modules.evaluation import evaluate
 from ttp_lightning.modules.pareto import MODES, ParetoFinetuneModule
 from ttp_lightning.training import RunContext, fit
 

@@ -3,17 +3,21 @@
 import lightning as L
 from torch import nn
 
-from ttp_lightning.metrics import Accuracy, ConfidenceDistance
+from ttp_lightning.metrics import Accuracy, ConfidenceDistance, L2UniformDistance
 
 
 class PartsValidationMixin(L.LightningModule):
-    """Validation dataloader i evaluates part `eval_parts[i]`; metrics are summed, so DDP-exact."""
+    """Validation dataloader i evaluates part `eval_parts[i]`; metrics are summed, so DDP-exact. The parts
+    in `l2_parts` also get l2_dist."""
 
-    def _init_validation(self, eval_parts: list[str]) -> None:
+    def _init_validation(self, eval_parts: list[str], l2_parts: tuple[str, ...] = ()) -> None:
         self.eval_parts = list(eval_parts)
-        self.val_metrics = nn.ModuleDict(
-            {part: nn.ModuleDict({"acc": Accuracy(), "conf_dist": ConfidenceDistance()}) for part in self.eval_parts}
-        )
+
+        def metrics(part):
+            chosen = {"acc": Accuracy(), "conf_dist": ConfidenceDistance()}
+            return nn.ModuleDict({**chosen, **({"l2_dist": L2UniformDistance()} if part in l2_parts else {})})
+
+        self.val_metrics = nn.ModuleDict({part: metrics(part) for part in self.eval_parts})
 
     def validation_step(self, batch, batch_idx, dataloader_idx: int = 0):
         images, labels = batch

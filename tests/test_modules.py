@@ -10,7 +10,7 @@ from ttp_lightning.modules.optim import project_to_norm_ball
 from ttp_lightning.modules.pareto import ParetoFinetuneModule
 from ttp_lightning.objectives import kl_to_uniform, retain_loss
 
-OPTIM = {"optimizer": "adam", "lr": 0.01, "weight_decay": 0.0, "momentum": 0.9, "schedule": "none"}
+OPTIM = {"optimizer": {"_target_": "torch.optim.Adam", "_partial_": True, "lr": 0.01}, "schedule": None}
 
 
 def tiny_sets(n_retain=37, n_forget=6):
@@ -105,3 +105,22 @@ def test_without_a_qualifying_epoch_the_pareto_fallback_keeps_a_pareto_optimal_e
     summary = callback.summary()
     assert summary["best_epoch"] == 2 and summary["constraint_met"] is False and "fallback" in summary["selection_rule"]
     assert net.weight.item() == 2.0  # 0.89 - 0.10 is the best trade-off; the last epoch (0.74) is not kept
+
+
+def test_optimizers_and_schedules_are_partial_configs_composed_by_hydra(compose_cfg):
+    """`pretrain.optimizer=sgd pretrain.schedule=cosine` select conf/optimizer/sgd.yaml and
+    conf/schedule/cosine.yaml, whose lr / momentum / weight decay come from the section; T_max is the fit's epochs."""
+    from ttp_lightning.modules.optim import configure_optimizer, optimizer_settings
+
+    cfg = compose_cfg("pretrain.optimizer=sgd", "pretrain.schedule=cosine", "pretrain.lr=0.05",
+                      "pretrain.momentum=0.8", "method.optimizer=adamw", "method.schedule=none")
+    pretrain, method = optimizer_settings(cfg.pretrain), optimizer_settings(cfg.method)
+    built = configure_optimizer(tiny_net().parameters(), 7, **pretrain)
+    optimizer, scheduler = built["optimizer"], built["lr_scheduler"]["scheduler"]
+    assert isinstance(optimizer, torch.optim.SGD) and built["lr_scheduler"]["interval"] == "epoch"
+    assert optimizer.defaults["lr"] == 0.05 and optimizer.defaults["momentum"] == 0.8
+    assert isinstance(scheduler, torch.optim.lr_scheduler.CosineAnnealingLR) and scheduler.T_max == 7
+    plain = configure_optimizer(tiny_net().parameters(), 7, **method)
+    assert isinstance(plain, torch.optim.AdamW) and method["schedule"] is None
+    assert isinstance(configure_optimizer(tiny_net().parameters(), 3, **optimizer_settings(compose_cfg().pretrain)),
+                      torch.optim.Adam)  # the default

@@ -2,6 +2,7 @@
 naming the key, the bad value and what is allowed (one line, before any work starts)."""
 
 import math
+from collections.abc import Mapping
 
 from ttp_lightning.errors import TTPUserError
 
@@ -30,14 +31,13 @@ def choice(value, key: str, allowed) -> None:
 
 
 def optim(section, prefix: str) -> None:
-    from ttp_lightning.modules.optim import OPTIMIZERS, SCHEDULES
-
     positive_int(section["epochs"], f"{prefix}.epochs")
     positive(section["lr"], f"{prefix}.lr")
     if number(section["weight_decay"], f"{prefix}.weight_decay") < 0:
         raise TTPUserError(f"{prefix}.weight_decay={section['weight_decay']} is not allowed; choose a value >= 0")
-    choice(section["optimizer"], f"{prefix}.optimizer", list(OPTIMIZERS))
-    choice(section["schedule"], f"{prefix}.schedule", SCHEDULES)
+    if not isinstance(section.get("optimizer"), Mapping) or "_target_" not in section["optimizer"]:
+        raise TTPUserError(f"{prefix}.optimizer is not an optimizer config; choose one of conf/optimizer (e.g. "
+                           f"{prefix}.optimizer=sgd)")
 
 
 def uniformity(method) -> None:

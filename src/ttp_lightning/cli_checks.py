@@ -7,14 +7,28 @@ from pathlib import Path
 from ttp_lightning.errors import TTPUserError
 
 CONF_DIR = Path(__file__).parent / "conf"
-GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "experiment")
-_OVERRIDE = re.compile(r"^[+~]{0,2}(?P<group>" + "|".join(GROUPS) + r")=(?P<value>[^\s]*)$")
+GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "experiment", "optimizer", "schedule")
+_OVERRIDE = re.compile(r"^[+~]{0,2}(?P<group>" + "|".join(GROUPS) + r")(@[\w.]+)?=(?P<value>[^\s]*)$")
+
+
+SELECTED_PER_SECTION = ("optimizer", "schedule")  # config groups that pretrain and the method each select
 
 
 def normalize_overrides(argv: list[str]) -> list[str]:
-    """`+experiment=X` (the older spelling) as `experiment=X`: the defaults list now holds `experiment: null`,
-    and Hydra refuses to append a group that is already there."""
-    return [arg[1:] if arg.startswith("+experiment=") else arg for arg in argv]
+    """Shorter spellings of group choices, as Hydra's own: `+experiment=X` (the older spelling) as
+    `experiment=X` (the defaults list holds `experiment: null`, and Hydra refuses to append a group that is
+    already there); `pretrain.optimizer=sgd` / `method.schedule=cosine` as the choice of the `optimizer` /
+    `schedule` group at that key (`optimizer@pretrain.optimizer=sgd`)."""
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        section, _, group = key.partition(".")
+        if arg.startswith("+experiment="):
+            arg = arg[1:]
+        elif sep and section in ("pretrain", "method") and group in SELECTED_PER_SECTION:
+            arg = f"{group}@{key}={value}"
+        out.append(arg)
+    return out
 
 
 def searchpath_dirs(argv: list[str]) -> list[Path]:

@@ -17,6 +17,7 @@ from torch import nn
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.modules.erm import ERMModule
+from ttp_lightning.modules.optim import optimizer_settings
 from ttp_lightning.training import RunContext, checkpoint_folder, fit
 
 CACHE_FORMAT = 3  # 3: augmentation reseeded per epoch (resumable); 2: safetensors + checksum; 1: pickled .pt
@@ -27,8 +28,7 @@ log = logging.getLogger(__name__)
 def erm_module(ctx: RunContext, net: nn.Module, mixup_alpha: float = 0.0) -> ERMModule:
     """The ERM LightningModule with the `pretrain` settings (also used by the baselines)."""
     pre = ctx.cfg.pretrain
-    optim = {k: pre[k] for k in ("optimizer", "lr", "weight_decay", "momentum", "schedule")}
-    return ERMModule(net, optim, norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
+    return ERMModule(net, optimizer_settings(pre), norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
 
 
 def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0, epochs: int | None = None,

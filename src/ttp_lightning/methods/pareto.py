@@ -16,6 +16,7 @@ from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.modules.evaluation import evaluate
+from ttp_lightning.modules.optim import optimizer_settings
 from ttp_lightning.modules.pareto import MODES, ParetoFinetuneModule
 from ttp_lightning.training import RunContext, fit
 
@@ -92,7 +93,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
     `label` names the fit's checkpoints (resumable, see checkpointing.py).
     With `cfg.adversarial` (method=pareto_robust) the uniformity term is robust and early stopping watches
     the forget CD under attack."""
-    optim = {k: cfg[k] for k in ("optimizer", "lr", "weight_decay", "momentum", "schedule")}
+    optim = optimizer_settings(cfg)
     adversarial = AdversarialSettings.from_config(cfg.adversarial) if cfg.get("adversarial") else None
     module = ParetoFinetuneModule(
         net, cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,

@@ -1,24 +1,34 @@
-"""Optimizers, schedules and the norm-ball projection shared by every training stage."""
+"""Optimizers and lr schedules (Hydra `_partial_` configs from conf/optimizer and conf/schedule) and the
+norm-ball projection shared by every training stage."""
 
+import hydra
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-SCHEDULES = ("none", "cosine")
 PROJECTIONS = ("global", "per_tensor")
+MISSING = "???"
 
 
-def configure_optimizer(params, max_epochs: int, optimizer: str = "adam", lr: float = 0.01,
-                        weight_decay: float = 0.0, momentum: float = 0.9, schedule: str = "none"):
-    """Return what LightningModule.configure_optimizers expects; cosine anneals per epoch to zero."""
-    kwargs = {"lr": lr, "weight_decay": weight_decay}
-    if optimizer == "sgd":
-        kwargs["momentum"] = momentum
-    opt = OPTIMIZERS[optimizer](params, **kwargs)
-    if schedule == "cosine":
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, max_epochs))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
-    return opt
+def optimizer_settings(section: DictConfig) -> dict:
+    """The `optimizer` and `schedule` configs of a training section (`pretrain`, `method`), resolved into plain
+    dicts (their lr, weight_decay and momentum interpolate the section's own keys); schedule=none (an empty
+    config) gives None."""
+    schedule = section.get("schedule")
+    return {"optimizer": OmegaConf.to_container(section.optimizer, resolve=True),
+            "schedule": OmegaConf.to_container(schedule, resolve=True) if schedule else None}
+
+
+def configure_optimizer(params, max_epochs: int, optimizer: dict, schedule: dict | None = None):
+    """What LightningModule.configure_optimizers expects: the `_partial_` optimizer applied to `params`, and
+    the `_partial_` schedule (stepped once per epoch) applied to it; a schedule's T_max left `???` becomes
+    the fit's epochs."""
+    opt = hydra.utils.instantiate(optimizer)(params)
+    if schedule is None:
+        return opt
+    filled = {key: max(1, max_epochs) for key, value in schedule.items() if key == "T_max" and value == MISSING}
+    sched = hydra.utils.instantiate({k: v for k, v in schedule.items() if k not in filled})(opt, **filled)
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
-"""Callbacks: the paper's constrained early stopping, per-epoch history and training-step timing."""
+"""Callbacks: the paper's constrained early stopping, per-epoch history and training-step timing (built by
+Hydra from the `callbacks` config group), and the divergence guard every fit gets."""
 
 import math
 import time
@@ -164,3 +165,32 @@ class FiniteGuard(Callback):
         for name, param in pl_module.named_parameters():
             if not bool(torch.isfinite(param.detach()).all()):
                 self._fail(trainer, f"weight {name} is not finite")
+
+
+METHOD_CALLBACKS = ("best_model", "history", "timer")  # conf/callbacks entries Alg 1 reads back
+
+
+def check_method_callbacks(callbacks_cfg) -> None:
+    missing = [name for name in METHOD_CALLBACKS if not callbacks_cfg or callbacks_cfg.get(name) is None]
+    if missing:
+        raise TTPUserError(f"callbacks.{missing[0]} is missing; Alg 1 needs callbacks.best_model, .history and "
+                           f".timer (conf/callbacks/default.yaml)")
+
+
+def method_callbacks(callbacks_cfg) -> dict:
+    """Alg 1's callbacks from the `callbacks` group: `best_model` (a partial: call it with the thresholds),
+    `history` and `timer`, fresh objects for each fit."""
+    import hydra
+
+    check_method_callbacks(callbacks_cfg)
+    return {name: hydra.utils.instantiate(callbacks_cfg[name]) for name in METHOD_CALLBACKS}
+
+
+def extra_callbacks(callbacks_cfg) -> list:
+    """The other entries of the `callbacks` group (a user's own Lightning callbacks), for every fit."""
+    import hydra
+
+    if not callbacks_cfg:
+        return []
+    return [hydra.utils.instantiate(entry) for name, entry in callbacks_cfg.items()
+            if name not in METHOD_CALLBACKS and entry is not None]

@@ -7,7 +7,8 @@ from pathlib import Path
 from ttp_lightning.errors import TTPUserError
 
 CONF_DIR = Path(__file__).parent / "conf"
-GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "experiment", "optimizer", "schedule")
+GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "experiment", "optimizer", "schedule",
+          "callbacks")
 _OVERRIDE = re.compile(r"^[+~]{0,2}(?P<group>" + "|".join(GROUPS) + r")(@[\w.]+)?=(?P<value>[^\s]*)$")
 
 
@@ -76,7 +77,8 @@ def check_output_dir(argv: list[str], cwd: Path | None = None) -> None:
                                "run from a writable folder or set hydra.run.dir=<writable folder>")
 
 
-ADDABLE = ("experiment", "trainer.", "logger.", "hydra.")  # `+key=` may add these (passed to Lightning/Hydra)
+ADDABLE = ("experiment", "trainer.", "logger.", "hydra.", "callbacks.")  # `+key=` may add these (passed to
+# Lightning/Hydra; callbacks.NAME adds a Lightning callback)
 
 
 def check_unknown_additions(argv: list[str]) -> None:
@@ -88,7 +90,7 @@ def check_unknown_additions(argv: list[str]) -> None:
         key = arg[1:].split("=", 1)[0]
         if not key.startswith(ADDABLE):
             raise TTPUserError(f"unknown key {key!r}: `+{key}=...` adds a setting ttp_lightning never reads; "
-                               "see `--cfg job` for the settings there are (only trainer.*, logger.*, hydra.* "
+                               "see `--cfg job` for the settings there are (only trainer.*, logger.*, callbacks.*, hydra.* "
                                "and experiment can be added)")
 
 

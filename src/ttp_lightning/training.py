@@ -92,11 +92,12 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
     when training diverges (`settings`: the config section whose lr trains it, named in that line).
     `root_dir` (default: the run's output folder) is where Lightning's SLURM requeue checkpoint goes;
     `guard=False` leaves out the divergence check (a fit with no learning rate)."""
-    from ttp_lightning.callbacks import FiniteGuard
+    from ttp_lightning.callbacks import FiniteGuard, extra_callbacks
 
     section = ctx.cfg[settings]
     stage = "pretraining" if settings == "pretrain" else f"method {ctx.cfg.method.name}"
-    callbacks = [*(callbacks or []), *([FiniteGuard(stage, settings, float(section.lr))] if guard else [])]
+    callbacks = [*(callbacks or []), *extra_callbacks(ctx.cfg.get("callbacks")),
+                 *([FiniteGuard(stage, settings, float(section.lr))] if guard else [])]
     if ctx.cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=ctx.cfg.progress_bar_refresh_rate))
     return hydra.utils.instantiate(ctx.cfg.trainer, max_epochs=max_epochs, logger=ctx.logger,

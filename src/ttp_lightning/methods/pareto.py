@@ -10,7 +10,7 @@ from torch import nn
 
 from ttp_lightning import checks
 from ttp_lightning.attacks.robust import AdversarialSettings
-from ttp_lightning.callbacks import ConstrainedBestModel, EpochHistory, StepTimer
+from ttp_lightning.callbacks import check_method_callbacks, method_callbacks
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.base import Method
@@ -32,6 +32,7 @@ class Pareto(Method):
         if not 0.0 <= theta <= 1.0:
             raise TTPUserError(f"method.theta={theta} is not allowed; choose a value in [0, 1]")
         checks.optim(method, "method")
+        check_method_callbacks(cfg.get("callbacks"))
         checks.choice(method.mode, "method.mode", MODES)
         checks.uniformity(method)
         checks.positive_int(method.chunk_size, "method.chunk_size")
@@ -101,8 +102,9 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         chunk_size=cfg.chunk_size, retain_data=datamodule.dataset("retain"),
         forget_data=datamodule.dataset("forget"), eval_parts=datamodule.eval_parts(), adversarial=adversarial,
     )
-    history, timer = EpochHistory(), StepTimer()
-    best = None if stopping is None else ConstrainedBestModel(
+    made = method_callbacks(ctx.cfg.callbacks)
+    history, timer = made["history"], made["timer"]
+    best = None if stopping is None else made["best_model"](
         conf_dist_below=math.inf if stopping.conf_dist_below is None else stopping.conf_dist_below,
         retain_acc_at_least=retain_threshold(net, datamodule, stopping), patience=stopping.patience,
         fallback=stopping.get("fallback", "last"),

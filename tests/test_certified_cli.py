@@ -358,7 +358,6 @@ def test_certified_bad_input(run_job):
 @pytest.mark.parametrize("overrides, message", [
     (["method=certified_online"], "needs data.forget.requests"),
     (["method=certified_online", "data.forget.requests=[5]", "method.warmup_epochs=3"], r"starts from A\(D\)"),
-    (["method=certified_online", "data.forget.requests=[5]", "method.release=all"], "method.release='all'"),
     (["method=certified_lissa", "method.depth=0"], "method.depth=0 is not allowed"),
     (["method=certified_lissa", "method.rho=1.5"], r"method.rho=1.5 is not allowed; choose a value in \(0, 1\)"),
     (["method=certified_lissa", "method.lam=-1"], "method.lam=-1 is not allowed"),
@@ -373,6 +372,13 @@ def test_certified_options_are_validated(compose_cfg, overrides, message):
     cfg = compose_cfg("model=logreg", "pretrain.norm_bound=10", *overrides, tiny=False)
     with pytest.raises(TTPUserError, match=message):
         validate_config(cfg)
+
+
+def test_a_closed_choice_of_the_certified_schema_fails_at_composition(compose_cfg):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="method.release=all"):
+        compose_cfg("model=logreg", "method=certified_online", "method.release=all", tiny=False)
 
 
 def test_lam_auto_is_the_lipschitz_mixture(compose_cfg):

@@ -38,6 +38,34 @@ def test_experiment_composes_validates_and_builds(compose_cfg, name):
 def test_experiments_still_allow_the_retrain_method(compose_cfg):
     cfg = compose_cfg("+experiment=mnist_mlp", "method=retrain", tiny=False)
     assert cfg.method.name == "retrain" and cfg.pretrain.epochs == 5
+    # an experiment that picks Alg 1's optimizer composes with every baseline too (the baselines ignore it)
+    for baseline in ("retrain", "synthetic", "labeldp", "gaussian_uniform"):
+        cfg = compose_cfg("experiment=cifar10_resnet18", f"method={baseline}", tiny=False)
+        assert cfg.method.name == baseline and cfg.method.optimizer._target_ == "torch.optim.SGD"
+
+
+def test_the_typed_schemas_check_types_choices_and_ranges(compose_cfg):
+    """Types and closed choices fail at composition; ranges when validate_config builds the schema objects."""
+    from omegaconf.errors import ValidationError
+
+    from ttp_lightning.config_schema import ParetoSchema, typed
+    from ttp_lightning.errors import TTPUserError
+
+    cfg = compose_cfg()
+    settings = typed(cfg.method, "method")
+    assert isinstance(settings, ParetoSchema) and settings.mode == "minibatch" and settings.theta == 0.75
+    assert type(cfg.method.mode).__name__ == "Mode" and f"{cfg.method.mode}" == "minibatch"
+    for bad in ("method.theta=high", "method.mode=sometimes", "pretrain.projection=ball", "data.augment=rotate",
+                "method.early_stopping.patience=soon"):
+        with pytest.raises(Exception) as caught:
+            compose_cfg(bad)
+        assert isinstance(caught.value.__cause__ or caught.value, ValidationError) or "Invalid value" in str(caught.value)
+    for bad, message in (("method.theta=1.5", "method.theta=1.5 is not allowed"),
+                         ("method.early_stopping.retain_acc_at_least=2", "retain_acc_at_least=2.0 is not allowed"),
+                         ("data.train_fraction=1", "data.train_fraction=1.0 is not allowed")):
+        key = bad.split(".")[0]
+        with pytest.raises(TTPUserError, match=message):
+            typed(compose_cfg(bad)[key], key)
 
 
 @pytest.mark.parametrize("name,key,grid", [

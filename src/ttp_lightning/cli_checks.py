@@ -110,7 +110,7 @@ def check_composition(argv: list[str]) -> None:
     except Exception as exc:
         text = str(exc) + ("\n" + str(exc.__cause__) if exc.__cause__ else "")
         lines = [line.strip() for line in text.splitlines()
-                 if line.strip() and not line.strip().startswith(("To append", "full_key", "object_type"))]
+                 if line.strip() and not line.strip().startswith(("To append", "full_key", "object_type", "reference_type"))]
         raise TTPUserError(" ".join(lines) + " (see `--cfg job` for every setting)") from exc
     finally:
         GlobalHydra.instance().clear()

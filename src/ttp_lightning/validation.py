@@ -1,16 +1,18 @@
-"""Checks config values before any work starts, so bad input fails in one line with nothing written."""
+"""Checks config values before any work starts, so bad input fails in one line with nothing written: the
+typed schemas' ranges (config_schema.py; types and closed choices failed at composition already), the
+attacks' settings, the accelerator, and what depends on more than one setting; then builds the method,
+which checks its own."""
 
 import hydra
 from omegaconf import DictConfig
 
 from ttp_lightning.checks import choice as _choice
 from ttp_lightning.checks import number as _number
-from ttp_lightning.checks import optim as _optim
 from ttp_lightning.checks import positive as _positive
 from ttp_lightning.checks import positive_int as _positive_int
+from ttp_lightning.config_schema import MainSchema, typed
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.base import Method
-from ttp_lightning.modules.optim import PROJECTIONS
 
 
 def _attacks(attacks: DictConfig) -> None:
@@ -75,21 +77,14 @@ def validate_config(cfg: DictConfig) -> Method:
     """Raise TTPUserError naming the first bad value and what is allowed; returns the method, whose own
     settings it has checked (Method.check)."""
     _accelerator(cfg.trainer)
-    threads = cfg.get("threads", "auto")
-    if threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise TTPUserError(f"threads={threads!r} is not allowed; choose auto or a positive integer")
-    _positive_int(cfg.progress_bar_refresh_rate, "progress_bar_refresh_rate")
-    _optim(cfg.pretrain, "pretrain")
-    if cfg.pretrain.norm_bound is not None:
-        _positive(cfg.pretrain.norm_bound, "pretrain.norm_bound")
-    _choice(cfg.pretrain.projection, "pretrain.projection", PROJECTIONS)
+    MainSchema(threads=cfg.get("threads", "auto"), progress_bar_refresh_rate=cfg.progress_bar_refresh_rate,
+               checkpoint_every_n_epochs=cfg.get("checkpoint_every_n_epochs", 1))
+    for key in ("pretrain", "data", "method"):  # ranges in the typed schemas' __post_init__
+        typed(cfg[key], key)
     if cfg.data.forget.source != "train":
         _positive_int(cfg.pretrain.absorb_epochs, "pretrain.absorb_epochs")
     if cfg.attacks.enabled:
         _attacks(cfg.attacks)
     method = build_method(cfg)
     method.check(cfg)
-    forget = cfg.data.forget
-    if forget.indices_file is None and forget.size is not None:
-        _positive_int(forget.size, "data.forget.size")
     return method

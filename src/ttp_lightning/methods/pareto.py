@@ -17,7 +17,7 @@ from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.modules.evaluation import evaluate
 from ttp_lightning.modules.optim import optimizer_settings
-from ttp_lightning.modules.pareto import MODES, ParetoFinetuneModule
+from ttp_lightning.modules.pareto import ParetoFinetuneModule
 from ttp_lightning.training import RunContext, fit
 
 log = logging.getLogger(__name__)
@@ -27,23 +27,11 @@ class Pareto(Method):
     """Alg 1 (method=pareto), and robust Alg 1 (method=pareto_robust: the same class with `adversarial`)."""
 
     def check(self, cfg: DictConfig) -> None:
-        method = self.settings
-        theta = checks.number(method.theta, "method.theta")
-        if not 0.0 <= theta <= 1.0:
-            raise TTPUserError(f"method.theta={theta} is not allowed; choose a value in [0, 1]")
-        checks.optim(method, "method")
+        """What the typed schema (config_schema.ParetoSchema: types, choices, ranges) cannot say: the callbacks
+        Alg 1 reads back, and robust Alg 1's attack settings."""
         check_method_callbacks(cfg.get("callbacks"))
-        checks.choice(method.mode, "method.mode", MODES)
-        checks.uniformity(method)
-        checks.positive_int(method.chunk_size, "method.chunk_size")
-        stopping = method.early_stopping
-        if stopping.patience is not None:
-            checks.positive_int(stopping.patience, "method.early_stopping.patience")
-        checks.choice(stopping.get("fallback", "last"), "method.early_stopping.fallback", ("pareto", "last"))
-        if stopping.get("retain_acc_drop_at_most") is not None:
-            checks.fraction(stopping.retain_acc_drop_at_most, "method.early_stopping.retain_acc_drop_at_most")
-        if method.get("adversarial"):
-            check_adversarial(method.adversarial)
+        if self.settings.get("adversarial"):
+            check_adversarial(self.settings.adversarial)
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
         cfg = ctx.cfg.method

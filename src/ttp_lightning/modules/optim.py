@@ -7,7 +7,6 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 PROJECTIONS = ("global", "per_tensor")
-MISSING = "???"
 
 
 def optimizer_settings(section: DictConfig) -> dict:
@@ -21,12 +20,12 @@ def optimizer_settings(section: DictConfig) -> dict:
 
 def configure_optimizer(params, max_epochs: int, optimizer: dict, schedule: dict | None = None):
     """What LightningModule.configure_optimizers expects: the `_partial_` optimizer applied to `params`, and
-    the `_partial_` schedule (stepped once per epoch) applied to it; a schedule's T_max left `???` becomes
+    the `_partial_` schedule (stepped once per epoch) applied to it; a schedule's T_max left null becomes
     the fit's epochs."""
     opt = hydra.utils.instantiate(optimizer)(params)
     if schedule is None:
         return opt
-    filled = {key: max(1, max_epochs) for key, value in schedule.items() if key == "T_max" and value == MISSING}
+    filled = {key: max(1, max_epochs) for key, value in schedule.items() if key == "T_max" and value is None}
     sched = hydra.utils.instantiate({k: v for k, v in schedule.items() if k not in filled})(opt, **filled)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
 

@@ -1,0 +1,346 @@
+"""Typed config schemas: dataclasses registered in Hydra's ConfigStore (group `schema`), which the YAML files
+name first in their defaults lists. Composition then checks every value's type and every closed choice
+(the enums: a wrong value fails with the allowed ones listed, in one `error:` line before any work); the
+ranges are checked in `__post_init__`, which runs when `validate_config` turns the composed sections into
+these objects (`OmegaConf.to_object`). Settings whose meaning depends on other settings stay in
+validation.py and the methods' `check`.
+
+Values typed `Any` hold either a word or a number (`lam: auto | float`) or a `_partial_` config.
+"""
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from hydra.core.config_store import ConfigStore
+
+from ttp_lightning import checks
+from ttp_lightning.errors import TTPUserError
+
+# Closed choices. Member names are the YAML words (OmegaConf matches by name); StrEnum members are also equal
+# to those strings, so code comparing with "fullbatch" and JSON dumps of the config are unchanged.
+Projection = StrEnum("Projection", [("global", "global"), ("per_tensor", "per_tensor")])
+Mode = StrEnum("Mode", [("minibatch", "minibatch"), ("fullbatch", "fullbatch")])
+Uniformity = StrEnum("Uniformity", [("kl", "kl"), ("reverse_kl", "reverse_kl"), ("square", "square")])
+Fallback = StrEnum("Fallback", [("pareto", "pareto"), ("last", "last")])
+Split = StrEnum("Split", [("official", "official"), ("paper", "paper")])
+ForgetSource = StrEnum("ForgetSource", [("train", "train"), ("test", "test"), ("mixed", "mixed")])
+Augment = StrEnum("Augment", [("none", "none"), ("crop_flip", "crop_flip")])
+Release = StrEnum("Release", [("each", "each"), ("final", "final")])
+
+
+def _in_unit_interval(value: float, key: str, closed: bool = True) -> None:
+    inside = 0.0 <= value <= 1.0 if closed else 0.0 < value < 1.0
+    if not inside:
+        interval = "[0, 1]" if closed else "(0, 1)"
+        raise TTPUserError(f"{key}={value} is not allowed; choose a value in {interval}")
+
+
+def _at_least_zero(value: float, key: str) -> None:
+    if checks.number(value, key) < 0:
+        raise TTPUserError(f"{key}={value} is not allowed; choose a value >= 0")
+
+
+@dataclass
+class TrainingSchema:
+    """What a training section (pretrain, or a method that trains) shares."""
+
+    key: ClassVar[str] = "method"
+    lr: float = 0.01
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    optimizer: Any = None   # a _partial_ config from conf/optimizer
+    schedule: Any = None    # a _partial_ config from conf/schedule (empty: constant)
+
+    def __post_init__(self) -> None:
+        checks.positive(self.lr, f"{self.key}.lr")
+        _at_least_zero(self.weight_decay, f"{self.key}.weight_decay")
+        _at_least_zero(self.momentum, f"{self.key}.momentum")
+
+
+@dataclass
+class PretrainSchema(TrainingSchema):
+    key: ClassVar[str] = "pretrain"
+    epochs: int = 40
+    norm_bound: float | None = None
+    projection: Projection = Projection["global"]
+    use_cache: bool = True
+    absorb_epochs: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        checks.positive_int(self.epochs, "pretrain.epochs")
+        if self.norm_bound is not None:
+            checks.positive(self.norm_bound, "pretrain.norm_bound")
+        _at_least_zero(self.absorb_epochs, "pretrain.absorb_epochs")
+
+
+@dataclass
+class MainSchema:
+    """The top level of conf/main.yaml (the groups are typed by their own schemas)."""
+
+    experiment_name: str = "digits_mlp"
+    data: Any = None
+    model: Any = None
+    method: Any = None
+    trainer: Any = None
+    logger: Any = None
+    paths: Any = None
+    attacks: Any = None
+    callbacks: Any = None
+    seed: int = 42
+    threads: Any = "auto"
+    checkpoint_every_n_epochs: int = 1
+    resume: bool = True
+    progress_bar_refresh_rate: int = 20
+    pretrain: PretrainSchema = field(default_factory=PretrainSchema)
+
+    def __post_init__(self) -> None:
+        threads = self.threads
+        if threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise TTPUserError(f"threads={threads!r} is not allowed; choose auto or a positive integer")
+        checks.positive_int(self.progress_bar_refresh_rate, "progress_bar_refresh_rate")
+        _at_least_zero(self.checkpoint_every_n_epochs, "checkpoint_every_n_epochs")
+
+
+@dataclass
+class ForgetSchema:
+    size: int | None = 100
+    seed: int = 0
+    indices_file: str | None = None
+    requests: Any = None
+    source: ForgetSource = ForgetSource["train"]
+    test_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.indices_file is None and self.size is not None:
+            checks.positive_int(self.size, "data.forget.size")
+        _in_unit_interval(checks.number(self.test_fraction, "data.forget.test_fraction"), "data.forget.test_fraction")
+
+
+@dataclass
+class DataSchema:
+    """conf/data_defaults.yaml, which every data set config starts from."""
+
+    _target_: str = "ttp_lightning.data.TTPDataModule"
+    name: str = "digits"
+    root: str = "data"
+    download: bool = False
+    split: Split = Split["official"]
+    train_fraction: float = 0.7
+    split_seed: int = 0
+    forget: ForgetSchema = field(default_factory=ForgetSchema)
+    batch_size: int = 128
+    forget_batch_size: int = 10
+    eval_batch_size: int = 1024
+    augment: Augment = Augment["none"]
+    normalize: bool = True
+    max_train_size: int | None = None
+    max_test_size: int | None = None
+    num_workers: int = 0
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        fraction = checks.number(self.train_fraction, "data.train_fraction")
+        if not 0.0 < fraction < 1.0:
+            raise TTPUserError(f"data.train_fraction={fraction} is not allowed; choose a value in (0, 1)")
+        for key in ("batch_size", "forget_batch_size", "eval_batch_size"):
+            checks.positive_int(getattr(self, key), f"data.{key}")
+        for key in ("max_train_size", "max_test_size"):
+            if getattr(self, key) is not None:
+                checks.positive_int(getattr(self, key), f"data.{key}")
+        _at_least_zero(self.num_workers, "data.num_workers")
+
+
+@dataclass
+class MethodSchema:
+    """Every method: the class Hydra builds, the name its results are filed under, and the Alg 1 settings an
+    experiment may set for whichever method it is combined with (`experiment=mnist_mlp method=retrain`):
+    typed, but null and unused for a method that does not train by Alg 1."""
+
+    _target_: str = "???"
+    name: str = "???"
+    theta: float | None = None
+    mode: Mode | None = None
+    gradient_surgery: bool | None = None
+    uniformity: Uniformity | None = None
+    forget_temperature: float | None = None
+    epochs: int | None = None
+    lr: float | None = None
+    weight_decay: float | None = None
+    momentum: float | None = None
+    chunk_size: int | None = None
+    early_stopping: Any = None
+    optimizer: Any = None
+    schedule: Any = None
+
+
+@dataclass
+class EarlyStoppingSchema:
+    enabled: bool = True
+    conf_dist_below: float | None = 1.0
+    retain_acc_at_least: float = 0.0
+    retain_acc_drop_at_most: float | None = 0.01
+    patience: int | None = 20
+    fallback: Fallback = Fallback["pareto"]
+
+    def __post_init__(self) -> None:
+        key = "method.early_stopping"
+        if self.conf_dist_below is not None:
+            checks.positive(self.conf_dist_below, f"{key}.conf_dist_below")
+        _in_unit_interval(checks.number(self.retain_acc_at_least, f"{key}.retain_acc_at_least"),
+                          f"{key}.retain_acc_at_least")
+        if self.retain_acc_drop_at_most is not None:
+            _in_unit_interval(checks.number(self.retain_acc_drop_at_most, f"{key}.retain_acc_drop_at_most"),
+                              f"{key}.retain_acc_drop_at_most")
+        if self.patience is not None:
+            checks.positive_int(self.patience, f"{key}.patience")
+
+
+@dataclass
+class ParetoSchema(MethodSchema, TrainingSchema):
+    """Alg 1 (method=pareto); `adversarial` is robust Alg 1's (method=pareto_robust, checked by its method)."""
+
+    theta: float = 0.75
+    mode: Mode = Mode["minibatch"]
+    gradient_surgery: bool = False
+    uniformity: Uniformity = Uniformity["kl"]
+    forget_temperature: float = 1.0
+    epochs: int = 100
+    chunk_size: int = 8192
+    early_stopping: EarlyStoppingSchema = field(default_factory=EarlyStoppingSchema)
+    adversarial: Any = None
+
+    def __post_init__(self) -> None:
+        TrainingSchema.__post_init__(self)
+        _in_unit_interval(checks.number(self.theta, "method.theta"), "method.theta")
+        checks.positive(self.forget_temperature, "method.forget_temperature")
+        checks.positive_int(self.epochs, "method.epochs")
+        checks.positive_int(self.chunk_size, "method.chunk_size")
+
+
+@dataclass
+class CertifiedSchema(MethodSchema, TrainingSchema):
+    """Algs 2-4 (conf/certified_defaults.yaml and certified_*.yaml); the estimator's settings for Algs 3-4."""
+
+    theta: float = 0.75
+    uniformity: Uniformity = Uniformity["square"]
+    forget_temperature: float = 1.0
+    lam: Any = 1.0e-4
+    lam_min: float = 0.0
+    lanczos_iterations: int = 30
+    spectrum_margin: float = 0.1
+    hessian_lipschitz_forget: float = 1.0
+    hessian_lipschitz_retain: float = 1.0
+    grad_lipschitz_forget: float = 1.0
+    grad_lipschitz_retain: float = 1.0
+    epsilon: float = 1.0
+    delta: float = 1.0e-5
+    sigma: float | None = None
+    vacuous_above: float = 10.0
+    max_exact_params: int = 20000
+    warmup_epochs: int = 0
+    mode: Mode = Mode["fullbatch"]
+    gradient_surgery: bool = False
+    chunk_size: int = 8192
+    scale: float | None = None
+    scale_margin: float = 1.2
+    depth: Any = "auto"
+    repeats: int = 1
+    sample_size: int = 1
+    rho: float = 1.0e-5
+    zeta_min: Any = "auto"
+    estimator_seed: int = 0
+    max_residual: float = 0.5
+    compare_exact: bool = False
+    release: Release = Release["each"]
+
+    def __post_init__(self) -> None:
+        TrainingSchema.__post_init__(self)
+        _in_unit_interval(checks.number(self.theta, "method.theta"), "method.theta", closed=False)
+        for key in ("epsilon", "hessian_lipschitz_forget", "hessian_lipschitz_retain", "grad_lipschitz_forget",
+                    "grad_lipschitz_retain", "vacuous_above", "forget_temperature", "scale_margin", "max_residual"):
+            checks.positive(getattr(self, key), f"method.{key}")
+        checks.auto_or(self.lam, "method.lam", checks.positive)
+        checks.fraction(self.delta, "method.delta")
+        checks.fraction(self.rho, "method.rho")
+        if self.sigma is not None:
+            checks.positive(self.sigma, "method.sigma")
+        if self.scale is not None:
+            checks.positive(self.scale, "method.scale")
+        for key in ("lanczos_iterations", "max_exact_params", "chunk_size", "repeats", "sample_size"):
+            checks.positive_int(getattr(self, key), f"method.{key}")
+        _at_least_zero(self.spectrum_margin, "method.spectrum_margin")
+        _at_least_zero(self.warmup_epochs, "method.warmup_epochs")
+        checks.auto_or(self.depth, "method.depth", checks.positive_int)
+        checks.auto_or(self.zeta_min, "method.zeta_min", checks.positive)
+
+
+@dataclass
+class RetrainSchema(MethodSchema):
+    pass
+
+
+@dataclass
+class SyntheticSchema(MethodSchema):
+    k: int = 500
+    radius: float = 8.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks.positive_int(self.k, "method.k")
+        checks.positive(self.radius, "method.radius")
+
+
+@dataclass
+class LabelDPSchema(MethodSchema):
+    epsilon: float = 2.0
+    stage_fraction: float = 0.5
+    temperature: float = 1.0
+    mixup_alpha: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks.positive(self.epsilon, "method.epsilon")
+        fraction = checks.number(self.stage_fraction, "method.stage_fraction")
+        if not 0.0 < fraction < 1.0:
+            raise TTPUserError(f"method.stage_fraction={fraction} is not allowed; choose a value in (0, 1)")
+        checks.positive(self.temperature, "method.temperature")
+        _at_least_zero(self.mixup_alpha, "method.mixup_alpha")
+
+
+@dataclass
+class GaussianUniformSchema(MethodSchema):
+    noise_variance: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks.positive(self.noise_variance, "method.noise_variance")
+
+
+SCHEMAS = {"main": MainSchema, "data": DataSchema, "pareto": ParetoSchema, "certified": CertifiedSchema,
+           "retrain": RetrainSchema, "synthetic": SyntheticSchema, "labeldp": LabelDPSchema,
+           "gaussian_uniform": GaussianUniformSchema, "method": MethodSchema}
+
+
+def register() -> None:
+    """Store the schemas as group `schema` (YAML files name them: `- /schema@_here_: pareto`)."""
+    store = ConfigStore.instance()
+    for name, node in SCHEMAS.items():
+        store.store(group="schema", name=name, node=node)
+
+
+def typed(section, key: str):
+    """The section as its schema's object (running the range checks); the section itself when untyped.
+    OmegaConf's own errors (which only a section edited after composition can raise) become one line."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if section is None or OmegaConf.get_type(section) in (dict, None):
+        return section
+    try:
+        return OmegaConf.to_object(section)
+    except OmegaConfBaseException as exc:
+        raise TTPUserError(f"{key}: {str(exc).splitlines()[0]}") from None
+
+

@@ -40,7 +40,7 @@ def run_job(overrides: list[str], out: Path) -> dict:
 
 def released_model(results: dict, out: Path):
     from ttp_lightning.data import build_datamodule
-    from ttp_lightning.models import build_classifier
+    from ttp_lightning.models.components import build_classifier
 
     datamodule = build_datamodule(OmegaConf.create(results["config"]["data"]))
     net = build_classifier(OmegaConf.create(results["config"]["model"]), datamodule.info)

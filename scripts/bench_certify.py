@@ -26,12 +26,12 @@ from ttp_lightning.certify.hvp import ParetoCurvature, flatten
 from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.data.sources import DatasetInfo
 from ttp_lightning.methods.certified.newton import measured_spectrum
-from ttp_lightning.models import build_classifier
+from ttp_lightning.models.components import build_classifier
 from ttp_lightning.objectives import UNIFORMITY_LOSSES, retain_loss
 
 MODELS = {
-    "mlp": ({"_target_": "ttp_lightning.models.linear.MLP", "hidden_dim": 100}, (1, 28, 10), 128),
-    "resnet18": ({"_target_": "ttp_lightning.models.resnet.ResNet", "blocks": [2, 2, 2, 2], "block": "basic",
+    "mlp": ({"_target_": "ttp_lightning.models.components.linear.MLP", "hidden_dim": 100}, (1, 28, 10), 128),
+    "resnet18": ({"_target_": "ttp_lightning.models.components.resnet.ResNet", "blocks": [2, 2, 2, 2], "block": "basic",
                   "width": 64}, (3, 32, 10), 32),
 }
 

@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten
 from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.data.sources import DatasetInfo
-from ttp_lightning.models import build_classifier
+from ttp_lightning.models.components import build_classifier
 from ttp_lightning.objectives import UNIFORMITY_LOSSES, retain_loss
 
 CONF = Path(__file__).resolve().parents[1] / "src" / "ttp_lightning" / "conf"

@@ -24,7 +24,7 @@ from ttp_lightning.certify.hvp import ParetoCurvature, flatten, refresh_batchnor
 from ttp_lightning.certify.spectrum import exact_spectrum, lanczos_spectrum
 from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.errors import TTPUserError
-from ttp_lightning.models.classifier import Classifier
+from ttp_lightning.models.components.classifier import Classifier
 from ttp_lightning.objectives import kl_to_uniform, retain_loss, square_to_uniform
 
 
@@ -259,7 +259,7 @@ def finite_difference_hvp(curv: ParetoCurvature, vector: torch.Tensor, h: float 
 
 
 def test_vit_hvp_matches_finite_differences_with_fused_attention_off():
-    from ttp_lightning.models.vit import vision_transformer
+    from ttp_lightning.models.components.vit import vision_transformer
 
     torch.manual_seed(0)
     net = vision_transformer(in_channels=1, image_size=4, num_classes=3, patch_size=2, embed_dim=8, depth=1,

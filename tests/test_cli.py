@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, TINY_WITHOUT_METHOD
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.models import build_classifier
-from ttp_lightning.modules.evaluation import evaluate
+from ttp_lightning.models.components import build_classifier
+from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.reporting.tables import main as tables_main
 
 METRIC_KEYS = {"retain_acc", "test_acc", "forget_acc", "forget_conf_dist", "retain_conf_dist", "test_conf_dist",

@@ -19,7 +19,7 @@ from ttp_lightning.methods.certified.newton import (
     step_dtype,
     step_generator,
 )
-from ttp_lightning.modules.evaluation import evaluate
+from ttp_lightning.models.evaluation import evaluate
 
 CASES = {
     "alg2_digits_logreg": LOGREG + ["method=certified_exact", "method.warmup_epochs=0"],

@@ -5,7 +5,7 @@ import torch
 
 from conftest import CONF_DIR
 from ttp_lightning.data import DATA_SOURCES
-from ttp_lightning.models import build_classifier
+from ttp_lightning.models.components import build_classifier
 from ttp_lightning.validation import validate_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))

@@ -5,8 +5,8 @@ from torch import nn
 
 from conftest import CONF_DIR
 from ttp_lightning.data import DATA_SOURCES
-from ttp_lightning.models import build_classifier
-from ttp_lightning.models.classifier import Classifier
+from ttp_lightning.models.components import build_classifier
+from ttp_lightning.models.components.classifier import Classifier
 
 
 def model_cfg(name: str, **overrides):

@@ -6,8 +6,8 @@ from torch import nn
 
 from ttp_lightning.callbacks import ConstrainedBestModel
 from ttp_lightning.data.batching import ImageBatchDataset
-from ttp_lightning.modules.optim import project_to_norm_ball
-from ttp_lightning.modules.pareto import ParetoFinetuneModule
+from ttp_lightning.models.optim import project_to_norm_ball
+from ttp_lightning.models.pareto import ParetoFinetuneModule
 from ttp_lightning.objectives import kl_to_uniform, retain_loss
 
 OPTIM = {"optimizer": {"_target_": "torch.optim.Adam", "_partial_": True, "lr": 0.01}, "schedule": None}
@@ -110,7 +110,7 @@ def test_without_a_qualifying_epoch_the_pareto_fallback_keeps_a_pareto_optimal_e
 def test_optimizers_and_schedules_are_partial_configs_composed_by_hydra(compose_cfg):
     """`pretrain.optimizer=sgd pretrain.schedule=cosine` select conf/optimizer/sgd.yaml and
     conf/schedule/cosine.yaml, whose lr / momentum / weight decay come from the section; T_max is the fit's epochs."""
-    from ttp_lightning.modules.optim import configure_optimizer, optimizer_settings
+    from ttp_lightning.models.optim import configure_optimizer, optimizer_settings
 
     cfg = compose_cfg("pretrain.optimizer=sgd", "pretrain.schedule=cosine", "pretrain.lr=0.05",
                       "pretrain.momentum=0.8", "method.optimizer=adamw", "method.schedule=none")

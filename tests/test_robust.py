@@ -7,7 +7,7 @@ from omegaconf import open_dict
 
 from test_modules import OPTIM, tiny_net, tiny_sets
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
-from ttp_lightning.modules.pareto import ParetoFinetuneModule
+from ttp_lightning.models.pareto import ParetoFinetuneModule
 from ttp_lightning.objectives import kl_to_uniform
 from ttp_lightning.pipeline import run
 

@@ -9,7 +9,7 @@ def fake_results(theta: float, forget_cd: float, method: str = "certified_exact"
     metrics = {"retain_acc": 0.9, "test_acc": 0.88, "forget_conf_dist": forget_cd}
     return {"method": method, "metrics": {"pretrain": {"retain_acc": 0.93, "test_acc": 0.92, "forget_conf_dist": 0.7},
                                           method: metrics},
-            "config": {"data": {"name": "mnist"}, "model": {"_target_": "ttp_lightning.models.linear.LogReg"},
+            "config": {"data": {"name": "mnist"}, "model": {"_target_": "ttp_lightning.models.components.linear.LogReg"},
                        "method": {"name": method, "theta": theta}}}
 
 

@@ -16,8 +16,8 @@ from ttp_lightning.certify.schema import data_spec, model_spec
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.evaluation import forget_softmax, predictions
-from ttp_lightning.models import build_classifier
-from ttp_lightning.modules.evaluation import evaluate
+from ttp_lightning.models.components import build_classifier
+from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
 from ttp_lightning.reporting.results import (
     format_attack_table,

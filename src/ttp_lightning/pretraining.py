@@ -16,8 +16,8 @@ from torch import nn
 
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.modules.erm import ERMModule
-from ttp_lightning.modules.optim import optimizer_settings
+from ttp_lightning.models.erm import ERMModule
+from ttp_lightning.models.optim import optimizer_settings
 from ttp_lightning.training import RunContext, checkpoint_folder, fit
 
 CACHE_FORMAT = 3  # 3: augmentation reseeded per epoch (resumable); 2: safetensors + checksum; 1: pickled .pt

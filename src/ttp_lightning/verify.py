@@ -37,7 +37,7 @@ def read_json(path: Path) -> dict:
 def recompute_failures(cert: dict, weights: Path, overrides: list[str]) -> list[str]:
     """Rebuild data and model from registered configs; the forget set's fingerprint and forget CD."""
     from ttp_lightning.methods.certified.audit import Mismatch, rebuild_model
-    from ttp_lightning.modules.evaluation import evaluate
+    from ttp_lightning.models.evaluation import evaluate
 
     try:
         datamodule, net = rebuild_model(cert, weights, overrides)

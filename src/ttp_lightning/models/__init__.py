@@ -1,5 +1,3 @@
-"""Classifiers that take [0, 1] pixels (normalisation inside) and end in an affine layer + softmax."""
-
-from ttp_lightning.models.classifier import Classifier, build_classifier
-
-__all__ = ["Classifier", "build_classifier"]
+"""LightningModules (the Lightning-Hydra layout): ERM pretraining and retraining (erm.py), Pareto finetuning,
+Alg 1 (pareto.py), the certified Newton steps, Algs 2-4 (certified.py) and the final evaluation
+(evaluation.py); the networks they train are in components/."""

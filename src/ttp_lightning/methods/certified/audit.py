@@ -23,7 +23,7 @@ from ttp_lightning.data import build_datamodule
 from ttp_lightning.evaluation import eval_device
 from ttp_lightning.methods.certified.common import KINDS, request_parts
 from ttp_lightning.methods.certified.newton import newton_path, noised_states
-from ttp_lightning.models import build_classifier
+from ttp_lightning.models.components import build_classifier
 
 STEP_KEYS = ("gradient_norm", "lam_min_measured", "hessian_norm_measured", "residual", "step_norm", "scale")
 

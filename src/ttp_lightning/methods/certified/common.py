@@ -25,8 +25,8 @@ from ttp_lightning.methods.certified import newton
 from ttp_lightning.methods.certified.newton import ESTIMATED, NewtonPath, noised_states, resolve_lam
 from ttp_lightning.methods.output import CertifiedRelease, MethodOutput
 from ttp_lightning.methods.pareto import finetune
-from ttp_lightning.modules.certified import CertifiedStepModule, quiet_no_optimizer
-from ttp_lightning.modules.optim import project_to_norm_ball
+from ttp_lightning.models.certified import CertifiedStepModule, quiet_no_optimizer
+from ttp_lightning.models.optim import project_to_norm_ball
 from ttp_lightning.training import RunContext, fit
 
 KINDS = {EXACT: newton.EXACT, ESTIMATOR: ESTIMATED, ONLINE: ESTIMATED}  # algorithm -> how the step is solved

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ttp_lightning.modules.optim import configure_optimizer, project_to_norm_ball
+from ttp_lightning.models.optim import configure_optimizer, project_to_norm_ball
 
 
 class ERMModule(L.LightningModule):

@@ -8,8 +8,8 @@ from torch import nn
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
 from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.evaluation import predictions
-from ttp_lightning.modules.evaluation_mixin import PartsValidationMixin
-from ttp_lightning.modules.optim import configure_optimizer
+from ttp_lightning.models.evaluation_mixin import PartsValidationMixin
+from ttp_lightning.models.optim import configure_optimizer
 from ttp_lightning.objectives import UNIFORMITY_LOSSES, combine_gradients, retain_loss
 
 MODES = ("minibatch", "fullbatch")

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.modules.evaluation_mixin import PartsValidationMixin
+from ttp_lightning.models.evaluation_mixin import PartsValidationMixin
 
 
 class EvaluationModule(PartsValidationMixin):

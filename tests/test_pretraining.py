@@ -10,7 +10,7 @@ def key_for(compose_cfg, *overrides):
     cfg = compose_cfg(*overrides)
     datamodule = hydra.utils.instantiate(cfg.data)
     datamodule.setup()
-    return cache_key(RunContext(cfg=cfg), datamodule)
+    return cache_key(RunContext.from_config(cfg), datamodule)
 
 
 def test_cache_key_tracks_what_determines_the_pretrained_model(compose_cfg):
@@ -35,8 +35,9 @@ def _cache_ctx(tmp_path, **trainer):
 
     from ttp_lightning.training import RunContext
 
-    return RunContext(cfg=OmegaConf.create({"paths": {"cache_dir": str(tmp_path)}, "pretrain": {"use_cache": True},
-                                            "trainer": {"devices": 1, "strategy": "auto", **trainer}}))
+    return RunContext(trainer=OmegaConf.create({"devices": 1, "strategy": "auto", **trainer}),
+                      pretrain=OmegaConf.create({"use_cache": True}), method=OmegaConf.create({}),
+                      cache_dir=str(tmp_path))
 
 
 def _counting_fit(net, calls, seconds=0.0):

@@ -116,7 +116,7 @@ def method_key(ctx: RunContext, datamodule) -> str:
     """What determines the method's fits: A(D) (data, model, pretraining incl. absorb_epochs, seed, process
     layout), the forget set, and the method's settings; names their checkpoint folders."""
     identity = {"pretrained": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(),
-                "method": OmegaConf.to_container(ctx.cfg.method, resolve=True)}
+                "method": OmegaConf.to_container(ctx.method, resolve=True)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -130,9 +130,9 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         return build_classifier(cfg.model, datamodule.info)
 
-    ctx = RunContext(cfg=cfg, logger=build_logger(cfg), output_dir=output_dir)
+    ctx = RunContext.from_config(cfg, logger=build_logger(cfg), output_dir=output_dir)
     try:
-        return _stages(ctx, method, datamodule, make_net)
+        return _stages(cfg, ctx, method, datamodule, make_net)
     except BaseException:
         abort_logger(ctx.logger)
         raise
@@ -145,9 +145,9 @@ def abort_logger(logger) -> None:
         end_logger(logger, "failed")
 
 
-def _stages(ctx: RunContext, method, datamodule, make_net) -> dict | None:
+def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> dict | None:
     """pretrain (cached) -> method -> evaluation, attacks -> results.json, release, table, logger."""
-    cfg, output_dir = ctx.cfg, ctx.output_dir
+    output_dir = ctx.output_dir
     pretrained = make_net()
     choose_threads(cfg, multiply_accumulates(pretrained, datamodule.info.channels, datamodule.info.image_size))
     pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 def erm_module(ctx: RunContext, net: nn.Module, mixup_alpha: float = 0.0) -> ERMModule:
     """The ERM LightningModule with the `pretrain` settings (also used by the baselines)."""
-    pre = ctx.cfg.pretrain
+    pre = ctx.pretrain
     return ERMModule(net, optimizer_settings(pre), norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
 
 
@@ -35,7 +35,7 @@ def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0,
               key: str | None = None, stage: str = "ERM") -> float:
     """Fit `net` by ERM with the pretraining settings (`epochs` defaults to pretrain.epochs) on the loader's
     data, resumable under the checkpoint `key`; returns wall seconds."""
-    epochs = ctx.cfg.pretrain.epochs if epochs is None else epochs
+    epochs = ctx.pretrain.epochs if epochs is None else epochs
     return fit(ctx, erm_module(ctx, net, mixup_alpha), epochs, stage, key=key, train_dataloaders=loader)
 
 
@@ -47,12 +47,12 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
         "data_info": asdict(datamodule.info),  # includes the normalisation the model applies
         "augment": datamodule.augment,
         "batch_size": datamodule.batch_size,
-        "model": OmegaConf.to_container(ctx.cfg.model, resolve=True),
-        "pretrain": OmegaConf.to_container(ctx.cfg.pretrain, resolve=True),
-        "seed": ctx.cfg.seed,
+        "model": OmegaConf.to_container(ctx.model, resolve=True),
+        "pretrain": OmegaConf.to_container(ctx.pretrain, resolve=True),
+        "seed": ctx.seed,
         # the process layout changes batching (each DDP rank takes its own batch), so it is part of the key;
         # read from the config, never the environment, so every rank computes the same key
-        "processes": {k: ctx.cfg.trainer.get(k) for k in ("accelerator", "devices", "num_nodes", "strategy")},
+        "processes": {k: ctx.trainer.get(k) for k in ("accelerator", "devices", "num_nodes", "strategy")},
         # intra-op threads change the order of floating-point sums, and training amplifies the difference
         "threads": torch.get_num_threads(),
     }
@@ -71,7 +71,7 @@ def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataMo
     """Finetune A(D) in `net` by ERM on D plus the forget instances from outside it (data.forget.source
     test or mixed) for pretrain.absorb_epochs, the paper's first step for protecting test instances (App.
     "Ensuring Test-Time Privacy for Test Instances"); the method then starts from this model. Cached like A(D)."""
-    epochs = int(ctx.cfg.pretrain.absorb_epochs)
+    epochs = int(ctx.pretrain.absorb_epochs)
     identity = {"start": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(), "epochs": epochs}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     info = _cached_fit(ctx, net, f"{key}_absorbed", is_global_zero, lambda: train_erm(
@@ -90,9 +90,9 @@ def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit) 
     so two jobs started together on an empty cache (a sweep's parallel jobs, a shared filesystem) train
     once: the second waits and loads. Multi-process (DDP) runs train in every rank together and cannot
     wait on each other's lock; they only lock the store."""
-    directory = Path(ctx.cfg.paths.cache_dir).expanduser() / "pretrain"
+    directory = Path(ctx.cache_dir).expanduser() / "pretrain"
     weights = directory / f"{key}.safetensors"
-    if not ctx.cfg.pretrain.use_cache:
+    if not ctx.pretrain.use_cache:
         return {"wall_s": round(fit(), 3), "cached": False, "cache_file": None}
     directory.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(directory / f"{key}.lock"))
@@ -109,7 +109,7 @@ def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit) 
 
 
 def _single_process(ctx: RunContext) -> bool:
-    trainer = ctx.cfg.trainer
+    trainer = ctx.trainer
     devices = trainer.get("devices", 1)
     return "ddp" not in str(trainer.get("strategy", "auto")) and devices in (1, "1", "auto", None) \
         and int(trainer.get("num_nodes", 1) or 1) == 1

@@ -14,14 +14,35 @@ from ttp_lightning.checkpointing import LATEST, RandomState, epoch_checkpoint, r
 
 @dataclass
 class RunContext:
-    """What every stage needs: the composed config, the logger (or False) and where outputs go."""
+    """What the stages share, and only that (the pipeline alone holds the whole config): the settings of the
+    fits (`trainer`, `pretrain`, `method`, `callbacks`, checkpointing, the progress bar), what names A(D)'s
+    cache entry (`model`, `seed`, `cache_dir`), the logger (or False) and where outputs go."""
 
-    cfg: DictConfig
+    trainer: DictConfig
+    pretrain: DictConfig
+    method: DictConfig
+    model: DictConfig | None = None
+    callbacks: DictConfig | None = None
+    seed: int = 0
+    cache_dir: str = ".cache/ttp_lightning"
+    checkpoint_every_n_epochs: int = 1
+    resume: bool = True
+    progress_bar_refresh_rate: int = 20
     logger: object = False
     output_dir: str = "."
     run_key: str | None = None  # hashes what determines the method's fits (set once A(D) is known)
     checkpoint_dirs: list = field(default_factory=list)  # this run's checkpoint folders, deleted at the end
     resumed: dict = field(default_factory=dict)  # stage -> the epoch it resumed after
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, logger: object = False, output_dir: str = ".") -> "RunContext":
+        return cls(trainer=cfg.trainer, pretrain=cfg.pretrain, method=cfg.method, model=cfg.get("model"),
+                   callbacks=cfg.get("callbacks"), seed=cfg.get("seed", 0),
+                   cache_dir=str(cfg.paths.cache_dir) if cfg.get("paths") else ".cache/ttp_lightning",
+                   checkpoint_every_n_epochs=int(cfg.get("checkpoint_every_n_epochs", 0) or 0),
+                   resume=bool(cfg.get("resume", True)),
+                   progress_bar_refresh_rate=int(cfg.get("progress_bar_refresh_rate", 20)),
+                   logger=logger, output_dir=output_dir)
 
     def key_for(self, label: str) -> str | None:
         """The checkpoint key of one of the method's fits."""
@@ -94,20 +115,20 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
     `guard=False` leaves out the divergence check (a fit with no learning rate)."""
     from ttp_lightning.callbacks import FiniteGuard, extra_callbacks
 
-    section = ctx.cfg[settings]
-    stage = "pretraining" if settings == "pretrain" else f"method {ctx.cfg.method.name}"
-    callbacks = [*(callbacks or []), *extra_callbacks(ctx.cfg.get("callbacks")),
+    section = getattr(ctx, settings)
+    stage = "pretraining" if settings == "pretrain" else f"method {ctx.method.name}"
+    callbacks = [*(callbacks or []), *extra_callbacks(ctx.callbacks),
                  *([FiniteGuard(stage, settings, float(section.lr))] if guard else [])]
-    if ctx.cfg.trainer.get("enable_progress_bar", True):
-        callbacks.append(TQDMProgressBar(refresh_rate=ctx.cfg.progress_bar_refresh_rate))
-    return hydra.utils.instantiate(ctx.cfg.trainer, max_epochs=max_epochs, logger=ctx.logger,
+    if ctx.trainer.get("enable_progress_bar", True):
+        callbacks.append(TQDMProgressBar(refresh_rate=ctx.progress_bar_refresh_rate))
+    return hydra.utils.instantiate(ctx.trainer, max_epochs=max_epochs, logger=ctx.logger,
                                    callbacks=callbacks, enable_checkpointing=root_dir is not None,
                                    default_root_dir=str(root_dir or ctx.output_dir))
 
 
 def checkpoint_folder(ctx: RunContext, key: str, register: bool = True) -> Path:
     """Where the fit keyed `key` keeps its checkpoints (registered for deletion when the run ends)."""
-    folder = Path(ctx.cfg.paths.cache_dir).expanduser() / "checkpoints" / key
+    folder = Path(ctx.cache_dir).expanduser() / "checkpoints" / key
     if register:
         ctx.checkpoint_dirs.append(folder)
     return folder
@@ -118,12 +139,12 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
     """trainer.fit of `module` for `max_epochs` and its wall-clock seconds. With a checkpoint `key`, the fit
     writes checkpoints every `checkpoint_every_n_epochs` epochs and resumes from the newest one a stopped
     run of the same key left (see checkpointing.py); `stage` names it in the log."""
-    every = int(ctx.cfg.get("checkpoint_every_n_epochs", 0) or 0)
+    every = ctx.checkpoint_every_n_epochs
     folder = checkpoint_folder(ctx, key) if key is not None and every > 0 else None
     callbacks, ckpt_path = list(callbacks or []), None
     if folder is not None:
         callbacks += [epoch_checkpoint(folder, every), RandomState()]
-        ckpt_path = resume_from(folder, bool(ctx.cfg.get("resume", True)), stage)
+        ckpt_path = resume_from(folder, ctx.resume, stage)
         if ckpt_path is not None:
             ctx.resumed[stage] = LATEST["epoch"]
     trainer = make_trainer(ctx, max_epochs, callbacks, settings, root_dir=folder, guard=guard)

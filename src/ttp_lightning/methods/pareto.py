@@ -34,7 +34,7 @@ class Pareto(Method):
             check_adversarial(self.settings.adversarial)
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-        cfg = ctx.cfg.method
+        cfg = ctx.method
         return finetune(ctx, copy.deepcopy(pretrained), datamodule, cfg, cfg.epochs,
                         cfg.early_stopping if cfg.early_stopping.enabled else None, label="alg1")
 
@@ -90,7 +90,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         chunk_size=cfg.chunk_size, retain_data=datamodule.dataset("retain"),
         forget_data=datamodule.dataset("forget"), eval_parts=datamodule.eval_parts(), adversarial=adversarial,
     )
-    made = method_callbacks(ctx.cfg.callbacks)
+    made = method_callbacks(ctx.callbacks)
     history, timer = made["history"], made["timer"]
     best = None if stopping is None else made["best_model"](
         conf_dist_below=math.inf if stopping.conf_dist_below is None else stopping.conf_dist_below,

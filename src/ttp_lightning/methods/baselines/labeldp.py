@@ -75,7 +75,7 @@ class LabelDP(Method):
             raise TTPUserError(f"method.mixup_alpha={method.mixup_alpha} is not allowed; choose a value >= 0")
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-        cfg = ctx.cfg.method
+        cfg = ctx.method
         generator = torch.Generator().manual_seed(int(cfg.seed))
         images, labels = datamodule.dataset("train").everything()
         order = torch.randperm(len(labels), generator=generator)

@@ -33,7 +33,7 @@ class Synthetic(Method):
         checks.positive(self.settings.radius, "method.radius")
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-        cfg = ctx.cfg.method
+        cfg = ctx.method
         generator = torch.Generator().manual_seed(int(cfg.seed))
         forget_images, _ = datamodule.dataset("forget").everything()
         points = uniform_ball_points(forget_images, int(cfg.k), cfg.radius / 255.0, generator)
@@ -43,5 +43,5 @@ class Synthetic(Method):
         net = make_net()
         wall = train_erm(ctx, net, datamodule.loader_for(train), key=ctx.key_for("synthetic"),
                          stage="training on D_r + synthetic points")
-        return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.cfg.pretrain.epochs),
+        return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.pretrain.epochs),
                                   "synthetic_points": len(points), "train_size": len(train)})

@@ -46,12 +46,12 @@ def warm_start(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule
     """A copy of A(D) after `method.warmup_epochs` of Alg 1, projected onto the C-ball (the bounds assume
     ||w*|| <= C), on the device the Newton step runs on, with BatchNorm statistics from the retain set so the
     curvature is that of one fixed function (the released statistics are recomputed after the noise)."""
-    cfg = ctx.cfg.method
+    cfg = ctx.method
     prepared = Prepared(copy.deepcopy(pretrained))
     if cfg.warmup_epochs:
         warm = finetune(ctx, prepared.net, datamodule, cfg, cfg.warmup_epochs, stopping=None, label="warmup")
         prepared = Prepared(warm.net, warm.history, warm.metrics["wall_s"])
-    project_to_norm_ball(prepared.net, ctx.cfg.pretrain.norm_bound, ctx.cfg.pretrain.projection)
+    project_to_norm_ball(prepared.net, ctx.pretrain.norm_bound, ctx.pretrain.projection)
     prepared.net.to(eval_device())
     prepared.has_batchnorm = refresh_batchnorm(prepared.net, datamodule.dataset("retain"), cfg.chunk_size)
     return prepared
@@ -63,7 +63,7 @@ def release_model(cfg: DictConfig, algorithm: str) -> str:
 
 def stated_constants(ctx: RunContext, algorithm: str, net: nn.Module) -> dict:
     """The hyperparameters a certificate states (before the measured constants and the noise)."""
-    cfg, pretrain = ctx.cfg.method, ctx.cfg.pretrain
+    cfg, pretrain = ctx.method, ctx.pretrain
     names = [name for name, p in net.named_parameters() if p.requires_grad]
     constants = {
         "algorithm": algorithm,
@@ -129,8 +129,8 @@ def request_parts(datamodule: TTPDataModule, algorithm: str) -> list:
 def newton_steps(ctx: RunContext, net: nn.Module, parts: list, algorithm: str) -> CertifiedStepModule:
     """The Newton step(s) through Lightning (one training step each, sharded under DDP) and the noise seed."""
     quiet_no_optimizer()
-    module = CertifiedStepModule(net, parts, ctx.cfg.method, KINDS[algorithm], float(ctx.cfg.pretrain.norm_bound),
-                                 ctx.cfg.pretrain.projection)
+    module = CertifiedStepModule(net, parts, ctx.method, KINDS[algorithm], float(ctx.pretrain.norm_bound),
+                                 ctx.pretrain.projection)
     fit(ctx, module, max_epochs=1, stage="certified step", settings="method", guard=False)
     return module
 
@@ -142,7 +142,7 @@ def world_size() -> int:
 
 
 def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, algorithm: str) -> MethodOutput:
-    cfg = ctx.cfg.method
+    cfg = ctx.method
     prepared = warm_start(ctx, pretrained, datamodule)
     start_state = {k: v.detach().cpu().clone() for k, v in prepared.net.state_dict().items()}
     certificate = stated_constants(ctx, algorithm, prepared.net)

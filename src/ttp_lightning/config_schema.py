@@ -27,6 +27,8 @@ Split = StrEnum("Split", [("official", "official"), ("paper", "paper")])
 ForgetSource = StrEnum("ForgetSource", [("train", "train"), ("test", "test"), ("mixed", "mixed")])
 Augment = StrEnum("Augment", [("none", "none"), ("crop_flip", "crop_flip")])
 Release = StrEnum("Release", [("each", "each"), ("final", "final")])
+AttackName = StrEnum("AttackName", [(n, n) for n in ("gaussian", "fgsm", "pgd", "apgd")])
+AttackObjective = StrEnum("AttackObjective", [(n, n) for n in ("logsumexp", "max_softmax", "ce_pretrained")])
 
 
 def _in_unit_interval(value: float, key: str, closed: bool = True) -> None:
@@ -318,7 +320,52 @@ class GaussianUniformSchema(MethodSchema):
         checks.positive(self.noise_variance, "method.noise_variance")
 
 
-SCHEMAS = {"main": MainSchema, "data": DataSchema, "pareto": ParetoSchema, "certified": CertifiedSchema,
+@dataclass
+class AttacksSchema:
+    """conf/attacks (the attack evaluation of every stage's model on the forget set)."""
+
+    enabled: bool = True
+    names: list[AttackName] = field(default_factory=lambda: [AttackName["gaussian"], AttackName["apgd"]])
+    gammas: list[float] = field(default_factory=lambda: [1.0, 2.0, 5.0, 8.0])
+    robust_gamma: float = 8.0
+    surrogate_betas: list[float | None] = field(default_factory=lambda: [None, 10.0, 1.0])
+    apgd_steps: int = 100
+    restarts: int = 2
+    objectives: list[AttackObjective] = field(default_factory=lambda: list(AttackObjective))
+    eot_samples: int = 16
+    unbounded_check: bool = True
+    chunk_size: int = 512
+    alpha: float = 1.0e-4
+    pgd_steps: int = 50
+    pgd_step_size: float = 1.0e-3
+    relu_gradient_beta: float | None = 10.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.enabled:
+            return
+        for gamma in self.gammas:
+            checks.positive(gamma, "attacks.gammas")
+        _at_least_zero(self.alpha, "attacks.alpha")
+        checks.positive(self.pgd_step_size, "attacks.pgd_step_size")
+        if self.relu_gradient_beta is not None:
+            checks.positive(self.relu_gradient_beta, "attacks.relu_gradient_beta")
+        for key in ("pgd_steps", "apgd_steps", "restarts", "eot_samples", "chunk_size"):
+            checks.positive_int(getattr(self, key), f"attacks.{key}")
+        if not self.surrogate_betas:
+            raise TTPUserError("attacks.surrogate_betas=[] is not allowed; list at least one beta > 0 or null (exact)")
+        for beta in self.surrogate_betas:
+            if beta is not None:
+                checks.positive(beta, "attacks.surrogate_betas")
+        if not self.objectives:
+            raise TTPUserError("attacks.objectives=[] is not allowed; choose at least one of: "
+                               + ", ".join(AttackObjective))
+        if float(self.robust_gamma) not in [float(g) for g in self.gammas]:
+            raise TTPUserError(f"attacks.robust_gamma={self.robust_gamma:g} is not allowed; choose one of "
+                               f"attacks.gammas: {', '.join(f'{float(g):g}' for g in self.gammas)}")
+
+
+SCHEMAS = {"main": MainSchema, "attacks": AttacksSchema, "data": DataSchema, "pareto": ParetoSchema, "certified": CertifiedSchema,
            "retrain": RetrainSchema, "synthetic": SyntheticSchema, "labeldp": LabelDPSchema,
            "gaussian_uniform": GaussianUniformSchema, "method": MethodSchema}
 

@@ -167,7 +167,7 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> d
     results = {
         "experiment": cfg.experiment_name,
         "method": cfg.method.name,
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
         "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
                  "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
                  "forget_fingerprint": datamodule.forget_fingerprint()},

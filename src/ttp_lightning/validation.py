@@ -6,44 +6,10 @@ which checks its own."""
 import hydra
 from omegaconf import DictConfig
 
-from ttp_lightning.checks import choice as _choice
-from ttp_lightning.checks import number as _number
-from ttp_lightning.checks import positive as _positive
 from ttp_lightning.checks import positive_int as _positive_int
 from ttp_lightning.config_schema import MainSchema, typed
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.base import Method
-
-
-def _attacks(attacks: DictConfig) -> None:
-    from ttp_lightning.attacks import ATTACKS, OBJECTIVES
-
-    for name in attacks.names:
-        _choice(name, "attacks.names", list(ATTACKS))
-    for gamma in attacks.gammas:
-        _positive(gamma, "attacks.gammas")
-    if _number(attacks.alpha, "attacks.alpha") < 0:
-        raise TTPUserError(f"attacks.alpha={attacks.alpha} is not allowed; choose a value >= 0")
-    _positive_int(attacks.pgd_steps, "attacks.pgd_steps")
-    _positive(attacks.pgd_step_size, "attacks.pgd_step_size")
-    if attacks.get("relu_gradient_beta") is not None:
-        _positive(attacks.relu_gradient_beta, "attacks.relu_gradient_beta")
-    if float(_number(attacks.robust_gamma, "attacks.robust_gamma")) not in [float(g) for g in attacks.gammas]:
-        raise TTPUserError(f"attacks.robust_gamma={attacks.robust_gamma} is not allowed; choose one of "
-                           f"attacks.gammas: {', '.join(f'{float(g):g}' for g in attacks.gammas)}")
-    _positive_int(attacks.apgd_steps, "attacks.apgd_steps")
-    _positive_int(attacks.restarts, "attacks.restarts")
-    _positive_int(attacks.eot_samples, "attacks.eot_samples")
-    _positive_int(attacks.chunk_size, "attacks.chunk_size")
-    if not attacks.surrogate_betas:
-        raise TTPUserError("attacks.surrogate_betas=[] is not allowed; list at least one beta > 0 or null (exact)")
-    for beta in attacks.surrogate_betas:
-        if beta is not None:
-            _positive(beta, "attacks.surrogate_betas")
-    if not attacks.objectives:
-        raise TTPUserError("attacks.objectives=[] is not allowed; choose at least one of: " + ", ".join(OBJECTIVES))
-    for objective in attacks.objectives:
-        _choice(objective, "attacks.objectives", list(OBJECTIVES))
 
 
 def _accelerator(trainer: DictConfig) -> None:
@@ -79,12 +45,10 @@ def validate_config(cfg: DictConfig) -> Method:
     _accelerator(cfg.trainer)
     MainSchema(threads=cfg.get("threads", "auto"), progress_bar_refresh_rate=cfg.progress_bar_refresh_rate,
                checkpoint_every_n_epochs=cfg.get("checkpoint_every_n_epochs", 1))
-    for key in ("pretrain", "data", "method"):  # ranges in the typed schemas' __post_init__
+    for key in ("pretrain", "data", "method", "attacks"):  # ranges in the typed schemas' __post_init__
         typed(cfg[key], key)
     if cfg.data.forget.source != "train":
         _positive_int(cfg.pretrain.absorb_epochs, "pretrain.absorb_epochs")
-    if cfg.attacks.enabled:
-        _attacks(cfg.attacks)
     method = build_method(cfg)
     method.check(cfg)
     return method

@@ -135,7 +135,7 @@ def adaptive_attack(model: nn.Module, images: torch.Tensor, gamma: float, genera
 
 
 def _restarts_and_objectives(model, images, gamma, generator, cfg, targets, warm_start, samples):
-    objectives, restarts, n = list(cfg.objectives), int(cfg.restarts), len(images)
+    objectives, restarts, n = [str(o) for o in cfg.objectives], int(cfg.restarts), len(images)
     pairs = restarts * len(objectives)
     shape = (pairs,) + tuple(images.shape)
     rows = images.unsqueeze(0).expand(shape).reshape((pairs * n,) + tuple(images.shape[1:]))

@@ -108,7 +108,7 @@ def _attack_per_image(model, images, labels, targets, cfg, gammas, samples, chun
     """{attack: {gamma: (confidence, correct) per image}}; gamma 255 under "unbounded" for the gradient
     attacks. Generators are seeded per (attack, gamma) and consumed chunk by chunk, as the paper's attacks
     always were, so two models face the same random draws."""
-    names = list(cfg.names)
+    names = [str(name) for name in cfg.names]  # plain strings (the schema gives StrEnum members) for results
     generators = {(name, g): torch.Generator().manual_seed(int(cfg.seed)) for name in names
                   for g in [*gammas, UNBOUNDED]}
     per_image: dict = {"none": {0.0: [[], []]}, WORST: {g: [[], []] for g in gammas}}

@@ -10,6 +10,7 @@ holds the same release. The step runs in float64 (Alg 2) or float32 (Algs 3-4) w
 whatever `trainer.precision` the other stages train in.
 """
 
+import contextlib
 import warnings
 
 import lightning as L
@@ -69,6 +70,10 @@ class CertifiedStepModule(L.LightningModule):
         self.noise_seed = self.trainer.strategy.broadcast(fresh_seed() if self.trainer.is_global_zero else None, 0)
 
 
-def quiet_no_optimizer() -> None:
-    """The certified step has no optimizer on purpose; Lightning's warning about it says nothing to a user."""
-    warnings.filterwarnings("ignore", message=".*configure_optimizers.*returned `None`.*")
+@contextlib.contextmanager
+def quiet_no_optimizer():
+    """The certified step has no optimizer on purpose; Lightning's warning about it says nothing to a user
+    (silenced for this fit only)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*configure_optimizers.*returned `None`.*")
+        yield

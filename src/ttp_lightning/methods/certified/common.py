@@ -128,10 +128,10 @@ def request_parts(datamodule: TTPDataModule, algorithm: str) -> list:
 
 def newton_steps(ctx: RunContext, net: nn.Module, parts: list, algorithm: str) -> CertifiedStepModule:
     """The Newton step(s) through Lightning (one training step each, sharded under DDP) and the noise seed."""
-    quiet_no_optimizer()
     module = CertifiedStepModule(net, parts, ctx.method, KINDS[algorithm], float(ctx.pretrain.norm_bound),
                                  ctx.pretrain.projection)
-    fit(ctx, module, max_epochs=1, stage="certified step", settings="method", guard=False)
+    with quiet_no_optimizer():
+        fit(ctx, module, max_epochs=1, stage="certified step", settings="method", guard=False)
     return module
 
 

@@ -42,6 +42,7 @@ def stochastic_inverse_hvp(gradient: torch.Tensor, sample_hvp: SampleHVP, theta:
     grad_norm = gradient.norm().item()
     chains = gradient.expand(repeats, -1).clone()
     mine = torch.arange(repeats) % world == rank
+    mine_here = mine.to(chains.device)
     shares = {"forget": lam / (2 * theta), "retain": lam / (2 * (1 - theta))}
     for step in range(depth):
         from_forget = torch.rand(repeats, generator=generator) < theta
@@ -52,7 +53,7 @@ def stochastic_inverse_hvp(gradient: torch.Tensor, sample_hvp: SampleHVP, theta:
                 on = rows.to(chains.device)
                 curvature[on] = sample_hvp(part, chains[on], mine[rows]) + shares[part] * chains[on]
         chains = gradient + chains - curvature / scale
-        local = torch.cat([chains[mine.to(chains.device)].norm(dim=1), chains.new_zeros(1)]).max().reshape(1)
+        local = torch.cat([chains[mine_here].norm(dim=1), chains.new_zeros(1)]).max().reshape(1)
         norm = reduce(torch.nan_to_num(local, nan=math.inf), "max").item()
         if not math.isfinite(norm) or norm > slack * (step + 2) * grad_norm:
             raise TTPUserError(
@@ -60,4 +61,4 @@ def stochastic_inverse_hvp(gradient: torch.Tensor, sample_hvp: SampleHVP, theta:
                 f"method.lam (now {lam}) so H + lambda I is positive definite, or method.scale (J, now "
                 f"{scale:.4g}) above ||H + lambda I||"
             )
-    return reduce(chains[mine.to(chains.device)].sum(dim=0), "sum") / (repeats * scale)
+    return reduce(chains[mine_here].sum(dim=0), "sum") / (repeats * scale)

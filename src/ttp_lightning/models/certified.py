@@ -45,6 +45,7 @@ class CertifiedStepModule(L.LightningModule):
         self.path = NewtonPath()
         self.noise_seed: str | None = None
         self.instances = 0
+        self.world_size = 1  # the processes that shared the work (the trainer's, once fitting)
         self._generator: torch.Generator | None = None
 
     def train_dataloader(self) -> DataLoader:
@@ -55,6 +56,7 @@ class CertifiedStepModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self._generator = step_generator(self.settings, self.kind)
+        self.world_size = self.trainer.world_size
 
     def training_step(self, request, batch_idx) -> None:
         retain, forget = self.parts[int(request)]

@@ -7,10 +7,8 @@ noisy copy of the test set (D_test'), besides the usual clean metrics."""
 import math
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
-from ttp_lightning import checks
 from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import batch_metrics, eval_device
@@ -32,9 +30,6 @@ def accuracy(net: nn.Module, dataset: ImageBatchDataset, chunk_size: int = 1024)
 
 class GaussianUniform(Method):
     """Noisy copies with true labels plus clean copies with random labels (method=gaussian_uniform)."""
-
-    def check(self, cfg: DictConfig) -> None:
-        checks.positive(self.settings.noise_variance, "method.noise_variance")
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
         cfg = ctx.method

@@ -18,12 +18,9 @@ uniform draw from the k* classes is returned.
 import math
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
-from ttp_lightning import checks
 from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
@@ -65,14 +62,6 @@ def softmax_prior(net: nn.Module, images: torch.Tensor, temperature: float, chun
 
 class LabelDP(Method):
     """Two stages of randomized response with a prior (method=labeldp)."""
-
-    def check(self, cfg: DictConfig) -> None:
-        method = self.settings
-        checks.positive(method.epsilon, "method.epsilon")
-        checks.fraction(method.stage_fraction, "method.stage_fraction")
-        checks.positive(method.temperature, "method.temperature")
-        if checks.number(method.mixup_alpha, "method.mixup_alpha") < 0:
-            raise TTPUserError(f"method.mixup_alpha={method.mixup_alpha} is not allowed; choose a value >= 0")
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
         cfg = ctx.method

@@ -4,10 +4,8 @@ uniformly random label, added to the retain set; a fresh model trained on that w
 settings. The forget instances themselves are not trained on."""
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
-from ttp_lightning import checks
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
@@ -27,10 +25,6 @@ def uniform_ball_points(centres: torch.Tensor, k: int, radius: float, generator:
 
 class Synthetic(Method):
     """D_r plus `k` synthetic points per forget instance with random labels (method=synthetic)."""
-
-    def check(self, cfg: DictConfig) -> None:
-        checks.positive_int(self.settings.k, "method.k")
-        checks.positive(self.settings.radius, "method.radius")
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
         cfg = ctx.method

@@ -5,7 +5,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning import checks
-from ttp_lightning.certify.certificate import ESTIMATOR, EXACT, ONLINE
+from ttp_lightning.certify.certificate import EXACT, ONLINE
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.certified.newton import resolve_lam
@@ -18,7 +18,7 @@ class Certified(Method):
     algorithm = EXACT
 
     def check(self, cfg: DictConfig) -> None:
-        check_certified(cfg, estimator=self.algorithm in (ESTIMATOR, ONLINE), online=self.algorithm == ONLINE)
+        check_certified(cfg, online=self.algorithm == ONLINE)
 
     def run(self, ctx, pretrained: nn.Module, datamodule, make_net) -> MethodOutput:
         from ttp_lightning.methods.certified.common import run_certified
@@ -26,7 +26,7 @@ class Certified(Method):
         return run_certified(ctx, pretrained, datamodule, self.algorithm)
 
 
-def check_certified(cfg: DictConfig, estimator: bool, online: bool) -> None:
+def check_certified(cfg: DictConfig, online: bool) -> None:
     """What the typed schema (config_schema.CertifiedSchema: types, choices, ranges) cannot say: the settings
     of Algs 2-4 that depend on other settings (`online`: Alg 4)."""
     method = cfg.method

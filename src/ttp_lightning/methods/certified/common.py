@@ -135,12 +135,6 @@ def newton_steps(ctx: RunContext, net: nn.Module, parts: list, algorithm: str) -
     return module
 
 
-def world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, algorithm: str) -> MethodOutput:
     cfg = ctx.method
     prepared = warm_start(ctx, pretrained, datamodule)
@@ -171,7 +165,7 @@ def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataMod
            if KINDS[algorithm] == ESTIMATED else {}),
         **{k: v for extras in path.extras for k, v in extras.items()},
         "batchnorm_refreshed": prepared.has_batchnorm, "releases": certificate["releases"],
-        "curvature_images_per_rank": step.instances, "ranks": world_size(),
+        "curvature_images_per_rank": step.instances, "ranks": step.world_size,
         **{key: certificate[key] for key in ("sensitivity", "sigma", "epsilon", "mechanism")},
         "vacuous": is_vacuous(certificate["epsilon"], cfg.vacuous_above),
     }

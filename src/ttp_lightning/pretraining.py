@@ -1,5 +1,6 @@
 """A(D): ERM pretraining on the whole training set, cached on disk so sweeps pretrain once."""
 
+import functools
 import hashlib
 import json
 import logging
@@ -16,6 +17,7 @@ from torch import nn
 
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.models.components.checkpoint import load_checkpoint
 from ttp_lightning.models.erm import ERMModule
 from ttp_lightning.models.optim import optimizer_settings
 from ttp_lightning.training import RunContext, checkpoint_folder, fit
@@ -48,6 +50,9 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
         "augment": datamodule.augment,
         "batch_size": datamodule.batch_size,
         "model": OmegaConf.to_container(ctx.model, resolve=True),
+        # a provider's checkpoint and pretrained weights are named by their content, not their path
+        "files_sha256": {key: _checkpoint_sha(str(Path(str(ctx.model[key])).expanduser()))
+                         for key in ("checkpoint", "pretrained_file") if ctx.model.get(key)},
         "pretrain": OmegaConf.to_container(ctx.pretrain, resolve=True),
         "seed": ctx.seed,
         # the process layout changes batching (each DDP rank takes its own batch), so it is part of the key;
@@ -59,9 +64,21 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def checkpoint_file(ctx: RunContext) -> str | None:
+    """model.checkpoint: the provider's trained weights, used as A(D) in place of pretraining."""
+    path = ctx.model.get("checkpoint") if ctx.model is not None else None
+    return str(Path(str(path)).expanduser()) if path else None
+
+
 def pretrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, is_global_zero) -> dict:
-    """Load A(D) into `net` from the cache, or train it and store it. Returns {wall_s, cached, cache_file}.
-    D is the training set before any forget instances from outside it are added."""
+    """Load A(D) into `net` from model.checkpoint, or from the cache, or train it and store it. Returns
+    {wall_s, cached, cache_file} (and the checkpoint's SHA-256 when one is given). D is the training set
+    before any forget instances from outside it are added."""
+    checkpoint = checkpoint_file(ctx)
+    if checkpoint:
+        load_checkpoint(net, checkpoint, str(ctx.model.get("_target_", "")).rsplit(".", 1)[-1])
+        log.info("A(D) = model.checkpoint %s (no pretraining)", checkpoint)
+        return {"wall_s": 0.0, "cached": False, "cache_file": None, "checkpoint_sha256": _checkpoint_sha(checkpoint)}
     key = cache_key(ctx, datamodule)
     return _cached_fit(ctx, net, key, is_global_zero, lambda: train_erm(
         ctx, net, datamodule.training_loader("pretrain"), key=f"{key}_fit", stage="pretraining A(D)"))
@@ -117,6 +134,16 @@ def _single_process(ctx: RunContext) -> bool:
 
 def _record(weights: Path) -> Path:
     return weights.with_suffix(".json")
+
+
+@functools.lru_cache(maxsize=8)
+def _checkpoint_sha_cached(path: str, size: int, mtime: float) -> str:
+    return sha256_file(Path(path))
+
+
+def _checkpoint_sha(path: str) -> str:
+    stat = Path(path).stat()
+    return _checkpoint_sha_cached(path, stat.st_size, stat.st_mtime)
 
 
 def sha256_file(path: Path) -> str:

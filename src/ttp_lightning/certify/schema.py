@@ -187,14 +187,26 @@ def _registered_config(group: str, choice: str) -> DictConfig:
     return OmegaConf.load(CONF_DIR / group / f"{choice}.yaml")
 
 
+# A model setting called `name` (model=timm's architecture) is stored as `model_name`: a spec's `name` is the
+# registered config's.
+SPEC_KEYS = {"name": "model_name"}
+CONFIG_KEYS = {spec: key for key, spec in SPEC_KEYS.items()}
+
+
 def model_fields(choice: str) -> dict[str, Check]:
+    """The spec's keys (SPEC_KEYS renamed) with their checks."""
     base = _registered_config("model", choice)
     fields = {}
     for key, default in OmegaConf.to_container(base).items():
         check = None if key in MODEL_EXCLUDED else _model_field(default)
         if check is not None:
-            fields[key] = check
+            fields[SPEC_KEYS.get(key, key)] = check
     return fields
+
+
+def model_settings(spec: dict) -> dict:
+    """A checked spec's settings under the model config's own keys (without the registered name)."""
+    return {CONFIG_KEYS.get(key, key): value for key, value in spec.items() if key != "name"}
 
 
 def check_data_spec(spec, key: str = "data") -> dict:
@@ -235,7 +247,7 @@ def model_spec(model_cfg: DictConfig) -> dict:
         base = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{choice}.yaml"))
         if base.get("_target_") == container.get("_target_") and set(base) == set(container):
             fields = model_fields(choice)
-            return check_model_spec({"name": choice, **{k: container[k] for k in fields}})
+            return check_model_spec({"name": choice, **{k: container[CONFIG_KEYS.get(k, k)] for k in fields}})
     raise TTPUserError(f"model {container.get('_target_')} matches no registered model config; a certified "
                        f"release needs one of: {', '.join(registered('model'))}")
 
@@ -259,9 +271,8 @@ def rebuild_configs(data: dict, model: dict, overrides: list[str]) -> tuple[Dict
                     cfg.data.forget[sub] = sub_value
         elif key != "name":
             cfg.data[key] = value
-    for key, value in model.items():
-        if key != "name":
-            cfg.model[key] = value
+    for key, value in model_settings(model).items():
+        cfg.model[key] = value
     cfg.data.download = False
     cfg.data.num_workers = 0
     for override in overrides:

@@ -1,11 +1,11 @@
 """Wraps a backbone with input normalisation, so algorithms and attacks work in [0, 1] pixel space."""
 
-import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from ttp_lightning.data.sources import DatasetInfo
+from ttp_lightning.errors import instantiate
 
 
 class Classifier(nn.Module):
@@ -21,9 +21,14 @@ class Classifier(nn.Module):
         return self.backbone((images - self.mean) / self.std)
 
 
+NOT_ARGUMENTS = ("checkpoint",)  # model settings the pipeline reads, not the network's constructor
+
+
 def build_classifier(model_cfg: DictConfig, info: DatasetInfo) -> Classifier:
-    """Instantiate the configured backbone for the data set's shape and classes, and wrap it."""
-    backbone = hydra.utils.instantiate(
-        model_cfg, in_channels=info.channels, image_size=info.image_size, num_classes=info.num_classes
+    """Instantiate the configured backbone for the data set's shape and classes, and wrap it. (The
+    checkpoint, when one is set, is loaded by the pipeline in place of pretraining.)"""
+    settings = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if k not in NOT_ARGUMENTS}
+    backbone = instantiate(
+        settings, in_channels=info.channels, image_size=info.image_size, num_classes=info.num_classes
     )
     return Classifier(backbone, info.mean, info.std)

@@ -8,8 +8,9 @@ from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 from ttp_lightning.data.batching import ImageBatchDataset, batch_loader
 from ttp_lightning.data.forget import fingerprint, select_forget, select_forget_requests
+from ttp_lightning.data.images import Preprocess, load_imagefolder, match_images, read_forget_images
 from ttp_lightning.data.sources import DatasetInfo, load_source
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.errors import TTPUserError, instantiate
 
 SPLITS = ("official", "paper")
 FORGET_SOURCES = ("train", "test", "mixed")
@@ -23,6 +24,7 @@ class ForgetConfig:
     requests: list | None = None  # a sequence of forget requests (Alg 4); replaces size and indices_file
     source: str = "train"         # train | test (instances from outside the training data) | mixed
     test_fraction: float = 0.5    # mixed: the share of D_f drawn from the test set
+    images: str | None = None     # a folder of forget images (replaces size, indices_file, requests, source)
 
 
 class TTPDataModule(L.LightningDataModule):
@@ -43,7 +45,7 @@ class TTPDataModule(L.LightningDataModule):
                  train_fraction: float = 0.7, split_seed: int = 0, forget: dict | None = None,
                  batch_size: int = 128, forget_batch_size: int = 10, eval_batch_size: int = 1024,
                  augment: str = "none", normalize: bool = True, max_train_size: int | None = None, max_test_size: int | None = None,
-                 num_workers: int = 0, seed: int = 0):
+                 num_workers: int = 0, seed: int = 0, image_size: int | None = None, channels: int | None = None):
         super().__init__()
         if split not in SPLITS:
             raise TTPUserError(f"data.split={split!r} is not allowed; choose one of: {', '.join(SPLITS)}")
@@ -64,6 +66,8 @@ class TTPDataModule(L.LightningDataModule):
         self.batch_size, self.forget_batch_size, self.eval_batch_size = batch_size, forget_batch_size, eval_batch_size
         self.augment, self.normalize, self.num_workers, self.seed = augment, normalize, num_workers, seed
         self.max_train_size, self.max_test_size = max_train_size, max_test_size
+        self.image_size, self.channels = image_size, channels  # data=imagefolder only
+        self.forget_images: list[dict] = []  # data.forget.images: per image, its hash and where it is in D
         self.info: DatasetInfo | None = None
         self._nearest_test: torch.Tensor | None = None
 
@@ -71,7 +75,11 @@ class TTPDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.info is not None:
             return
-        info, arrays = load_source(self.name, self.root, self.download)
+        if self.name == "imagefolder":
+            info, arrays, prep = load_imagefolder(self.root, self.image_size, self.channels)
+        else:
+            info, arrays = load_source(self.name, self.root, self.download)
+            prep = Preprocess(info.channels, info.image_size)
         if self.split == "official" and not info.has_official_split:
             raise TTPUserError(f"data set {self.name!r} has no official test split; use data.split=paper")
         train_x, train_y, test_x, test_y = self._split(arrays)
@@ -88,13 +96,18 @@ class TTPDataModule(L.LightningDataModule):
                                                           self.forget_cfg.seed)
             self.forget_indices = torch.cat(self.forget_requests).sort().values
         else:
-            inside, outside = self._select_forget(len(train_y), len(test_y))
-            if len(outside):
-                train_x, train_y = torch.cat([train_x, test_x[outside]]), torch.cat([train_y, test_y[outside]])
+            if self.forget_cfg.images:
+                inside, (outside_x, outside_y), in_test = self._forget_images(prep, info, train_x, train_y, test_x)
+            else:
+                inside, in_test = self._select_forget(len(train_y), len(test_y))
+                outside_x, outside_y = test_x[in_test], test_y[in_test]
+            if len(outside_y):
+                train_x, train_y = torch.cat([train_x, outside_x]), torch.cat([train_y, outside_y])
+            if len(in_test):  # forget instances from the test set leave it
                 stays = torch.ones(len(test_y), dtype=torch.bool)
-                stays[outside] = False
+                stays[in_test] = False
                 test_x, test_y = test_x[stays], test_y[stays]
-            appended = torch.arange(self.pretrain_size, self.pretrain_size + len(outside))
+            appended = torch.arange(self.pretrain_size, self.pretrain_size + len(outside_y))
             self.forget_indices = torch.cat([inside, appended])
             self.forget_requests = [self.forget_indices]
         self.train_images, self.train_labels = train_x, train_y
@@ -105,6 +118,35 @@ class TTPDataModule(L.LightningDataModule):
         if not self.normalize:
             info = replace(info, mean=(0.0,) * info.channels, std=(1.0,) * info.channels)
         self.info = info
+
+    def _forget_images(self, prep, info, train_x, train_y, test_x):
+        """data.forget.images: the images that are in the training set (matched by their pixels, every copy)
+        are D_f there; the others join D as outside instances (absorbed like forget.source=test), and any
+        test image with the same pixels leaves the test set. Returns (training indices, (outside images,
+        labels), test indices)."""
+        cfg = self.forget_cfg
+        if cfg.requests is not None or cfg.indices_file or cfg.source != "train":
+            raise TTPUserError("data.forget.images replaces data.forget.indices_file, requests and source; "
+                               "leave those unset (source=train)")
+        found = read_forget_images(cfg.images, prep, info.names())
+        in_train, in_test = match_images(found.hashes, train_x), match_images(found.hashes, test_x)
+        inside, outside, records = [], [], []
+        for i, digest in enumerate(found.hashes):
+            wrong = [j for j in in_train[digest] if int(train_y[j]) != int(found.labels[i])]
+            if wrong:
+                raise TTPUserError(f"forget image {found.files[i]!r} is training image {wrong[0]}, labelled "
+                                   f"{info.names()[int(train_y[wrong[0]])]!r} there, not "
+                                   f"{info.names()[int(found.labels[i])]!r}")
+            inside += in_train[digest]
+            if not in_train[digest]:
+                outside.append(i)
+            records.append({"sha256": digest, "training_indices": in_train[digest],
+                            "outside": not in_train[digest], "test_copies": len(in_test[digest])})
+        self.forget_images = records
+        test_hits = sorted({j for digest in found.hashes for j in in_test[digest]})
+        rows = torch.as_tensor(outside, dtype=torch.long)
+        return (torch.as_tensor(sorted(set(inside)), dtype=torch.long), (found.images[rows], found.labels[rows]),
+                torch.as_tensor(test_hits, dtype=torch.long))
 
     def _select_forget(self, num_train: int, num_test: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(indices into the training set, indices into the test set) of D_f, as `forget.source` says."""
@@ -223,16 +265,7 @@ class TTPDataModule(L.LightningDataModule):
 
 
 def build_datamodule(data_cfg) -> TTPDataModule:
-    """Instantiate the `data` config and set it up; a TTPUserError raised inside comes out unwrapped (Hydra
-    wraps constructor errors), so bad data options end in the usual one-line error."""
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
-    try:
-        datamodule = instantiate(data_cfg)
-    except InstantiationException as exc:
-        if isinstance(exc.__cause__, TTPUserError):
-            raise exc.__cause__ from None
-        raise
+    """Instantiate the `data` config and set it up (bad data options end in the usual one-line error)."""
+    datamodule = instantiate(data_cfg)
     datamodule.setup()
     return datamodule

@@ -20,6 +20,10 @@ class DatasetInfo:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     has_official_split: bool = True
+    class_names: tuple[str, ...] = ()  # empty: the class indices 0..K-1 are the names
+
+    def names(self) -> tuple[str, ...]:
+        return self.class_names or tuple(str(i) for i in range(self.num_classes))
 
 
 @dataclass

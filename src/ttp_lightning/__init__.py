@@ -5,3 +5,12 @@ __version__ = "0.1.0"
 from ttp_lightning.config_schema import register as _register_schemas
 
 _register_schemas()  # the typed config schemas the YAML files name (group `schema`)
+
+
+def __getattr__(name: str):
+    """`ttp_lightning.load_released(DIR)`, imported on first use (the CLI does not pay for torch here)."""
+    if name == "load_released":
+        from ttp_lightning.release import load_released
+
+        return load_released
+    raise AttributeError(f"module 'ttp_lightning' has no attribute {name!r}")

@@ -8,7 +8,7 @@ from ttp_lightning.errors import TTPUserError
 
 CONF_DIR = Path(__file__).parent / "conf"
 GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "experiment", "optimizer", "schedule",
-          "callbacks")
+          "callbacks", "workflow")
 _OVERRIDE = re.compile(r"^[+~]{0,2}(?P<group>" + "|".join(GROUPS) + r")(@[\w.]+)?=(?P<value>[^\s]*)$")
 
 
@@ -17,14 +17,14 @@ SELECTED_PER_SECTION = ("optimizer", "schedule")  # config groups that pretrain 
 
 def normalize_overrides(argv: list[str]) -> list[str]:
     """Shorter spellings of group choices, as Hydra's own: `+experiment=X` (the older spelling) as
-    `experiment=X` (the defaults list holds `experiment: null`, and Hydra refuses to append a group that is
+    `experiment=X` (and `+workflow=X`; the defaults list holds `experiment: null`, and Hydra refuses to append a group that is
     already there); `pretrain.optimizer=sgd` / `method.schedule=cosine` as the choice of the `optimizer` /
     `schedule` group at that key (`optimizer@pretrain.optimizer=sgd`)."""
     out = []
     for arg in argv:
         key, sep, value = arg.partition("=")
         section, _, group = key.partition(".")
-        if arg.startswith("+experiment="):
+        if arg.startswith(("+experiment=", "+workflow=")):
             arg = arg[1:]
         elif sep and section in ("pretrain", "method") and group in SELECTED_PER_SECTION:
             arg = f"{group}@{key}={value}"

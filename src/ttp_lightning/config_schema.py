@@ -95,6 +95,7 @@ class MainSchema:
     checkpoint_every_n_epochs: int = 1
     resume: bool = True
     progress_bar_refresh_rate: int = 20
+    required: list[str] = field(default_factory=list)
     pretrain: PretrainSchema = field(default_factory=PretrainSchema)
 
     def __post_init__(self) -> None:
@@ -113,6 +114,7 @@ class ForgetSchema:
     requests: Any = None
     source: ForgetSource = ForgetSource["train"]
     test_fraction: float = 0.5
+    images: str | None = None
 
     def __post_init__(self) -> None:
         if self.indices_file is None and self.size is not None:
@@ -141,8 +143,19 @@ class DataSchema:
     max_test_size: int | None = None
     num_workers: int = 0
     seed: int = 42
+    image_size: int | None = None  # data=imagefolder: resize (shorter side) and centre-crop to N x N
+    channels: int | None = None    # data=imagefolder: 1 or 3; null: from the images
 
     def __post_init__(self) -> None:
+        if self.name != "imagefolder":
+            for key in ("image_size", "channels"):
+                if getattr(self, key) is not None:
+                    raise TTPUserError(f"data.{key}={getattr(self, key)} is only for data=imagefolder; data set "
+                                       f"{self.name!r} has its own image shape")
+        if self.image_size is not None:
+            checks.positive_int(self.image_size, "data.image_size")
+        if self.channels not in (None, 1, 3):
+            raise TTPUserError(f"data.channels={self.channels} is not allowed; choose 1, 3 or null (from the images)")
         fraction = checks.number(self.train_fraction, "data.train_fraction")
         if not 0.0 < fraction < 1.0:
             raise TTPUserError(f"data.train_fraction={fraction} is not allowed; choose a value in (0, 1)")

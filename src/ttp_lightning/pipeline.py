@@ -19,6 +19,15 @@ from ttp_lightning.evaluation import forget_softmax, predictions
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
+from ttp_lightning.release import (
+    CARD,
+    CONFIG,
+    WEIGHTS,
+    architecture_of,
+    model_card,
+    release_protection,
+    write_hub_release,
+)
 from ttp_lightning.reporting.results import (
     format_attack_table,
     format_certificate_line,
@@ -26,6 +35,7 @@ from ttp_lightning.reporting.results import (
     write_results,
     write_weights,
 )
+from ttp_lightning.reporting.tables import METHOD_LABELS
 from ttp_lightning.reporting.wandb_charts import log_run_charts
 from ttp_lightning.training import RunContext, choose_threads, multiply_accumulates
 from ttp_lightning.validation import validate_config
@@ -120,6 +130,18 @@ def method_key(ctx: RunContext, datamodule) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def publish(results: dict, net, cfg: DictConfig, datamodule, attack_table, certificate_line, output_dir) -> dict:
+    """release/: model.safetensors, config.json, MODEL_CARD.md (what a model hub takes); returns the
+    results' record of it."""
+    label = METHOD_LABELS.get(cfg.method.name, cfg.method.name)
+    folder = write_hub_release(net, output_dir, cfg.model, datamodule.info, release_protection(results, label),
+                               model_card(results, label, attack_table, certificate_line),
+                               certified_file=results["certificate"]["weights"][-1]["file"]
+                               if "certificate" in results else None)
+    return {"folder": folder.name, "files": [WEIGHTS, CONFIG, CARD],
+            "loadable": architecture_of(cfg.model) is not None}
+
+
 def run(cfg: DictConfig, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
     route_lightning_logs_to_hydra()
@@ -170,7 +192,8 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> d
         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
         "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
                  "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
-                 "forget_fingerprint": datamodule.forget_fingerprint()},
+                 "forget_fingerprint": datamodule.forget_fingerprint(),
+                 **({"forget_images": datamodule.forget_images} if datamodule.forget_images else {})},
         "metrics": metrics,
         "history": {cfg.method.name: output.history},
         "resumed": dict(ctx.resumed),  # stage -> the epoch a rerun resumed after (wall times cover this process)
@@ -188,10 +211,13 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> d
         results["audit_file"] = f"{PRIVATE_DIR}/{AUDIT_FILE}"
     else:
         results["weights_file"] = write_weights(output.net, output_dir).name
+    attack_table = format_attack_table(results["attacks"]) if "attacks" in results else None
+    certificate_line = format_certificate_line(results["certificate"], cfg.method.vacuous_above) \
+        if "certificate" in results else None
+    results["release"] = publish(results, output.net, cfg, datamodule, attack_table, certificate_line, output_dir)
     path = write_results(results, output_dir)
-    attacks = f"\n\nattacks on the forget set\n{format_attack_table(results['attacks'])}" if "attacks" in results else ""
-    certified = f"\n{format_certificate_line(results['certificate'], cfg.method.vacuous_above)}" \
-        if "certificate" in results else ""
+    attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
+    certified = f"\n{certificate_line}" if certificate_line else ""
     print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{attacks}{certified}\nresults: {path}",
           flush=True)
     finish_logger(ctx.logger, results, output_dir)

@@ -4,7 +4,7 @@ attacks' settings, the accelerator, and what depends on more than one setting; t
 which checks its own."""
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.checks import positive_int as _positive_int
 from ttp_lightning.config_schema import MainSchema, typed
@@ -39,10 +39,19 @@ def build_method(cfg: DictConfig) -> Method:
     return method
 
 
+def _required(cfg: DictConfig) -> None:
+    """`required: [KEY, ...]` (a workflow's must-give settings): each must be set."""
+    for key in cfg.get("required") or []:
+        if OmegaConf.select(cfg, str(key)) in (None, ""):
+            raise TTPUserError(f"{key} is required here (required: {', '.join(map(str, cfg.required))}); "
+                               f"give {key}=...")
+
+
 def validate_config(cfg: DictConfig) -> Method:
     """Raise TTPUserError naming the first bad value and what is allowed; returns the method, whose own
     settings it has checked (Method.check)."""
     _accelerator(cfg.trainer)
+    _required(cfg)
     MainSchema(threads=cfg.get("threads", "auto"), progress_bar_refresh_rate=cfg.progress_bar_refresh_rate,
                checkpoint_every_n_epochs=cfg.get("checkpoint_every_n_epochs", 1))
     for key in ("pretrain", "data", "method", "attacks"):  # ranges in the typed schemas' __post_init__

@@ -26,10 +26,24 @@ class Certified(Method):
         return run_certified(ctx, pretrained, datamodule, self.algorithm)
 
 
+CHECKPOINT_WHY = "A(D) must be trained here, under the weight-norm bound C the certificate assumes"
+IMAGES_WHY = "a verifier rebuilds D_f from the data set's own indices"
+IMAGEFOLDER_WHY = "a verifier rebuilds the data from a registered data set"
+
+
 def check_certified(cfg: DictConfig, online: bool) -> None:
     """What the typed schema (config_schema.CertifiedSchema: types, choices, ranges) cannot say: the settings
     of Algs 2-4 that depend on other settings (`online`: Alg 4)."""
     method = cfg.method
+    unsupported = (
+        ("model.checkpoint", cfg.model.get("checkpoint"), CHECKPOINT_WHY),
+        ("data.forget.images", cfg.data.forget.get("images"), IMAGES_WHY),
+        ("data", "imagefolder" if cfg.data.name == "imagefolder" else None, IMAGEFOLDER_WHY),
+    )
+    for key, value, why in unsupported:
+        if value:
+            raise TTPUserError(f"{key}={value} is not supported with method={method.name} ({why}); use "
+                               "method=pareto, or a built-in data set and pretraining")
     if cfg.pretrain.norm_bound is None:
         raise TTPUserError(f"method={method.name} needs pretrain.norm_bound (C, the weight-norm bound); e.g. 10")
     lam = resolve_lam(method)

@@ -1,0 +1,248 @@
+"""What a provider publishes: `release/model.safetensors` (no pickle), `release/config.json` (what rebuilds
+the architecture and what inputs it expects) and `release/MODEL_CARD.md`; and `load_released(DIR)`.
+
+The weights are the network's own state_dict (the names the provider's checkpoint had, no `backbone.`
+prefix), so code that loaded the original model loads the protected one unchanged. (A certified release keeps
+the file its certificate hashes, under the classifier's `backbone.` names; config.json says so in
+`weights.prefix`.) The network takes
+pixels in [0, 1] normalised by `input.mean` / `input.std` from config.json (all zeros and ones when the
+model was given raw pixels, data.normalize=false); `load_released` returns a module that normalises itself.
+
+config.json is untrusted input to whoever loads it: it may only name a registered model config (files under
+conf/model) with typed settings, checked by the same allowlist as a certificate, and nothing in it is ever
+imported or instantiated; the weights file must match the SHA-256 it records.
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ttp_lightning.certify.schema import (
+    SchemaError,
+    check_model_spec,
+    count,
+    finite,
+    hex64,
+    list_of,
+    model_settings,
+    model_spec,
+    name,
+    number,
+    one_of,
+    record,
+)
+from ttp_lightning.errors import TTPUserError
+
+RELEASE_FORMAT = "ttp_lightning.release/1"
+CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
+WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "MODEL_CARD.md"
+MAX_CONFIG_BYTES = 1 << 20
+
+INPUT_FIELDS = {"channels": count, "image_size": count, "num_classes": count, "mean": list_of(finite, 4),
+                "std": list_of(finite, 4), "pixel_range": list_of(number, 2), "layout": one_of("NCHW"),
+                "class_names": list_of(lambda value, key: _text(value, key), 100_000)}
+
+
+def _text(value, key):
+    """A class name: any short string (shown to people, never used as a path or code)."""
+    if isinstance(value, str) and len(value) <= 200:
+        return value
+    return name(value, key)  # fails with the usual message
+
+
+def _architecture(value, key):
+    return None if value is None else check_model_spec(value, key)
+
+
+def _anything(value, key):  # the provider's description: read by people, never by code
+    return value
+
+
+CONFIG_FIELDS = {"format": one_of(RELEASE_FORMAT), "architecture": _architecture, "input": record(INPUT_FIELDS),
+                 "weights": record({"file": one_of(WEIGHTS), "sha256": hex64, "prefix": one_of("", "backbone.")}),
+                 "protection": _anything,
+                 "library": _anything}
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str:
+    from ttp_lightning.pretraining import sha256_file
+
+    return sha256_file(path)
+
+
+def architecture_of(model_cfg: DictConfig) -> dict | None:
+    """The registered model config and settings that rebuild the network; None for a model config that is
+    not one of conf/model (load model.safetensors into your own module then)."""
+    try:
+        return model_spec(model_cfg)
+    except TTPUserError:
+        return None
+
+
+def write_hub_release(net: nn.Module, output_dir: str | Path, model_cfg: DictConfig, info, protection: dict,
+                      card: str, certified_file: str | None = None) -> Path:
+    """Write release/{model.safetensors, config.json, MODEL_CARD.md} (each through a temporary file);
+    returns the folder. A certified release's model.safetensors is already there (the certificate's file,
+    under the classifier's `backbone.` names; `certified_file`) and is kept as it is; Alg 4's, which names
+    one file per request, gets model.safetensors as a copy of the last one."""
+    from ttp_lightning import __version__
+
+    folder = Path(output_dir) / "release"
+    folder.mkdir(parents=True, exist_ok=True)
+    # a certified release keeps the file its certificate hashes (Alg 4's last request file is copied)
+    prefix = CERTIFIED_PREFIX if certified_file else ""
+    if certified_file and certified_file != WEIGHTS:
+        _atomic_write(folder / WEIGHTS, lambda tmp: shutil.copyfile(folder / certified_file, tmp))
+    elif not certified_file:
+        backbone = getattr(net, "backbone", net)
+        tensors = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
+        _atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    config = {
+        "format": RELEASE_FORMAT,
+        "library": {"name": "ttp_lightning", "version": __version__},
+        "architecture": architecture_of(model_cfg),
+        "input": {"channels": info.channels, "image_size": info.image_size, "num_classes": info.num_classes,
+                  "mean": list(info.mean), "std": list(info.std), "pixel_range": [0.0, 1.0], "layout": "NCHW",
+                  "class_names": list(info.names())},
+        "weights": {"file": WEIGHTS, "sha256": _sha256(folder / WEIGHTS), "prefix": prefix},
+        "protection": protection,
+    }
+    _atomic_write(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
+    _atomic_write(folder / CARD, lambda tmp: tmp.write_text(card))
+    return folder
+
+
+def read_release_config(folder: str | Path) -> dict:
+    """config.json of a release, every field checked (SchemaError naming the first bad one)."""
+    path = Path(folder).expanduser() / CONFIG
+    if not path.is_file():
+        raise TTPUserError(f"{str(path)!r} does not exist; a release folder holds {WEIGHTS}, {CONFIG}, {CARD}")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise SchemaError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        document = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SchemaError(f"{str(path)!r} is not JSON ({exc})") from None
+    return record(CONFIG_FIELDS)(document, "")
+
+
+def load_released(folder: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+    """The released classifier, ready for inference: it takes [N, C, H, W] pixels in [0, 1], normalises
+    them itself and returns logits (eval mode, on `device`)."""
+    from ttp_lightning.certify.schema import CONF_DIR
+    from ttp_lightning.data.sources import DatasetInfo
+    from ttp_lightning.models.components import build_classifier
+
+    folder = Path(folder).expanduser()
+    config = read_release_config(folder)
+    if config["architecture"] is None:
+        raise TTPUserError(f"{str(folder)!r} was built from a model config that is not part of ttp_lightning; "
+                           f"load {WEIGHTS} into your own module (its input is described in {CONFIG})")
+    weights = folder / WEIGHTS
+    if not weights.is_file() or _sha256(weights) != config["weights"]["sha256"]:
+        raise TTPUserError(f"{str(weights)!r} is missing or is not the file {CONFIG} names (SHA-256 differs)")
+    spec = config["architecture"]
+    model_cfg = OmegaConf.load(CONF_DIR / "model" / f"{spec['name']}.yaml")
+    for key, value in model_settings(spec).items():
+        model_cfg[key] = value
+    for key in ("pretrained", "pretrained_file", "checkpoint"):  # nothing downloaded or read but the release
+        if key in model_cfg:
+            model_cfg[key] = False if key == "pretrained" else None
+    given = config["input"]
+    info = DatasetInfo(given["num_classes"], given["channels"], given["image_size"], tuple(given["mean"]),
+                       tuple(given["std"]), class_names=tuple(given["class_names"]))
+    net = build_classifier(model_cfg, info)
+    prefix = config["weights"]["prefix"]
+    try:
+        net.backbone.load_state_dict({k[len(prefix):]: v for k, v in load_file(str(weights)).items()})
+    except RuntimeError as exc:
+        raise TTPUserError(f"{str(weights)!r} does not fit the architecture in {CONFIG} "
+                           f"({str(exc).splitlines()[0]})") from None
+    return net.to(device).eval()
+
+
+# ------------------------------------------------------------------------------------------- model card
+ATTACKS_TEXT = ("An adversary who holds these weights perturbs a protected image to recover a confident "
+                "prediction (the forget confidence distance it reaches; higher is worse):")
+CERTIFICATE_TEXT = ("The certificate and the hashes of the released weights are in the run's release/ folder "
+                    "(`python -m ttp_lightning.verify`).")
+LIMITATIONS = (
+    ("- Protection covers the listed forget images (matched by their pixels) and is measured on them; images "
+     "that differ from them (other photos of the same person, crops, recompression) are not covered unless "
+     "they were in the forget set."),
+    ("- Without a certificate (Alg 1) the guarantee is empirical: the numbers above and the attack table, not a "
+     "bound. Stronger attacks than those run here may do better."),
+    "- Accuracy elsewhere was measured on the test set named above only.",
+    "- The forget images themselves are not in this release; only their fingerprint is.",
+)
+LOAD_LINE = 'model = ttp_lightning.load_released("release")  # [N, C, H, W] pixels in [0, 1] -> logits'
+PLAIN_LOADING = (f'or with safetensors alone: `load_file("release/{WEIGHTS}")` into the architecture (config.json '
+                 "`architecture`), inputs normalised by config.json `input.mean` / `input.std`.")
+
+def _metric(values: dict, key: str, percent: bool) -> str:
+    value = values.get(key)
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{100 * value:.2f} %" if percent else f"{value:.4f}"
+
+
+def model_card(results: dict, method_label: str, attack_table: str | None, certificate_line: str | None) -> str:
+    """MODEL_CARD.md: what was done and why, the settings, the measured effect and the limitations."""
+    config, data, metrics = results["config"], results["data"], results["metrics"]
+    method = results["method"]
+    before, after = metrics.get("pretrain_original", metrics["pretrain"]), metrics[method]
+    theta = config["method"].get("theta")
+    rows = [("retain accuracy", "retain_acc", True), ("test accuracy", "test_acc", True),
+            ("forget accuracy", "forget_acc", True),
+            ("forget confidence distance (0 = uniform softmax)", "forget_conf_dist", False),
+            ("forget confidence distance under attack", "forget_robust_conf_dist", False),
+            ("test confidence distance", "test_conf_dist", False)]
+    table = "\n".join(f"| {label} | {_metric(before, key, pct)} | {_metric(after, key, pct)} |"
+                      for label, key, pct in rows)
+    source = config["model"].get("checkpoint")
+    start = "the provider's checkpoint (model.checkpoint)" if source else "a model pretrained by ttp_lightning"
+    what = (f"This model was rewritten with ttp_lightning ({method_label}) so that it is maximally uncertain (a "
+            f"uniform softmax) on a protected forget set of {data['forget_size']} images while keeping its "
+            f"accuracy elsewhere (test-time privacy). It starts from {start}. Anyone who runs it on a protected "
+            "image gets no confident prediction for it.")
+    settings = [
+        f"- method: {method} ({method_label})" + (f", theta = {theta}" if theta is not None else ""),
+        (f"- data: {config['data']['name']}; training set {data['train_size']} images, test set "
+         f"{data['test_size']} images"),
+        (f"- forget set: {data['forget_size']} images ({data.get('forget_from_test', 0)} from outside the "
+         f"training data); SHA-256 fingerprint `{data['forget_fingerprint']}`"),
+    ]
+    lines = [f"# Model card: {results['experiment']} ({method_label})", "", "## What was done and why", "", what,
+             "", "## Settings", "", *settings, "", "## Effect", "", "| measure | before | after |", "|---|---|---|",
+             table, ""]
+    if attack_table:
+        lines += ["## Attacks on the forget set", "", ATTACKS_TEXT, "", "```", attack_table, "```", ""]
+    if certificate_line:
+        lines += ["## Certificate", "", certificate_line, "", CERTIFICATE_TEXT, ""]
+    lines += ["## Limitations", "", *LIMITATIONS, "", "## Loading", "", "```python", "import ttp_lightning", "",
+              LOAD_LINE, "```", "", PLAIN_LOADING, ""]
+    return "\n".join(lines)
+
+
+def release_protection(results: dict, method_label: str) -> dict:
+    """config.json's `protection`: what was done (for people; never read by code)."""
+    config = results["config"]
+    after = results["metrics"][results["method"]]
+    return {"method": results["method"], "label": method_label, "theta": config["method"].get("theta"),
+            "forget_size": results["data"]["forget_size"], "forget_fingerprint": results["data"]["forget_fingerprint"],
+            "forget_conf_dist": after.get("forget_conf_dist"), "test_acc": after.get("test_acc"),
+            "certified": "certificate" in results, "experiment": results["experiment"]}
+
+

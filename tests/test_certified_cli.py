@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import REPO, TINY_WITHOUT_METHOD
+from ttp_lightning import load_released
 from ttp_lightning import verify as verify_module
 
 LOGREG = ["model=logreg", "pretrain.norm_bound=10", "method.lam=auto", "method.grad_lipschitz_forget=2",
@@ -72,8 +73,16 @@ def test_release_is_public_weights_and_certificate_and_the_seed_stays_private(re
     cert = json.loads((out / "release" / "certificate.json").read_text())
     audit = json.loads((out / "private" / "audit.json").read_text())
     assert results["certificate"] == cert and cert["algorithm"] == ALGORITHMS[method]
-    expected = ["certificate.json"] + [w["file"] for w in cert["weights"]]
+    expected = {"certificate.json", "config.json", "MODEL_CARD.md", "model.safetensors"} | \
+        {w["file"] for w in cert["weights"]}
     assert sorted(p.name for p in (out / "release").iterdir()) == sorted(expected)
+    # the hub files describe the last certified weights, which stay the file the certificate hashes
+    hub = json.loads((out / "release" / "config.json").read_text())["weights"]
+    assert cert["weights"][-1]["sha256"] == hub["sha256"] and hub["file"] == "model.safetensors"
+    assert hub["prefix"] == "backbone." and "## Certificate" in (out / "release" / "MODEL_CARD.md").read_text()
+    released = load_released(out / "release")
+    final = load_file(str(out / "release" / "model.safetensors"))
+    assert all(torch.equal(v, final[f"backbone.{k}"]) for k, v in released.backbone.state_dict().items())
     assert len(cert["weights"]) == (2 if method == "certified_online" else 1)  # Alg 4 releases every request
     assert results["weights_file"] == f"release/{cert['weights'][-1]['file']}"
     assert stat.S_IMODE((out / "private").stat().st_mode) == 0o700

@@ -1,0 +1,309 @@
+"""Issue 13: a provider protects their own model. A checkpoint trained outside ttp_lightning (plain torch, a
+Lightning .ckpt, safetensors), their own data as an image folder, the images they were sent as PNG files;
+what comes out is a release a model hub takes. Plus timm models with local pretrained weights, and the
+bad inputs a provider can give, each refused in one line with nothing written."""
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from conftest import REPO
+from ttp_lightning import load_released
+
+EXAMPLE = REPO / "scripts" / "provider_example.py"
+PROTECT = ["+workflow=protect", "model=mlp", "model.hidden_dim=128", "logger=none",
+           "trainer.enable_progress_bar=false"]
+
+
+def make_example(folder: Path, fmt: str) -> Path:
+    """scripts/provider_example.py (plain torch / Lightning, no ttp_lightning): digits as an image folder,
+    a trained checkpoint and 5 forget PNGs (3 training images, 2 test images)."""
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "--out", str(folder), "--format", fmt],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "ttp_lightning" not in EXAMPLE.read_text().split('"""')[2]  # the script itself never imports it
+    return folder / f"model.{fmt}"
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    built = {}
+
+    def _get(fmt: str) -> tuple[Path, Path]:
+        if fmt not in built:
+            folder = tmp_path_factory.mktemp(f"provider_{fmt}")
+            built[fmt] = (folder, make_example(folder, fmt))
+        return built[fmt]
+
+    return _get
+
+
+def pngs(folder: Path) -> tuple[torch.Tensor, torch.Tensor, list[bytes]]:
+    """[0, 1] pixels, labels (subfolder names) and raw pixel bytes of every PNG under folder/<label>/."""
+    files = sorted(folder.rglob("*.png"))
+    arrays = [np.asarray(Image.open(f), dtype=np.uint8) for f in files]
+    images = torch.as_tensor(np.stack(arrays), dtype=torch.float32).unsqueeze(1) / 255.0
+    return images, torch.as_tensor([int(f.parent.name) for f in files]), [a.tobytes() for a in arrays]
+
+
+def protect(run_main, folder: Path, checkpoint: Path, *extra: str):
+    return run_main(*PROTECT, f"model.checkpoint={checkpoint}", "data=imagefolder",
+                    f"data.root={folder / 'digits'}", f"data.forget.images={folder / 'forget'}", *extra, tiny=False)
+
+
+@pytest.mark.parametrize("fmt", ["pt", "ckpt", "safetensors"])
+def test_protect_a_model_trained_elsewhere(run_main, examples, tmp_path, fmt):
+    folder, checkpoint = examples(fmt)
+    extra = () if fmt == "pt" else ("attacks.enabled=false",)  # the attack table once is enough
+    code, _, err, results = protect(run_main, folder, checkpoint, *extra)
+    assert code == 0, err
+    metrics = results["metrics"]
+    original, protected = metrics["pretrain_original"], metrics["pareto"]
+    assert protected["forget_conf_dist"] <= 0.05 < original["forget_conf_dist"]
+    assert original["test_acc"] - protected["test_acc"] <= 0.02
+    # 3 images matched inside the training folder by their pixels, 2 from outside it (absorbed first)
+    images = results["data"]["forget_images"]
+    assert len(images) == 5 and sum(r["outside"] for r in images) == 2 and results["data"]["forget_from_test"] == 2
+    assert all(len(r["training_indices"]) == 1 for r in images if not r["outside"])
+    assert all(r["test_copies"] == 1 for r in images if r["outside"])  # and they left the test set
+
+    release = tmp_path / "out" / "release"
+    assert {"model.safetensors", "config.json", "MODEL_CARD.md"} <= {p.name for p in release.iterdir()}
+    forget_x, _, raw = pngs(folder / "forget")
+    test_x, _, _ = pngs(folder / "digits" / "test")
+    model = load_released(release)
+    plain = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))  # the provider's class
+    plain.load_state_dict(load_file(str(release / "model.safetensors")))
+    config = json.loads((release / "config.json").read_text())
+    assert config["input"]["mean"] == [0.0] and config["input"]["std"] == [1.0]  # data.normalize=false
+    with torch.no_grad():
+        for x in (forget_x, test_x):
+            assert torch.equal(model(x).argmax(1), plain(x).argmax(1))
+            assert torch.allclose(model(x), plain(x), atol=1e-6)
+        # the forget CD measured directly on the PNG files, with the released weights
+        probs = torch.softmax(plain(forget_x), dim=1)
+        cd = (probs.max(dim=1).values - 1 / 10).clamp(min=0).mean().item()  # Sec. 5's confidence distance
+    assert cd <= 0.05 and abs(cd - protected["forget_conf_dist"]) < 1e-4
+    card = (release / "MODEL_CARD.md").read_text()
+    assert "theta = 0.9" in card and results["data"]["forget_fingerprint"] in card
+    assert ("## Attacks on the forget set" in card) == (fmt == "pt")
+    # the forget images themselves are in no output, cache entry or checkpoint
+    written = [p for root in (tmp_path / "out", tmp_path / "cache") for p in root.rglob("*") if p.is_file()]
+    for path in written:
+        content = path.read_bytes()
+        assert not any(image in content for image in raw), path
+
+
+def test_protect_refuses_a_run_without_its_inputs(run_main, tmp_path):
+    code, _, err, results = run_main(*PROTECT, tiny=False)
+    assert code == 2 and results is None
+    expected = ("error: model.checkpoint is required here (required: model.checkpoint, data.forget.images); "
+                "give model.checkpoint=...")
+    assert err.strip().splitlines() == [expected]
+
+
+def write_png(path: Path, array: np.ndarray, mode: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array, mode=mode).save(path)
+
+
+def write_bytes(path: Path, content: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+
+
+def hostile_pickle(path: Path, marker: Path) -> None:
+    class Payload:
+        def __reduce__(self):
+            return (marker.write_text, ("pwned",))
+
+    path.write_bytes(pickle.dumps({"0.weight": Payload()}))
+
+
+BAD_INPUTS = {
+    "non_image_file": ("forget", lambda d: write_bytes(d / "3" / "notes.txt", b"hello"),
+                       "is not an image file; allowed: PNG or JPEG files"),
+    "unreadable_image": ("forget", lambda d: write_bytes(d / "3" / "broken.png", b"\x89PNG not really"),
+                         "cannot be read as an image"),
+    "wrong_size": ("forget", lambda d: write_png(d / "3" / "big.png", np.zeros((10, 10), np.uint8), "L"),
+                   "is 10x10 pixels; the data's images are 8x8"),
+    "wrong_channels": ("forget", lambda d: write_png(d / "3" / "rgb.png", np.zeros((8, 8, 3), np.uint8), "RGB"),
+                       "is a colour image (mode RGB, 3 channels); the data has 1 channel"),
+    "label_outside_classes": ("forget", lambda d: write_png(d / "12" / "x.png", np.ones((8, 8), np.uint8), "L"),
+                              "has label '12', which is not one of the model's 10 classes"),
+    "other_architecture": ("hidden", None, "does not fit model MLP: 3 mis-shaped keys (1.weight (checkpoint [128, 64], model [64, 64])"),
+    "hostile_checkpoint": ("pickle", None, "cannot be read as safetensors or as a weights-only torch file"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_provider_input_is_one_error_line_and_nothing_written(run_main, examples, tmp_path, case):
+    import shutil
+
+    folder, checkpoint = examples("pt")
+    kind, spoil, message = BAD_INPUTS[case]
+    forget = tmp_path / "forget"
+    shutil.copytree(folder / "forget", forget)
+    extra = [f"data.forget.images={forget}"]
+    marker = tmp_path / "marker.txt"
+    if kind == "forget":
+        spoil(forget)
+    elif kind == "hidden":
+        extra.append("model.hidden_dim=64")
+    else:
+        checkpoint = tmp_path / "evil.pt"
+        hostile_pickle(checkpoint, marker)
+    code, _, err, results = protect(run_main, folder, checkpoint, *extra)
+    lines = err.strip().splitlines()
+    assert code == 2 and results is None and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert message in lines[0]
+    assert not (tmp_path / "out" / "release").exists() and not marker.exists()
+
+
+def test_checkpoint_keys_under_a_lightning_prefix_and_backbone_prefix_load(tmp_path):
+    from omegaconf import OmegaConf
+
+    from ttp_lightning.data.sources import DatasetInfo
+    from ttp_lightning.errors import TTPUserError
+    from ttp_lightning.models.components import build_classifier
+    from ttp_lightning.models.components.checkpoint import load_checkpoint
+
+    cfg = OmegaConf.create({"_target_": "ttp_lightning.models.components.linear.MLP", "hidden_dim": 16,
+                            "checkpoint": None})
+    info = DatasetInfo(10, 1, 8, (0.0,), (1.0,))
+    source = build_classifier(cfg, info)
+    state = source.state_dict()  # backbone.0..., as ttp_lightning's own model.pt
+    for prefix, keys in (("", state), ("model.", state), ("net.", {k[len("backbone."):]: v for k, v in state.items()})):
+        path = tmp_path / f"{prefix or 'plain'}.pt"
+        torch.save({"state_dict": {f"{prefix}{k}": v for k, v in keys.items()}}, path)
+        target = build_classifier(cfg, info)
+        load_checkpoint(target, path, "MLP")
+        assert all(torch.equal(target.state_dict()[k], v) for k, v in state.items())
+    save_file({"1.weight": torch.zeros(16, 64)}, str(tmp_path / "partial.safetensors"))
+    with pytest.raises(TTPUserError, match=r"3 missing keys \(1.bias, 3.weight, 3.bias\)"):
+        load_checkpoint(build_classifier(cfg, info), tmp_path / "partial.safetensors", "MLP")
+
+
+def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
+    from ttp_lightning.certify.schema import SchemaError
+    from ttp_lightning.errors import TTPUserError
+
+    folder, checkpoint = examples("pt")
+    code, _, err, _ = protect(run_main, folder, checkpoint, "attacks.enabled=false", "method.epochs=2")
+    assert code == 0, err
+    release = tmp_path / "out" / "release"
+    config = json.loads((release / "config.json").read_text())
+    # code named in config.json is never imported: a _target_ or an unregistered model is refused
+    for architecture, match in (({"_target_": "os.system", "name": "mlp", "hidden_dim": 128}, "_target_"),
+                                ({"name": "../../evil"}, "plain name")):
+        (release / "config.json").write_text(json.dumps({**config, "architecture": architecture}))
+        with pytest.raises(SchemaError, match=match):
+            load_released(release)
+    (release / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(release / "model.safetensors"))
+    weights["3.bias"] = weights["3.bias"] + 1.0
+    save_file(weights, str(release / "model.safetensors"))
+    with pytest.raises(TTPUserError, match="SHA-256 differs"):
+        load_released(release)
+
+
+def write_two_class_tree(root: Path, rng: np.random.Generator) -> None:
+    """RGB images of two classes (bright left half / bright right half) in several sizes."""
+    for split, count in (("train", 40), ("test", 16)):
+        for label, side in (("cat", 0), ("dog", 1)):
+            for i in range(count):
+                size = int(rng.choice([12, 16, 20]))
+                image = rng.integers(0, 200, (size, size, 3))
+                half = slice(0, size // 2) if side == 0 else slice(size // 2, size)
+                image[:, half] += 30  # separable, but not so easily that the softmax saturates
+                write_png(root / split / label / f"{i}.png", image.clip(0, 255).astype(np.uint8), "RGB")
+
+
+def test_imagefolder_two_classes_runs_alg1_end_to_end(run_main, tmp_path):
+    root = tmp_path / "pets"
+    write_two_class_tree(root, np.random.default_rng(0))
+    code, _, err, results = run_main("data=imagefolder", f"data.root={root}", "data.image_size=12",
+                                       "data.forget.size=4", "method.epochs=10")
+    assert code == 0, err
+    assert results["data"]["train_size"] == 80 and results["data"]["test_size"] == 32
+    metrics = results["metrics"]
+    assert metrics["pretrain"]["test_acc"] >= 0.9
+    assert metrics["pareto"]["forget_conf_dist"] < metrics["pretrain"]["forget_conf_dist"]
+    config = json.loads((tmp_path / "out" / "release" / "config.json").read_text())
+    assert config["input"]["class_names"] == ["cat", "dog"]
+    assert (config["input"]["channels"], config["input"]["image_size"], config["input"]["num_classes"]) == (3, 12, 2)
+    model = load_released(tmp_path / "out" / "release")
+    assert model(torch.rand(2, 3, 12, 12)).shape == (2, 2)
+
+
+def test_imagefolder_of_mixed_sizes_without_a_resize_is_refused(run_main, tmp_path):
+    root = tmp_path / "pets"
+    write_two_class_tree(root, np.random.default_rng(0))
+    code, _, err, results = run_main("data=imagefolder", f"data.root={root}")
+    assert code == 2 and results is None
+    assert "set data.image_size=N to resize them" in err and len(err.strip().splitlines()) == 1
+
+
+def save_timm_weights(name: str, path: Path, **kwargs) -> dict:
+    import timm
+
+    torch.manual_seed(0)
+    state = {k: v.contiguous() for k, v in timm.create_model(name, **kwargs).state_dict().items()}
+    save_file(state, str(path))
+    return state
+
+
+def test_timm_model_finetunes_locally_saved_pretrained_weights(run_main, compose_cfg, tmp_path):
+    from ttp_lightning.data.sources import DatasetInfo
+    from ttp_lightning.models.components import build_classifier
+
+    weights = tmp_path / "test_resnet.safetensors"
+    saved = save_timm_weights("test_resnet", weights, num_classes=7)  # an "ImageNet" head of another size
+    cfg = compose_cfg("model=timm", "model.name=test_resnet", f"model.pretrained_file={weights}")
+    net = build_classifier(cfg.model, DatasetInfo(10, 1, 8, (0.3,), (0.37,)))
+    state = net.backbone.state_dict()
+    loaded = [k for k in saved if k in state and torch.equal(state[k], saved[k])]
+    # timm's mechanism: every weight but the head (other class count) and the stem (3 -> 1 channels) loads
+    assert set(saved) - set(loaded) == {"fc.weight", "fc.bias", "conv1.0.weight"}
+    assert torch.allclose(state["conv1.0.weight"], saved["conv1.0.weight"].sum(dim=1, keepdim=True))
+    code, _, err, results = run_main("model=timm", "model.name=test_resnet", f"model.pretrained_file={weights}",
+                                     "pretrain.epochs=2", "method.epochs=2", "attacks.enabled=false")
+    assert code == 0, err
+    assert results["config"]["model"]["pretrained_file"] == str(weights)
+    config = json.loads((tmp_path / "out" / "release" / "config.json").read_text())
+    assert config["architecture"] == {"name": "timm", "model_name": "test_resnet"}
+    reloaded = load_released(tmp_path / "out" / "release")  # rebuilt without reading the pretrained file
+    assert reloaded(torch.rand(3, 1, 8, 8)).shape == (3, 10)
+
+
+def test_vit_experiment_composes_with_pretrained_weights(compose_cfg, tmp_path):
+    from ttp_lightning.data.sources import DATA_SOURCES
+    from ttp_lightning.models.components import build_classifier
+
+    weights = tmp_path / "vit_small_patch16_224.safetensors"
+    saved = save_timm_weights("vit_small_patch16_224", weights)
+    cfg = compose_cfg("+experiment=cifar10_vit_s_16", f"model.pretrained_file={weights}", tiny=False)
+    assert cfg.model.pretrained_file == str(weights) and cfg.model.patch_size == 4
+    net = build_classifier(cfg.model, DATA_SOURCES["cifar10"].info)
+    state = net.backbone.state_dict()
+    resampled = {"pos_embed", "patch_embed.proj.weight", "head.weight", "head.bias"}  # 16 px -> 4 px patches
+    assert all(torch.equal(state[k], saved[k]) for k in saved if k not in resampled)
+    assert state["patch_embed.proj.weight"].shape == (384, 3, 4, 4) and state["pos_embed"].shape == (1, 65, 384)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.name=not_a_model", "model.name='not_a_model' is not a timm architecture"),
+    ("model.pretrained_file=/nonexistent/w.safetensors", "does not exist or is not a file"),
+])
+def test_timm_bad_names_and_files_are_one_line(run_main, override, message):
+    code, _, err, results = run_main("model=timm", "model.name=test_resnet", override)
+    assert code == 2 and results is None and message in err and len(err.strip().splitlines()) == 1

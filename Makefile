@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install --quiet -e '.[dev,plots]'
+	$(BIN)/pip install --quiet -e '.[dev,plots,slurm]'
 	$(BIN)/pip install --quiet --no-deps 'torchattacks>=3.5,<4'  # the crosscheck extra; see pyproject.toml
 	touch $(STAMP)
 

@@ -3,6 +3,7 @@
 import os
 import signal
 import sys
+import warnings
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -11,6 +12,7 @@ from omegaconf import DictConfig
 from ttp_lightning.cli_checks import (
     check_composition,
     check_group_choices,
+    check_launcher,
     check_output_dir,
     check_unknown_additions,
     normalize_overrides,
@@ -66,11 +68,16 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
+    # conf/hydra/launcher/submitit_*.yaml replace the submitit plugin's configs of the same names (with this
+    # project's defaults); Hydra 1.3 then checks them against the plugin's schemas, as intended, and warns
+    # that this matching by name is deprecated (it stays in hydra-core < 1.4, which pyproject.toml pins)
+    warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
     signal.signal(signal.SIGINT, _on_sigint)
     sys.argv[1:] = normalize_overrides(sys.argv[1:])
     try:
         check_group_choices(sys.argv[1:])
         check_unknown_additions(sys.argv[1:])
+        check_launcher(sys.argv[1:])
         check_output_dir(sys.argv[1:])
         check_composition(sys.argv[1:])
     except TTPUserError as exc:

@@ -61,6 +61,19 @@ def check_group_choices(argv: list[str]) -> None:
                 raise TTPUserError(f"unknown {match['group']} {value!r}; choose one of: {', '.join(options)}")
 
 
+def check_launcher(argv: list[str]) -> None:
+    """hydra/launcher=submitit_* needs the submitit plugin (the `slurm` extra); without it Hydra would fail
+    with a traceback when it builds the launcher."""
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "hydra/launcher" and value.startswith("submitit"):
+            try:
+                import hydra_plugins.hydra_submitit_launcher  # noqa: F401
+            except ImportError:
+                raise TTPUserError(f"hydra/launcher={value} needs Hydra's submitit launcher, which is not "
+                                   "installed; pip install -e '.[slurm]' (or hydra-submitit-launcher)") from None
+
+
 def check_output_dir(argv: list[str], cwd: Path | None = None) -> None:
     """Raise TTPUserError when the run's output folder (hydra.run.dir / hydra.sweep.dir, default under the
     current folder) cannot be created or written, before Hydra fails on it with a traceback."""

@@ -194,3 +194,24 @@ def extra_callbacks(callbacks_cfg) -> list:
         return []
     return [hydra.utils.instantiate(entry) for name, entry in callbacks_cfg.items()
             if name not in METHOD_CALLBACKS and entry is not None]
+
+
+class Performance(Callback):
+    """performance.channels_last and performance.compile for one fit, applied once the network is on its
+    device: `channels_last` (auto: on a GPU, for networks with convolutions) converts the network's weights to
+    the channels_last memory format, which convolutions then also give their outputs; `compile` compiles the
+    network in place (nn.Module.compile: the state_dict keeps its names)."""
+
+    def __init__(self, channels_last: str = "auto", compile: bool = False):
+        self.channels_last, self.compile = str(channels_last).lower(), bool(compile)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        from torch import nn
+
+        net = getattr(pl_module, "net", pl_module)
+        convolutional = any(isinstance(m, nn.Conv2d) for m in net.modules())
+        on_gpu = pl_module.device.type == "cuda"
+        if convolutional and (self.channels_last == "true" or (self.channels_last == "auto" and on_gpu)):
+            net.to(memory_format=torch.channels_last)
+        if self.compile and not getattr(net, "_compiled_call_impl", None):
+            net.compile()

@@ -78,6 +78,21 @@ class PretrainSchema(TrainingSchema):
 
 
 @dataclass
+class PerformanceSchema:
+    """Speed settings of the fits; `auto` is on on a GPU only."""
+
+    channels_last: Any = "auto"
+    fused_optimizer: Any = "auto"
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("channels_last", "fused_optimizer"):
+            if str(getattr(self, key)).lower() not in ("auto", "true", "false"):
+                raise TTPUserError(f"performance.{key}={getattr(self, key)!r} is not allowed; choose auto, true "
+                                   "or false")
+
+
+@dataclass
 class MainSchema:
     """The top level of conf/main.yaml (the groups are typed by their own schemas)."""
 
@@ -96,6 +111,7 @@ class MainSchema:
     resume: bool = True
     progress_bar_refresh_rate: int = 20
     required: list[str] = field(default_factory=list)
+    performance: PerformanceSchema = field(default_factory=PerformanceSchema)
     pretrain: PretrainSchema = field(default_factory=PretrainSchema)
 
     def __post_init__(self) -> None:

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 def erm_module(ctx: RunContext, net: nn.Module, mixup_alpha: float = 0.0) -> ERMModule:
     """The ERM LightningModule with the `pretrain` settings (also used by the baselines)."""
     pre = ctx.pretrain
-    return ERMModule(net, optimizer_settings(pre), norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
+    return ERMModule(net, optimizer_settings(pre, ctx.fused_policy()), norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
 
 
 def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0, epochs: int | None = None,
@@ -58,6 +58,9 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
         # the process layout changes batching (each DDP rank takes its own batch), so it is part of the key;
         # read from the config, never the environment, so every rank computes the same key
         "processes": {k: ctx.trainer.get(k) for k in ("accelerator", "devices", "num_nodes", "strategy")},
+        # precision and the speed settings change the arithmetic, so A(D) too
+        "numerics": {"precision": str(ctx.trainer.get("precision", 32)),
+                     "performance": OmegaConf.to_container(ctx.performance, resolve=True) if ctx.performance else None},
         # intra-op threads change the order of floating-point sums, and training amplifies the difference
         "threads": torch.get_num_threads(),
     }

@@ -30,6 +30,7 @@ class RunContext:
     progress_bar_refresh_rate: int = 20
     logger: object = False
     output_dir: str = "."
+    performance: DictConfig | None = None  # channels_last, fused_optimizer, compile (conf/main.yaml)
     run_key: str | None = None  # hashes what determines the method's fits (set once A(D) is known)
     checkpoint_dirs: list = field(default_factory=list)  # this run's checkpoint folders, deleted at the end
     resumed: dict = field(default_factory=dict)  # stage -> the epoch it resumed after
@@ -42,11 +43,20 @@ class RunContext:
                    checkpoint_every_n_epochs=int(cfg.get("checkpoint_every_n_epochs", 0) or 0),
                    resume=bool(cfg.get("resume", True)),
                    progress_bar_refresh_rate=int(cfg.get("progress_bar_refresh_rate", 20)),
-                   logger=logger, output_dir=output_dir)
+                   logger=logger, output_dir=output_dir, performance=cfg.get("performance"))
+
+    def fused_policy(self) -> str:
+        """performance.fused_optimizer as auto | true | false."""
+        return _switch(self.performance, "fused_optimizer")
 
     def key_for(self, label: str) -> str | None:
         """The checkpoint key of one of the method's fits."""
         return None if self.run_key is None else f"{self.run_key}_{label}"
+
+
+def _switch(performance, key: str) -> str:
+    value = performance.get(key, "auto") if performance is not None else "auto"
+    return str(value).lower()
 
 
 SMALL_MODEL_MACS = 1_000_000  # multiply-accumulates per image below which one intra-op thread is as fast
@@ -113,12 +123,14 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
     when training diverges (`settings`: the config section whose lr trains it, named in that line).
     `root_dir` (default: the run's output folder) is where Lightning's SLURM requeue checkpoint goes;
     `guard=False` leaves out the divergence check (a fit with no learning rate)."""
-    from ttp_lightning.callbacks import FiniteGuard, extra_callbacks
+    from ttp_lightning.callbacks import FiniteGuard, Performance, extra_callbacks
 
     section = getattr(ctx, settings)
     stage = "pretraining" if settings == "pretrain" else f"method {ctx.method.name}"
     callbacks = [*(callbacks or []), *extra_callbacks(ctx.callbacks),
-                 *([FiniteGuard(stage, settings, float(section.lr))] if guard else [])]
+                 *([FiniteGuard(stage, settings, float(section.lr))] if guard else []),
+                 Performance(_switch(ctx.performance, "channels_last"),
+                             bool(ctx.performance.get("compile", False)) if ctx.performance is not None else False)]
     if ctx.trainer.get("enable_progress_bar", True):
         callbacks.append(TQDMProgressBar(refresh_rate=ctx.progress_bar_refresh_rate))
     return hydra.utils.instantiate(ctx.trainer, max_epochs=max_epochs, logger=ctx.logger,

@@ -54,8 +54,9 @@ def validate_config(cfg: DictConfig) -> Method:
     _required(cfg)
     MainSchema(threads=cfg.get("threads", "auto"), progress_bar_refresh_rate=cfg.progress_bar_refresh_rate,
                checkpoint_every_n_epochs=cfg.get("checkpoint_every_n_epochs", 1))
-    for key in ("pretrain", "data", "method", "attacks"):  # ranges in the typed schemas' __post_init__
-        typed(cfg[key], key)
+    for key in ("pretrain", "data", "method", "attacks", "performance"):  # the typed schemas' __post_init__
+        if key in cfg:
+            typed(cfg[key], key)
     if cfg.data.forget.source != "train":
         _positive_int(cfg.pretrain.absorb_epochs, "pretrain.absorb_epochs")
     method = build_method(cfg)

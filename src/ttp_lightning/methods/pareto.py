@@ -82,7 +82,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
     `label` names the fit's checkpoints (resumable, see checkpointing.py).
     With `cfg.adversarial` (method=pareto_robust) the uniformity term is robust and early stopping watches
     the forget CD under attack."""
-    optim = optimizer_settings(cfg)
+    optim = optimizer_settings(cfg, ctx.fused_policy())
     adversarial = AdversarialSettings.from_config(cfg.adversarial) if cfg.get("adversarial") else None
     module = ParetoFinetuneModule(
         net, cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,

@@ -9,20 +9,35 @@ from torch import nn
 PROJECTIONS = ("global", "per_tensor")
 
 
-def optimizer_settings(section: DictConfig) -> dict:
+def optimizer_settings(section: DictConfig, fused: str = "auto") -> dict:
     """The `optimizer` and `schedule` configs of a training section (`pretrain`, `method`), resolved into plain
     dicts (their lr, weight_decay and momentum interpolate the section's own keys); schedule=none (an empty
     config) gives None."""
     schedule = section.get("schedule")
     return {"optimizer": OmegaConf.to_container(section.optimizer, resolve=True),
-            "schedule": OmegaConf.to_container(schedule, resolve=True) if schedule else None}
+            "schedule": OmegaConf.to_container(schedule, resolve=True) if schedule else None, "fused": str(fused)}
 
 
-def configure_optimizer(params, max_epochs: int, optimizer: dict, schedule: dict | None = None):
-    """What LightningModule.configure_optimizers expects: the `_partial_` optimizer applied to `params`, and
-    the `_partial_` schedule (stepped once per epoch) applied to it; a schedule's T_max left null becomes
-    the fit's epochs."""
-    opt = hydra.utils.instantiate(optimizer)(params)
+def use_fused(partial, params: list, policy: str) -> bool:
+    """performance.fused_optimizer: `true`, or `auto` with every parameter on a GPU, where the optimizer
+    class takes `fused` (torch's Adam, AdamW, SGD) and the config does not set it itself."""
+    import inspect
+
+    if policy not in ("auto", "true") or "fused" in partial.keywords:
+        return False
+    if "fused" not in inspect.signature(partial.func).parameters:
+        return False
+    return policy == "true" or (bool(params) and all(p.is_cuda for p in params))
+
+
+def configure_optimizer(params, max_epochs: int, optimizer: dict, schedule: dict | None = None,
+                        fused: str = "auto"):
+    """What LightningModule.configure_optimizers expects: the `_partial_` optimizer applied to `params` (fused
+    as `fused`, performance.fused_optimizer, says), and the `_partial_` schedule (stepped once per epoch)
+    applied to it; a schedule's T_max left null becomes the fit's epochs."""
+    params = list(params)
+    partial = hydra.utils.instantiate(optimizer)
+    opt = partial(params, fused=True) if use_fused(partial, params, str(fused).lower()) else partial(params)
     if schedule is None:
         return opt
     filled = {key: max(1, max_epochs) for key, value in schedule.items() if key == "T_max" and value is None}

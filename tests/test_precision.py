@@ -1,0 +1,76 @@
+"""Issue 14, what a CPU can check of the GPU speed settings: trainer.precision=bf16-mixed runs every method
+family (Lightning's CPU autocast; the certified Newton steps and the evaluations stay in full precision),
+and the `performance` settings (channels_last, fused optimizers, torch.compile) train the same model as
+the defaults to float rounding. Their speed is measured on a GPU by scripts/bench_gpu.py."""
+
+import pytest
+import torch
+
+from conftest import TINY_WITHOUT_METHOD
+from test_certified_cli import RELEASES
+
+BF16 = ["trainer.precision=bf16-mixed", "attacks.enabled=false"]
+METHODS = {
+    "pareto": ["method=pareto", "method.epochs=10"],
+    "pareto_robust": ["method=pareto_robust", "method.epochs=3"],
+    "retrain": ["method=retrain"],
+    "synthetic": ["method=synthetic", "method.k=5"],
+    "labeldp": ["method=labeldp"],
+    "gaussian_uniform": ["method=gaussian_uniform"],
+    "certified_exact": RELEASES["certified_exact"],
+}
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_bf16_mixed_runs_every_method_family(run_job, method):
+    proc, results = run_job(*TINY_WITHOUT_METHOD, *BF16, *METHODS[method], tiny=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert results["config"]["trainer"]["precision"] == "bf16-mixed"
+    metrics = results["metrics"]
+    name = results["method"]
+    assert metrics["pretrain"]["test_acc"] > 0.8  # bf16 training still learns digits
+    if name in ("pareto", "pareto_robust"):
+        assert metrics[name]["forget_conf_dist"] < metrics["pretrain"]["forget_conf_dist"]
+    if name == "certified_exact":  # the Newton step ran in float64 (autocast off): its residual says so
+        assert metrics[name]["newton_residual"] < 1e-8
+
+
+def test_performance_settings_train_the_same_model_on_cpu(run_job, tmp_path):
+    """channels_last, fused Adam and compile forced on (auto leaves them off on a CPU) on a ResNet: the
+    same numbers as without them, to float rounding."""
+    common = [*TINY_WITHOUT_METHOD, "model=resnet8", "model.width=8", "pretrain.epochs=2", "method.epochs=2",
+              "attacks.enabled=false", "pretrain.use_cache=false", "checkpoint_every_n_epochs=0"]
+    _, plain = run_job(*common, tiny=False)
+    proc, fast = run_job(*common, "performance.channels_last=true", "performance.fused_optimizer=true",
+                         "performance.compile=true", tiny=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for stage in ("pretrain", "pareto"):
+        for key in ("retain_acc", "test_acc", "forget_conf_dist"):
+            assert fast["metrics"][stage][key] == pytest.approx(plain["metrics"][stage][key], abs=2e-3), (stage, key)
+
+
+def test_fused_and_channels_last_switches(tmp_path):
+    from functools import partial
+
+    import lightning as L
+    from torch import nn
+
+    from ttp_lightning.callbacks import Performance
+    from ttp_lightning.models.optim import use_fused
+
+    params = [nn.Parameter(torch.zeros(2))]
+    assert not use_fused(partial(torch.optim.Adam, lr=0.1), params, "auto")   # auto: CPU parameters
+    assert use_fused(partial(torch.optim.Adam, lr=0.1), params, "true")
+    assert not use_fused(partial(torch.optim.Adam, lr=0.1, fused=False), params, "true")  # the config wins
+    assert not use_fused(partial(torch.optim.Adam, lr=0.1), params, "false")
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
+
+    for setting, expected in (("auto", False), ("true", True), ("false", False)):
+        module = Module()
+        Performance(setting).on_fit_start(None, module)
+        weight = module.net[0].weight
+        assert weight.is_contiguous(memory_format=torch.channels_last) == expected and weight.shape[1] == 3

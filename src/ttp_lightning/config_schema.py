@@ -194,6 +194,7 @@ class MethodSchema:
     theta: float | None = None
     mode: Mode | None = None
     gradient_surgery: bool | None = None
+    joint_forward: bool | None = None
     uniformity: Uniformity | None = None
     forget_temperature: float | None = None
     epochs: int | None = None
@@ -239,6 +240,7 @@ class ParetoSchema(MethodSchema, TrainingSchema):
     forget_temperature: float = 1.0
     epochs: int = 100
     chunk_size: int = 8192
+    joint_forward: bool = False
     early_stopping: EarlyStoppingSchema = field(default_factory=EarlyStoppingSchema)
     adversarial: Any = None
 

@@ -30,6 +30,9 @@ class Pareto(Method):
         """What the typed schema (config_schema.ParetoSchema: types, choices, ranges) cannot say: the callbacks
         Alg 1 reads back, and robust Alg 1's attack settings."""
         check_method_callbacks(cfg.get("callbacks"))
+        if self.settings.get("joint_forward") and (self.settings.get("adversarial") or self.settings.mode != "minibatch"):
+            raise TTPUserError(f"method.joint_forward=true is not allowed with method={self.settings.name} "
+                               f"mode={self.settings.mode}; it joins plain Alg 1's minibatch forward passes only")
         if self.settings.get("adversarial"):
             check_adversarial(self.settings.adversarial)
 
@@ -89,6 +92,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
         chunk_size=cfg.chunk_size, retain_data=datamodule.dataset("retain"),
         forget_data=datamodule.dataset("forget"), eval_parts=datamodule.eval_parts(), adversarial=adversarial,
+        joint_forward=bool(cfg.get("joint_forward", False)),
     )
     made = method_callbacks(ctx.callbacks)
     history, timer = made["history"], made["timer"]

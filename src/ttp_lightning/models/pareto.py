@@ -20,6 +20,10 @@ class ParetoFinetuneModule(PartsValidationMixin):
 
     minibatch (the paper's text): each step takes a retain batch and a forget batch and one step on
     the weighted sum of their mean losses (automatic optimisation, DDP averages gradients as usual).
+    `joint_forward` runs the two batches through one forward pass (one kernel launch per layer instead of
+    two: an Alg 1 step then costs what an ERM step costs on a launch-bound GPU). For networks without
+    BatchNorm the step is the same; with BatchNorm the two batches share their batch statistics, which the
+    paper's two forward passes do not (a departure, off by default).
     fullbatch (the authors' public code): each epoch is ONE step on the gradients of the whole forget set
     and the whole retain set, accumulated in chunks (summed across DDP ranks, then divided by the global
     counts) and optionally combined by PCGrad-style surgery. The forget logits are divided by
@@ -35,8 +39,10 @@ class ParetoFinetuneModule(PartsValidationMixin):
     def __init__(self, net: nn.Module, theta: float, optim: dict, mode: str = "minibatch", uniformity: str = "kl",
                  forget_temperature: float = 1.0, gradient_surgery: bool = False, chunk_size: int = 8192,
                  retain_data: ImageBatchDataset | None = None, forget_data: ImageBatchDataset | None = None,
-                 eval_parts: tuple[str, ...] = (), adversarial: AdversarialSettings | None = None):
+                 eval_parts: tuple[str, ...] = (), adversarial: AdversarialSettings | None = None,
+                 joint_forward: bool = False):
         super().__init__()
+        self.joint_forward = joint_forward
         self.adversarial = adversarial
         self._attack_targets: torch.Tensor | None = None
         self.net, self.theta, self.optim, self.mode = net, theta, dict(optim), mode
@@ -53,8 +59,13 @@ class ParetoFinetuneModule(PartsValidationMixin):
         if self.mode == "minibatch":
             retain_images, retain_labels = batch["retain"]
             forget_images, forget_labels = batch["forget"]
-            loss = self.theta * self._forget_loss(forget_images, forget_labels) + \
-                (1 - self.theta) * retain_loss(self(retain_images), retain_labels)
+            if self.joint_forward:  # one forward pass for both batches (BatchNorm then normalises them together)
+                logits = self(torch.cat([retain_images, forget_images]))
+                retain_logits, forget_logits = logits.split([len(retain_images), len(forget_images)])
+                forget_term = self.uniformity(forget_logits / self.forget_temperature)
+            else:
+                retain_logits, forget_term = self(retain_images), self._forget_loss(forget_images, forget_labels)
+            loss = self.theta * forget_term + (1 - self.theta) * retain_loss(retain_logits, retain_labels)
             self.log("train/pareto_loss", loss, prog_bar=True)
             return loss
         self._fullbatch_step()

@@ -74,6 +74,10 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
     signal.signal(signal.SIGINT, _on_sigint)
     sys.argv[1:] = normalize_overrides(sys.argv[1:])
+    if any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):  # the jobs name and group their runs by these
+        from ttp_lightning.reporting.run_identity import SWEPT_ENV, swept_keys_from_argv
+
+        os.environ[SWEPT_ENV] = ",".join(swept_keys_from_argv(sys.argv[1:]))
     try:
         check_group_choices(sys.argv[1:])
         check_unknown_additions(sys.argv[1:])

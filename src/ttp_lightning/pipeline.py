@@ -35,6 +35,7 @@ from ttp_lightning.reporting.results import (
     write_results,
     write_weights,
 )
+from ttp_lightning.reporting.run_identity import flat_config, run_identity
 from ttp_lightning.reporting.tables import METHOD_LABELS
 from ttp_lightning.reporting.wandb_charts import log_run_charts
 from ttp_lightning.training import RunContext, choose_threads, multiply_accumulates
@@ -55,11 +56,20 @@ def route_lightning_logs_to_hydra() -> None:
         lightning_logger.removeHandler(handler)
 
 
-def build_logger(cfg: DictConfig):
-    """The configured Lightning logger, or False for `logger=none`."""
+def is_wandb(logger_cfg) -> bool:
+    return str(logger_cfg.get("_target_", "")).endswith("WandbLogger")
+
+
+def build_logger(cfg: DictConfig, identity: dict):
+    """The configured Lightning logger (False for `logger=none`), holding the resolved config as flat
+    hyperparameters (wandb.config; the CSV logger's hparams.yaml). A wandb run is named after the swept
+    values, grouped by sweep, with the method as job type."""
     if not cfg.get("logger"):
         return False
-    return hydra.utils.instantiate(cfg.logger)
+    extra = {k: identity[k] for k in ("name", "group", "job_type")} if is_wandb(cfg.logger) else {}
+    logger = hydra.utils.instantiate(cfg.logger, **extra)
+    logger.log_hyperparams(flat_config(cfg))
+    return logger
 
 
 def run_figures(results: dict, output_dir: str) -> list:
@@ -82,9 +92,11 @@ def finish_logger(logger, results: dict, output_dir: str) -> None:
         return
     flat = {f"final/{stage}/{k}": v for stage, values in results["metrics"].items() for k, v in values.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    logger.log_metrics(flat)
-    if type(logger).__name__ == "WandbLogger":
+    if type(logger).__name__ == "WandbLogger":  # final values are the run's summary, not one-point charts
+        logger.experiment.summary.update(flat)
         log_run_charts(logger.experiment, results, run_figures(results, output_dir))
+    else:
+        logger.log_metrics(flat)
     end_logger(logger, "success")
 
 
@@ -152,7 +164,9 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         return build_classifier(cfg.model, datamodule.info)
 
-    ctx = RunContext.from_config(cfg, logger=build_logger(cfg), output_dir=output_dir)
+    identity = run_identity(cfg)
+    ctx = RunContext.from_config(cfg, logger=build_logger(cfg, identity), output_dir=output_dir)
+    ctx.identity = identity
     try:
         return _stages(cfg, ctx, method, datamodule, make_net)
     except BaseException:
@@ -196,7 +210,8 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> d
                  **({"forget_images": datamodule.forget_images} if datamodule.forget_images else {})},
         "metrics": metrics,
         "history": {cfg.method.name: output.history},
-        "resumed": dict(ctx.resumed),  # stage -> the epoch a rerun resumed after (wall times cover this process)
+        "resumed": dict(ctx.resumed),
+        "run": ctx.identity,  # name, wandb group (the sweep), job type, this job's swept values  # stage -> the epoch a rerun resumed after (wall times cover this process)
     }
     results["forget_softmax"] = {"pretrain": forget_softmax(pretrained, datamodule),
                                  cfg.method.name: forget_softmax(output.net, datamodule)}

@@ -31,6 +31,7 @@ class RunContext:
     logger: object = False
     output_dir: str = "."
     performance: DictConfig | None = None  # channels_last, fused_optimizer, compile (conf/main.yaml)
+    identity: dict = field(default_factory=dict)  # the run's name, sweep group and swept values
     run_key: str | None = None  # hashes what determines the method's fits (set once A(D) is known)
     checkpoint_dirs: list = field(default_factory=list)  # this run's checkpoint folders, deleted at the end
     resumed: dict = field(default_factory=dict)  # stage -> the epoch it resumed after

@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ttp_lightning.reporting.tables import METHOD_LABELS, config_value, forget_set, load_results, model_name
-from ttp_lightning.reporting.wandb_charts import log_summary
+from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
 
 
 def _pyplot():
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     drawn = draw_figures(all_results, args.out)
     print("wrote " + ", ".join(map(str, drawn)) if drawn else "nothing to draw")
     if args.wandb and drawn:
-        print(f"wandb: {log_summary('figures', args.out, images=drawn)}")
+        print(f"wandb: {log_summary('figures', args.out, images=drawn, group=sweep_group(all_results))}")
     return 0
 
 

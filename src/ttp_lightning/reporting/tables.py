@@ -182,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(markdown)
     print(markdown, end="")
     if args.wandb:
-        from ttp_lightning.reporting.wandb_charts import log_summary
+        from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
 
         where = args.out.parent if args.out else (args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent)
         run_dir = log_summary(f"{args.layout}-tables", where,
-                              tables={t.title: (t.header, t.rows) for t in tables})
+                              tables={t.title: (t.header, t.rows) for t in tables}, group=sweep_group(all_results))
         print(f"wandb: {run_dir}", file=sys.stderr)
     return 0
 

@@ -28,15 +28,21 @@ def log_run_charts(run, results: dict, images: list[Path]) -> None:
     run.log(_payload(images, {name: (rows[0], rows[1:]) for name, rows in tables.items()}))
 
 
+def sweep_group(all_results: list[dict]) -> str | None:
+    """The wandb group the results' runs share (their sweep), or None when they are not one sweep."""
+    groups = {(results.get("run") or {}).get("group") for results in all_results}
+    return groups.pop() if len(groups) == 1 else None
+
+
 def log_summary(name: str, directory: Path, images: list[Path] = (),
-                tables: dict[str, tuple[list[str], list[list[str]]]] | None = None) -> str:
-    """One wandb run (job type `summary`, written under `directory`) holding sweep-level figures and tables;
-    returns the run's folder."""
+                tables: dict[str, tuple[list[str], list[list[str]]]] | None = None, group: str | None = None) -> str:
+    """One wandb run (job type `summary`, written under `directory`, in the sweep's `group` when the results
+    are one sweep) holding sweep-level figures and tables; returns the run's folder."""
     import wandb
 
     directory.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(project="ttp_lightning", name=name, job_type="summary", dir=str(directory),
-                     mode=os.environ.get("WANDB_MODE", "offline"))
+    run = wandb.init(project="ttp_lightning", name=name if group is None else f"{group}:{name}", job_type="summary",
+                     group=group, dir=str(directory), mode=os.environ.get("WANDB_MODE", "offline"))
     run.log(_payload(list(images), tables or {}))
     run.finish()
     return str(Path(run.dir).parent) if run.dir else "(wandb disabled)"

@@ -1,0 +1,78 @@
+"""Issue 15: what a wandb dashboard (and the CSV logger) gets from a run and from a sweep, read back from
+the offline files with wandb's own reader (`wandb leet inspect`), as the wandb app would read them."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from conftest import REPO, TINY
+
+WANDB = Path(sys.executable).with_name("wandb")
+
+
+def inspect_run(wandb_file: Path) -> dict:
+    """The run record (name, group, job type) and the --summary view (config, summary, state) of one run."""
+    records = subprocess.run([str(WANDB), "leet", "inspect", "--json", str(wandb_file)], capture_output=True,
+                             text=True, check=True, timeout=120).stdout
+    run = next(json.loads(line)["run"] for line in records.splitlines() if json.loads(line)["type"] == "run")
+    summary = json.loads(subprocess.run([str(WANDB), "leet", "inspect", "--summary", "--json", str(wandb_file)],
+                                        capture_output=True, text=True, check=True, timeout=120).stdout)
+    history = [json.loads(line) for line in records.splitlines() if json.loads(line)["type"] == "history"]
+    return {"run": run, "view": summary, "history": history}
+
+
+def test_a_theta_sweep_gives_wandb_runs_a_dashboard_can_slice(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env.update(WANDB_MODE="offline", TTP_CACHE_DIR=str(tmp_path / "cache"))
+    overrides = [o for o in TINY if not o.startswith("logger=")] + ["method.epochs=3", "attacks.enabled=false"]
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "ttp_lightning", "-m", *overrides, "method.theta=0.25,0.75",
+                           f"hydra.sweep.dir={sweep}"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {}
+    for job in ("0", "1"):
+        (wandb_file,) = (sweep / job / "wandb").glob("offline-run-*/run-*.wandb")
+        results = json.loads((sweep / job / "results.json").read_text())
+        runs[job] = (inspect_run(wandb_file), results)
+    thetas = set()
+    for run, results in runs.values():
+        config, summary = run["view"]["config"], run["view"]["summary"]
+        theta = config["method.theta"]
+        thetas.add(theta)
+        assert config["data.forget.size"] == 20 and config["data.name"] == "digits" and config["method.name"] == "pareto"
+        assert run["run"]["display_name"] == f"digits_mlp-pareto-theta={theta:g}" == results["run"]["name"]
+        assert run["run"]["job_type"] == "pareto" and run["view"]["state"] == "finished"
+        # final metrics are the summary, equal to results.json, and never a one-point chart
+        for key in ("forget_conf_dist", "test_acc", "retain_acc"):
+            assert summary[f"final/pareto/{key}"] == results["metrics"]["pareto"][key]
+        assert not any(key.startswith("final/") for row in run["history"] for key in _history_keys(row))
+        assert results["run"]["swept"] == {"method.theta": theta}
+    assert thetas == {0.25, 0.75}
+    groups = {run["run"]["run_group"] for run, _ in runs.values()}
+    assert groups == {str(sweep)} and {r["run"]["group"] for _, r in runs.values()} == groups
+    # the sweep-level summary run joins the same group
+    tables = subprocess.run([sys.executable, "-m", "ttp_lightning.tables", str(sweep), "--wandb", "--out",
+                             str(tmp_path / "frontier.md")], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert tables.returncode == 0, tables.stderr[-2000:]
+    (summary_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    summary_run = inspect_run(summary_file)["run"]
+    assert summary_run["run_group"] == str(sweep) and summary_run["job_type"] == "summary"
+
+
+def _history_keys(row: dict) -> list[str]:
+    return list(row["history"].get("item", {}))
+
+
+def test_the_csv_logger_writes_the_flat_config_as_hyperparameters(run_job, tmp_path):
+    proc, results = run_job("logger=csv", "method.epochs=2", "attacks.enabled=false")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (hparams,) = (tmp_path / "out" / "csv").glob("*/hparams.yaml")
+    values = yaml.safe_load(hparams.read_text())
+    assert values["method.theta"] == 0.75 and values["data.forget.size"] == 20 and values["model.hidden_dim"] == 100
+    assert results["run"] == {"name": "digits_mlp-pareto-theta=0.75", "group": None, "job_type": "pareto", "swept": {}}

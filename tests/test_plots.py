@@ -63,3 +63,54 @@ def test_wandb_flag_logs_figures_and_tables_to_an_offline_summary_run(tmp_path, 
     assert tables_main([str(tmp_path / "sweep"), "--out", str(tmp_path / "md" / "t.md"), "--wandb"]) == 0
     (run,) = (tmp_path / "md" / "wandb").glob("offline-run-*")
     assert list((run / "files" / "media" / "table" / "tables").glob("*.table.json"))
+
+
+def drawn_figures(monkeypatch, draw, *args):
+    """Run a figure function and return the matplotlib figure it drew (its objects, not its pixels)."""
+    import matplotlib.figure
+
+    captured = []
+    with monkeypatch.context() as patch:
+        patch.setattr(matplotlib.figure.Figure, "savefig", lambda figure, *a, **k: captured.append(figure))
+        assert draw(*args)
+    return captured[0]
+
+
+def legend_texts(figure) -> set[str]:
+    texts = {t.get_text() for axis in figure.axes if axis.get_legend() for t in axis.get_legend().get_texts()}
+    return texts | {t.get_text() for legend in figure.legends for t in legend.get_texts()}
+
+
+def test_figures_label_their_axes_legends_and_settings(monkeypatch, tmp_path):
+    from ttp_lightning.reporting import plots
+
+    one = full_results(0.75, 0.03)
+    one["metrics"]["pareto"]["best_epoch"] = 2
+    dynamics = drawn_figures(monkeypatch, plots.dynamics, [one], tmp_path / "d.png")
+    assert all(axis.get_ylabel() and axis.get_xlabel() for axis in dynamics.axes)
+    assert "restored epoch 2 (the released weights)" in legend_texts(dynamics)
+    assert any(line.get_xdata()[0] == 2 and line.get_linestyle() == ":" for line in dynamics.axes[0].lines)
+    assert dynamics.axes[0].get_ylim()[0] == 0 and dynamics.axes[0].get_ylim()[1] >= 1  # fixed 0-100 %
+    assert "theta = 0.75" in dynamics._suptitle.get_text()
+
+    softmax = drawn_figures(monkeypatch, plots.softmax_bars, [one], tmp_path / "s.png")
+    assert {"true class", "uniform 1/K (the target)"} <= legend_texts(softmax)
+    ticks = [t.get_text() for t in softmax.axes[0].get_xticklabels()]
+    assert ticks == ["0", "1", "2"]  # integer classes, not 0.0 / 2.5
+    assert softmax.axes[-1].get_xlabel() == "class" and softmax.axes[0].get_ylabel() == "softmax probability"
+    assert softmax.axes[len(softmax.axes) // 2].get_title().startswith("Alg 1:")
+
+    attacks = drawn_figures(monkeypatch, plots.attack_curves, [one], tmp_path / "a.png")
+    assert {"pretrained", "Alg 1"} <= legend_texts(attacks) and "pareto" not in legend_texts(attacks)
+
+    sweep = [full_results(theta, 0.3 / theta) for theta in (0.25, 0.5, 0.75)]
+    for index, results in enumerate(sweep):
+        results["metrics"]["pretrain"] = {"retain_acc": 1.0, "test_acc": 0.98, "forget_conf_dist": 0.6}
+        results["metrics"]["pareto"].update(retain_acc=1.0 - 0.0004 * index)
+    frontier = drawn_figures(monkeypatch, plots.frontier, sweep, tmp_path / "f.png")
+    assert frontier.axes[0].get_ylim()[0] == 0  # 1.0000 -> 0.9992 does not look like a cliff
+    assert "pretrained model" in legend_texts(frontier) and "3 runs, every one shown" in frontier._suptitle.get_text()
+    dynamics = drawn_figures(monkeypatch, plots.dynamics, sweep, tmp_path / "d2.png")
+    assert {"theta = 0.25", "theta = 0.5", "theta = 0.75"} <= legend_texts(dynamics)  # every job
+    softmax = drawn_figures(monkeypatch, plots.softmax_bars, sweep, tmp_path / "s2.png")
+    assert "run 1 of 3 shown (theta = 0.25)" in softmax._suptitle.get_text()  # says which one

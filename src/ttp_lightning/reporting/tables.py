@@ -42,7 +42,10 @@ def load_results(paths: list[Path]) -> list[dict]:
 
 
 def model_name(results: dict) -> str:
-    return results["config"]["model"]["_target_"].rsplit(".", 1)[-1].replace("vision_transformer", "ViT")
+    model = results["config"]["model"]
+    if model.get("name") or model.get("variant"):  # timm models: the architecture's own name
+        return str(model.get("name") or model.get("variant"))
+    return model["_target_"].rsplit(".", 1)[-1].replace("vision_transformer", "ViT")
 
 
 def percent(value: float) -> str:

@@ -52,6 +52,13 @@ def test_default_job_writes_the_results_contract(run_cli, tmp_path):
     net = build_classifier(OmegaConf.create(results["config"]["model"]), datamodule.info)
     net.load_state_dict(torch.load(tmp_path / "out" / results["weights_file"], weights_only=True))
     assert evaluate(net, datamodule)["forget_conf_dist"] == pytest.approx(alg1["forget_conf_dist"], abs=1e-6)
+    # results.json names the forget instances: an auditor recomputes the fingerprint from the indices alone
+    from ttp_lightning.data.forget import fingerprint
+
+    indices = torch.as_tensor(results["data"]["forget_indices"])
+    assert len(indices) == 20 and results["data"]["forget_test_indices"] == []
+    assert fingerprint(datamodule.train_images[indices], datamodule.train_labels[indices]) == \
+        results["data"]["forget_fingerprint"]
 
 
 def test_retrain_baseline_trains_on_the_retain_set(run_job):
@@ -71,6 +78,7 @@ def test_forget_instances_from_the_test_set_are_absorbed_then_protected(run_cli,
     metrics = mixed["metrics"]
     assert list(metrics) == ["pretrain_original", "pretrain", "pareto"]
     assert mixed["data"]["forget_from_test"] == 10 and mixed["data"]["test_size"] == 539 - 10
+    assert len(mixed["data"]["forget_indices"]) == 10 and len(set(mixed["data"]["forget_test_indices"])) == 10
     assert metrics["pretrain"]["absorb_epochs"] == 3 and metrics["pretrain"]["absorb_cached"] is False
     # A(D) never saw half the forget images; after absorbing them it fits them at least as well
     assert metrics["pretrain"]["forget_acc"] >= metrics["pretrain_original"]["forget_acc"]

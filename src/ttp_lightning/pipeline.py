@@ -19,6 +19,7 @@ from ttp_lightning.evaluation import forget_softmax, predictions
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
+from ttp_lightning.progress import quiet_lightning
 from ttp_lightning.release import (
     CARD,
     CONFIG,
@@ -157,6 +158,7 @@ def publish(results: dict, net, cfg: DictConfig, datamodule, attack_table, certi
 def run(cfg: DictConfig, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
     route_lightning_logs_to_hydra()
+    quiet_lightning()
     method = validate_config(cfg)  # builds the method from cfg.method._target_ and checks its settings
     datamodule = build_datamodule(cfg.data)
 
@@ -206,8 +208,7 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> d
         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
         "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
                  "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
-                 "forget_fingerprint": datamodule.forget_fingerprint(),
-                 **({"forget_images": datamodule.forget_images} if datamodule.forget_images else {})},
+                 "forget_fingerprint": datamodule.forget_fingerprint(), **datamodule.forget_record()},
         "metrics": metrics,
         "history": {cfg.method.name: output.history},
         "resumed": dict(ctx.resumed),
@@ -216,6 +217,8 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> d
     results["forget_softmax"] = {"pretrain": forget_softmax(pretrained, datamodule),
                                  cfg.method.name: forget_softmax(output.net, datamodule)}
     if cfg.attacks.enabled:
+        log.info("attacking the forget set: %s at gamma %s/255", ", ".join(map(str, cfg.attacks.names)),
+                 ", ".join(f"{float(g):g}" for g in cfg.attacks.gammas))
         attack_models(results, {"pretrain": pretrained, cfg.method.name: output.net}, datamodule, cfg.attacks)
     if output.release is not None:
         certificate = {**output.release.certificate, "experiment": cfg.experiment_name,

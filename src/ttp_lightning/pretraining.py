@@ -96,11 +96,11 @@ def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataMo
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     info = _cached_fit(ctx, net, f"{key}_absorbed", is_global_zero, lambda: train_erm(
         ctx, net, datamodule.training_loader("train"), epochs=epochs, key=f"{key}_absorbed_fit",
-        stage="absorbing the outside forget instances"))
+        stage="absorbing the outside forget instances"), stage="absorbing the outside forget instances")
     return {"absorb_epochs": epochs, "absorb_wall_s": info["wall_s"], "absorb_cached": info["cached"]}
 
 
-def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit) -> dict:
+def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit, stage: str = "pretraining A(D)") -> dict:
     """Load `net` from the cache entry `key`, or run `fit()` (which trains `net`, returns seconds) and store it.
 
     An entry is `<key>.safetensors` (the weights, never pickled) and `<key>.json` (its SHA-256 and the
@@ -119,6 +119,7 @@ def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit) 
     with lock if _single_process(ctx) else nullcontext():
         wall = _load_entry(net, weights)
         if wall is not None:
+            log.info("%s: from the cache (%s)", stage, weights)
             return {"wall_s": wall, "cached": True, "cache_file": str(weights)}
         wall = fit()
         if is_global_zero():

@@ -119,12 +119,14 @@ def choose_threads(cfg: DictConfig, macs: int | None = None) -> int:
 
 
 def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None,
-                 settings: str = "pretrain", root_dir: Path | None = None, guard: bool = True) -> L.Trainer:
+                 settings: str = "pretrain", root_dir: Path | None = None, guard: bool = True,
+                 phase: str = "training") -> L.Trainer:
     """A Trainer from the `trainer` config group, logging to the run's logger; it stops with one error line
     when training diverges (`settings`: the config section whose lr trains it, named in that line).
     `root_dir` (default: the run's output folder) is where Lightning's SLURM requeue checkpoint goes;
     `guard=False` leaves out the divergence check (a fit with no learning rate)."""
     from ttp_lightning.callbacks import FiniteGuard, Performance, extra_callbacks
+    from ttp_lightning.progress import progress_callbacks
 
     section = getattr(ctx, settings)
     stage = "pretraining" if settings == "pretrain" else f"method {ctx.method.name}"
@@ -132,11 +134,12 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
                  *([FiniteGuard(stage, settings, float(section.lr))] if guard else []),
                  Performance(_switch(ctx.performance, "channels_last"),
                              bool(ctx.performance.get("compile", False)) if ctx.performance is not None else False)]
-    if ctx.trainer.get("enable_progress_bar", True):
-        callbacks.append(TQDMProgressBar(refresh_rate=ctx.progress_bar_refresh_rate))
+    shown = progress_callbacks(phase, ctx.progress_bar_refresh_rate, bool(ctx.trainer.get("enable_progress_bar", True)))
+    callbacks += shown
+    bar = any(isinstance(c, TQDMProgressBar) for c in shown)  # a line per epoch is not Lightning's progress bar
     return hydra.utils.instantiate(ctx.trainer, max_epochs=max_epochs, logger=ctx.logger,
                                    callbacks=callbacks, enable_checkpointing=root_dir is not None,
-                                   default_root_dir=str(root_dir or ctx.output_dir))
+                                   default_root_dir=str(root_dir or ctx.output_dir), enable_progress_bar=bar)
 
 
 def checkpoint_folder(ctx: RunContext, key: str, register: bool = True) -> Path:
@@ -160,7 +163,7 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
         ckpt_path = resume_from(folder, ctx.resume, stage)
         if ckpt_path is not None:
             ctx.resumed[stage] = LATEST["epoch"]
-    trainer = make_trainer(ctx, max_epochs, callbacks, settings, root_dir=folder, guard=guard)
+    trainer = make_trainer(ctx, max_epochs, callbacks, settings, root_dir=folder, guard=guard, phase=stage)
     start = time.perf_counter()
     trainer.fit(module, ckpt_path=ckpt_path, weights_only=True, **loaders)
     return time.perf_counter() - start

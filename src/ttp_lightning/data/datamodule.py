@@ -68,6 +68,7 @@ class TTPDataModule(L.LightningDataModule):
         self.max_train_size, self.max_test_size = max_train_size, max_test_size
         self.image_size, self.channels = image_size, channels  # data=imagefolder only
         self.forget_images: list[dict] = []  # data.forget.images: per image, its hash and where it is in D
+        self.forget_test_indices: list[int] = []  # forget.source=test|mixed: the test-set indices taken
         self.info: DatasetInfo | None = None
         self._nearest_test: torch.Tensor | None = None
 
@@ -107,6 +108,7 @@ class TTPDataModule(L.LightningDataModule):
                 stays = torch.ones(len(test_y), dtype=torch.bool)
                 stays[in_test] = False
                 test_x, test_y = test_x[stays], test_y[stays]
+            self.forget_test_indices = [] if self.forget_cfg.images else sorted(int(i) for i in in_test)
             appended = torch.arange(self.pretrain_size, self.pretrain_size + len(outside_y))
             self.forget_indices = torch.cat([inside, appended])
             self.forget_requests = [self.forget_indices]
@@ -189,6 +191,16 @@ class TTPDataModule(L.LightningDataModule):
         """Hash of part `pretrain`'s images and labels, part of the pretraining cache key. The forget
         selection is not in it: A(D) trains on all of D whatever D_f is, so forget-set sweeps pretrain once."""
         return fingerprint(self.train_images[: self.pretrain_size], self.train_labels[: self.pretrain_size])
+
+    def forget_record(self) -> dict:
+        """Which instances D_f holds, for results.json: indices into the training set D (as loaded and split,
+        before any outside instance joins it), the test-set indices of instances taken from the test set,
+        and for forget images their pixels' SHA-256 (`forget_images`)."""
+        inside = [int(i) for i in self.forget_indices if int(i) < self.pretrain_size]
+        record = {"forget_indices": inside, "forget_test_indices": list(self.forget_test_indices)}
+        if self.forget_images:
+            record["forget_images"] = self.forget_images
+        return record
 
     def forget_fingerprint(self) -> str:
         return fingerprint(self.train_images[self.forget_indices], self.train_labels[self.forget_indices])

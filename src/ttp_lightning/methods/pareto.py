@@ -107,7 +107,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:
         train_loader = datamodule.pareto_dataloader()
-    wall = fit(ctx, module, epochs, f"Alg 1 finetuning ({label})", key=ctx.key_for(label), callbacks=callbacks,
+    wall = fit(ctx, module, epochs, "Alg 1 finetuning" if label == "alg1" else f"Alg 1 {label}", key=ctx.key_for(label), callbacks=callbacks,
                settings="method", train_dataloaders=train_loader, val_dataloaders=datamodule.val_dataloader())
     summary = best.summary() if best else {"best_epoch": len(history.rows), "constraint_met": None,
                                            "selection_rule": "early stopping off: the last epoch"}

@@ -1,0 +1,114 @@
+"""Console output a person can read: each fit is a labelled phase ("pretraining A(D)", "Alg 1 finetuning")
+with `epoch N/total` and an estimate of the phase's time left. On a terminal that is one progress bar per
+phase (no validation bars); when stdout is a file or a pipe (`make run > log.txt`, a cluster job) it is one
+line per epoch instead. Lightning's tips, device lines and "fit stopped" lines, printed for every Trainer,
+are silenced; so are two warnings every fit of a small data set would repeat."""
+
+import logging
+import sys
+import time
+import warnings
+
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
+
+REPEATED_WARNINGS = (
+    r"(?s).*isinstance\(treespec, LeafSpec\)",             # Lightning's own use of a deprecated torch API
+    r"(?s).*is smaller than the logging interval",          # small data sets: fewer batches than 50 per epoch
+    r"(?s).*does not have many workers",                    # in-memory tensors need no loader workers
+)
+
+
+def quiet_lightning() -> None:
+    """Lightning's INFO lines (tips, "GPU available", "`Trainer.fit` stopped") and the warnings each fit
+    repeats; Lightning's warnings about anything else still print."""
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    for pattern in REPEATED_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+def _eta(started: float, done: int, total: int) -> str:
+    """`, ~N s left` from the mean epoch time so far (at most: early stopping may end a phase sooner)."""
+    if done <= 0 or done >= total:
+        return ""
+    left = (time.perf_counter() - started) / done * (total - done)
+    return f", ~{left:.0f} s left" if left >= 1 else ", <1 s left"
+
+
+def _metrics(trainer) -> str:
+    values = trainer.callback_metrics
+    shown = [(name, key) for name, key in (("loss", "train/loss"), ("loss", "train/pareto_loss"),
+                                           ("retain acc", "val/retain_acc"), ("test acc", "val/test_acc"),
+                                           ("forget CD", "val/forget_conf_dist")) if key in values]
+    return "  ".join(f"{name} {float(values[key]):.4f}" for name, key in shown)
+
+
+class PhaseBar(TQDMProgressBar):
+    """One bar per phase, described `<phase>: epoch N/total` with the phase's time left; no validation or
+    sanity-check bars (the per-dataloader bars Lightning draws for every validation)."""
+
+    def __init__(self, phase: str, refresh_rate: int = 20):
+        super().__init__(refresh_rate=refresh_rate)
+        self.phase = phase
+        self._started = time.perf_counter()
+
+    def init_validation_tqdm(self):
+        return Tqdm(disable=True)  # created disabled: a bar disabled afterwards has already printed its line
+
+    def init_sanity_tqdm(self):
+        return Tqdm(disable=True)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._started, self._first = time.perf_counter(), trainer.current_epoch
+
+    @property
+    def train_description(self) -> str:
+        return self.phase
+
+    def on_train_epoch_start(self, trainer, *_) -> None:
+        # Lightning's own hook, with the phase's description in place of its "Epoch N" (which would draw first)
+        if self._leave:
+            self.train_progress_bar = self.init_train_tqdm()
+        self.train_progress_bar.reset()
+        self.train_progress_bar.total = convert_inf(self.total_train_batches)
+        self.train_progress_bar.initial = 0
+        done = trainer.current_epoch - self._first
+        self.train_progress_bar.set_description(
+            f"{self.phase}: epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
+            f"{_eta(self._started, done, trainer.max_epochs - self._first)}")
+
+
+class EpochLines(Callback):
+    """Without a terminal: `<phase>: epoch N/total  <metrics>  (t s, ~s left)` once per epoch."""
+
+    def __init__(self, phase: str, stream=None):
+        self.phase, self.stream = phase, stream
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._started, self._first = time.perf_counter(), trainer.current_epoch
+        print(f"{self.phase}: {trainer.max_epochs - self._first} epochs", file=self.stream or sys.stdout, flush=True)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or trainer.global_rank != 0:
+            return
+        epoch = trainer.current_epoch + 1
+        done = epoch - self._first
+        elapsed = time.perf_counter() - self._started
+        print(f"{self.phase}: epoch {epoch}/{trainer.max_epochs}  {_metrics(trainer)}  "
+              f"({elapsed:.1f} s{_eta(self._started, done, trainer.max_epochs - self._first)})",
+              file=self.stream or sys.stdout, flush=True)
+
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.global_rank == 0:
+            print(f"{self.phase}: done, {trainer.current_epoch - self._first} epochs in "
+                  f"{time.perf_counter() - self._started:.1f} s", file=self.stream or sys.stdout, flush=True)
+
+
+def progress_callbacks(phase: str, refresh_rate: int, enabled: bool) -> list:
+    """The phase's progress display: a bar on a terminal, a line per epoch otherwise, nothing if disabled."""
+    if not enabled:
+        return []
+    return [PhaseBar(phase, refresh_rate)] if sys.stdout.isatty() else [EpochLines(phase)]

@@ -1,0 +1,59 @@
+"""Issue 15: console output a person can read. `make run > log.txt` (stdout not a terminal) prints one line per
+epoch of each labelled phase and the tables, under 200 lines; on a terminal each phase is one bar with
+`epoch N/total`, and no validation bars."""
+
+import io
+import os
+import subprocess
+import sys
+
+import lightning as L
+import torch
+from torch import nn
+
+from conftest import REPO
+from ttp_lightning.progress import PhaseBar
+
+
+def test_make_run_redirected_to_a_file_is_under_200_readable_lines(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env.update(WANDB_MODE="offline", TTP_CACHE_DIR=str(tmp_path / "cache"))  # an empty cache: pretraining too
+    with (tmp_path / "log.txt").open("w") as log:
+        proc = subprocess.run([sys.executable, "-m", "ttp_lightning", f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO,
+                              env=env, stdout=log, stderr=subprocess.STDOUT, timeout=600, check=False)
+    text = (tmp_path / "log.txt").read_text()
+    assert proc.returncode == 0, text[-3000:]
+    lines = text.splitlines()
+    assert len(lines) < 200, len(lines)
+    assert "pretraining A(D): epoch 40/40" in text and "Alg 1 finetuning: epoch 1/100" in text
+    assert "pretraining A(D): done, 40 epochs in" in text
+    for noise in ("Validation DataLoader", "Tip:", "GPU available", "LeafSpec", "`Trainer.fit` stopped", "\r"):
+        assert noise not in text, noise
+    assert "digits_mlp / pareto" in text and "attacks on the forget set" in text
+
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(2, 1)
+
+    def training_step(self, batch, _):
+        return self.layer(batch[0]).sum()
+
+    def validation_step(self, batch, _, dataloader_idx=0):
+        self.log("val/x", self.layer(batch[0]).sum())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_on_a_terminal_each_phase_is_one_bar_without_validation_bars(monkeypatch):
+    buffer = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", buffer)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.rand(32, 2)), batch_size=8)
+    trainer = L.Trainer(max_epochs=3, callbacks=[PhaseBar("Alg 1 finetuning", 1)], logger=False,
+                        enable_checkpointing=False, enable_model_summary=False, accelerator="cpu")
+    trainer.fit(Tiny(), loader, [loader, loader])
+    shown = buffer.getvalue().replace("\r", "\n")
+    assert "Alg 1 finetuning: epoch 3/3, <1 s left" in shown and "Epoch " not in shown  # the time left
+    assert "Validation" not in shown and "Sanity" not in shown

@@ -62,7 +62,7 @@ def test_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, tmp_pat
             _job(compose_cfg, tmp_path, "stopped", *overrides)
     assert list((tmp_path / "cache" / "checkpoints").glob(f"*_alg1/{LAST}"))
     resumed = _job(compose_cfg, tmp_path, "resumed", *overrides)
-    assert resumed["resumed"] == {"Alg 1 finetuning (alg1)": 5}
+    assert resumed["resumed"] == {"Alg 1 finetuning": 5}
     assert whole["resumed"] == {}
     _same(whole, resumed)
     assert not any((tmp_path / "cache" / "checkpoints").iterdir())  # results written: checkpoints deleted
@@ -91,7 +91,7 @@ def test_pretraining_resumes_and_a_run_stopped_by_patience_stays_stopped(compose
         assert "resuming pretraining A(D) from" in caplog.text and "(saved after epoch 3)" in caplog.text
         patch.setattr(callbacks_module.ConstrainedBestModel, "on_fit_end", fit_end)
     resumed = _job(compose_cfg, tmp_path, "resumed", *overrides)
-    assert resumed["resumed"] == {"Alg 1 finetuning (alg1)": stopped_at}
+    assert resumed["resumed"] == {"Alg 1 finetuning": stopped_at}
     assert resumed["metrics"]["pareto"]["epochs_run"] == stopped_at  # no epoch trained past the stop
     _same(whole, resumed)
 

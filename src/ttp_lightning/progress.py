@@ -21,11 +21,23 @@ REPEATED_WARNINGS = (
 
 def quiet_lightning() -> None:
     """Lightning's INFO lines (tips, "GPU available", "`Trainer.fit` stopped") and the warnings each fit
-    repeats; Lightning's warnings about anything else still print."""
+    repeats; Lightning's warnings about anything else still print, and so does the one line a DDP start
+    prints ("Starting with N processes", from lightning.fabric)."""
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
-    logging.getLogger("lightning.fabric").setLevel(logging.WARNING)
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # every rank_zero_info goes here
+    rank_zero.setLevel(logging.INFO)
+    if not any(isinstance(f, _KeepDistributedStart) for f in rank_zero.filters):
+        rank_zero.addFilter(_KeepDistributedStart())
     for pattern in REPEATED_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
+
+
+class _KeepDistributedStart(logging.Filter):
+    """Of Lightning's INFO lines, only DDP's "All distributed processes registered. Starting with N
+    processes" (once per run, and the proof that the ranks started)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "Starting with" in record.getMessage()
 
 
 def _eta(started: float, done: int, total: int) -> str:

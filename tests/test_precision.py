@@ -87,3 +87,26 @@ def test_joint_forward_alg1_takes_the_same_steps_without_batchnorm(run_job):
         assert one["metrics"]["pareto"][key] == pytest.approx(two["metrics"]["pareto"][key], abs=1e-5), key
     proc, _ = run_job(*common, "method=pareto_robust", "method.joint_forward=true", tiny=False)
     assert proc.returncode == 2 and "method.joint_forward=true is not allowed" in proc.stderr
+
+
+def test_data_on_device_moves_every_in_memory_data_set_behind_the_loaders_once():
+    """performance.data_on_device: the traversal and the move, checked on PyTorch's `meta` device (a GPU's
+    stand-in on a CPU machine): every data set behind a CombinedLoader and a list of loaders moves, once."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+
+    from ttp_lightning.callbacks import Performance
+    from ttp_lightning.data.batching import ImageBatchDataset, batch_loader
+
+    retain, forget, test = (ImageBatchDataset(torch.zeros(n, 1, 4, 4, dtype=torch.uint8), torch.zeros(n, dtype=torch.long))
+                            for n in (8, 4, 6))
+    train = CombinedLoader({"retain": batch_loader(retain, 4), "forget": batch_loader(forget, 2)}, mode="max_size_cycle")
+    module = SimpleNamespace(device=torch.device("meta"))
+    callback = Performance(data_on_device="auto")
+    callback.on_train_start(SimpleNamespace(train_dataloader=train), module)
+    assert retain.images.device.type == "cpu"  # auto: only on a GPU
+    callback = Performance(data_on_device="true")
+    callback.on_train_start(SimpleNamespace(train_dataloader=train), module)
+    callback.on_validation_start(SimpleNamespace(val_dataloaders=[batch_loader(test, 3), batch_loader(retain, 3)]), module)
+    assert all(d.images.device.type == "meta" and d.labels.device.type == "meta" for d in (retain, forget, test))

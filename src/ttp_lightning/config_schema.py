@@ -84,9 +84,10 @@ class PerformanceSchema:
     channels_last: Any = "auto"
     fused_optimizer: Any = "auto"
     compile: bool = False
+    data_on_device: Any = False
 
     def __post_init__(self) -> None:
-        for key in ("channels_last", "fused_optimizer"):
+        for key in ("channels_last", "fused_optimizer", "data_on_device"):
             if str(getattr(self, key)).lower() not in ("auto", "true", "false"):
                 raise TTPUserError(f"performance.{key}={getattr(self, key)!r} is not allowed; choose auto, true "
                                    "or false")

@@ -307,3 +307,18 @@ def test_vit_experiment_composes_with_pretrained_weights(compose_cfg, tmp_path):
 def test_timm_bad_names_and_files_are_one_line(run_main, override, message):
     code, _, err, results = run_main("model=timm", "model.name=test_resnet", override)
     assert code == 2 and results is None and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_checkpoints_own_input_statistics_reach_the_model_and_the_release(run_main, tmp_path):
+    """data.mean / data.std: a checkpoint trained on other statistics (ImageNet's, a provider's own) gets
+    them inside the model, and config.json tells a downstream user; a wrong count is one error line."""
+    code, _, err, results = run_main("data.mean=[0.5]", "data.std=[0.25]", "method.epochs=2", "attacks.enabled=false")
+    assert code == 0, err
+    config = json.loads((tmp_path / "out" / "release" / "config.json").read_text())
+    assert config["input"]["mean"] == [0.5] and config["input"]["std"] == [0.25]
+    model = load_released(tmp_path / "out" / "release")
+    assert model.mean.flatten().tolist() == [0.5] and model.std.flatten().tolist() == [0.25]
+    (tmp_path / "out" / "results.json").unlink()
+    code, _, err, results = run_main("data.mean=[0.485,0.456,0.406]", "data.std=[0.229,0.224,0.225]")
+    assert code == 2 and results is None and len(err.strip().splitlines()) == 1
+    assert "data.mean=[0.485, 0.456, 0.406] has 3 values; the data has 1 channel, so give 1" in err

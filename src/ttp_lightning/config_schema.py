@@ -160,6 +160,8 @@ class DataSchema:
     max_test_size: int | None = None
     num_workers: int = 0
     seed: int = 42
+    mean: list[float] | None = None  # the model's input statistics when not the data's own (normalize=true)
+    std: list[float] | None = None
     image_size: int | None = None  # data=imagefolder: resize (shorter side) and centre-crop to N x N
     channels: int | None = None    # data=imagefolder: 1 or 3; null: from the images
 

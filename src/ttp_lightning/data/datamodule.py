@@ -45,7 +45,8 @@ class TTPDataModule(L.LightningDataModule):
                  train_fraction: float = 0.7, split_seed: int = 0, forget: dict | None = None,
                  batch_size: int = 128, forget_batch_size: int = 10, eval_batch_size: int = 1024,
                  augment: str = "none", normalize: bool = True, max_train_size: int | None = None, max_test_size: int | None = None,
-                 num_workers: int = 0, seed: int = 0, image_size: int | None = None, channels: int | None = None):
+                 num_workers: int = 0, seed: int = 0, image_size: int | None = None, channels: int | None = None,
+                 mean: list | None = None, std: list | None = None):
         super().__init__()
         if split not in SPLITS:
             raise TTPUserError(f"data.split={split!r} is not allowed; choose one of: {', '.join(SPLITS)}")
@@ -67,6 +68,7 @@ class TTPDataModule(L.LightningDataModule):
         self.augment, self.normalize, self.num_workers, self.seed = augment, normalize, num_workers, seed
         self.max_train_size, self.max_test_size = max_train_size, max_test_size
         self.image_size, self.channels = image_size, channels  # data=imagefolder only
+        self.mean, self.std = mean, std  # the model's own input statistics (e.g. ImageNet's), when given
         self.forget_images: list[dict] = []  # data.forget.images: per image, its hash and where it is in D
         self.forget_test_indices: list[int] = []  # forget.source=test|mixed: the test-set indices taken
         self.info: DatasetInfo | None = None
@@ -119,7 +121,24 @@ class TTPDataModule(L.LightningDataModule):
         self.retain_indices = keep.nonzero().flatten()
         if not self.normalize:
             info = replace(info, mean=(0.0,) * info.channels, std=(1.0,) * info.channels)
+        elif self.mean is not None or self.std is not None:
+            info = replace(info, mean=self._statistic("mean", self.mean, info.mean, info.channels),
+                           std=self._statistic("std", self.std, info.std, info.channels))
         self.info = info
+
+    @staticmethod
+    def _statistic(key: str, given, default: tuple, channels: int) -> tuple:
+        """data.mean / data.std: one value per channel (a checkpoint trained on other statistics, e.g.
+        ImageNet's), or the data's own when not given."""
+        if given is None:
+            return default
+        values = tuple(float(v) for v in given)
+        if len(values) != channels:
+            raise TTPUserError(f"data.{key}={list(values)} has {len(values)} values; the data has {channels} "
+                               f"channel{'s' if channels > 1 else ''}, so give {channels}")
+        if key == "std" and min(values) <= 0:
+            raise TTPUserError(f"data.std={list(values)} is not allowed; every value must be > 0")
+        return values
 
     def _forget_images(self, prep, info, train_x, train_y, test_x):
         """data.forget.images: the images that are in the training set (matched by their pixels, every copy)

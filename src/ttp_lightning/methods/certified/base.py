@@ -28,7 +28,7 @@ class Certified(Method):
 
 CHECKPOINT_WHY = "A(D) must be trained here, under the weight-norm bound C the certificate assumes"
 IMAGES_WHY = "a verifier rebuilds D_f from the data set's own indices"
-IMAGEFOLDER_WHY = "a verifier rebuilds the data from a registered data set"
+IMAGEFOLDER_WHY = "a verifier rebuilds the data from a registered data set and its settings"
 
 
 def check_certified(cfg: DictConfig, online: bool) -> None:
@@ -39,6 +39,7 @@ def check_certified(cfg: DictConfig, online: bool) -> None:
         ("model.checkpoint", cfg.model.get("checkpoint"), CHECKPOINT_WHY),
         ("data.forget.images", cfg.data.forget.get("images"), IMAGES_WHY),
         ("data", "imagefolder" if cfg.data.name == "imagefolder" else None, IMAGEFOLDER_WHY),
+        ("data.mean", cfg.data.get("mean"), IMAGEFOLDER_WHY), ("data.std", cfg.data.get("std"), IMAGEFOLDER_WHY),
     )
     for key, value, why in unsupported:
         if value:

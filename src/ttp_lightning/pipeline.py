@@ -147,12 +147,12 @@ def publish(results: dict, net, cfg: DictConfig, datamodule, attack_table, certi
     """release/: model.safetensors, config.json, MODEL_CARD.md (what a model hub takes); returns the
     results' record of it."""
     label = METHOD_LABELS.get(cfg.method.name, cfg.method.name)
-    folder = write_hub_release(net, output_dir, cfg.model, datamodule.info, release_protection(results, label),
+    architecture = architecture_of(cfg.model)
+    folder = write_hub_release(net, output_dir, architecture, datamodule.info, release_protection(results, label),
                                model_card(results, label, attack_table, certificate_line),
                                certified_file=results["certificate"]["weights"][-1]["file"]
                                if "certificate" in results else None)
-    return {"folder": folder.name, "files": [WEIGHTS, CONFIG, CARD],
-            "loadable": architecture_of(cfg.model) is not None}
+    return {"folder": folder.name, "files": [WEIGHTS, CONFIG, CARD], "loadable": architecture is not None}
 
 
 def run(cfg: DictConfig, output_dir: str) -> dict | None:

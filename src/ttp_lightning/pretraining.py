@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ttp_lightning.certify.certificate import sha256_of
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.models.components.checkpoint import load_checkpoint
@@ -142,20 +143,12 @@ def _record(weights: Path) -> Path:
 
 @functools.lru_cache(maxsize=8)
 def _checkpoint_sha_cached(path: str, size: int, mtime: float) -> str:
-    return sha256_file(Path(path))
+    return sha256_of(Path(path))
 
 
 def _checkpoint_sha(path: str) -> str:
     stat = Path(path).stat()
     return _checkpoint_sha_cached(path, stat.st_size, stat.st_mtime)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _load_entry(net: nn.Module, weights: Path) -> float | None:
@@ -164,7 +157,7 @@ def _load_entry(net: nn.Module, weights: Path) -> float | None:
         return None
     try:
         record = json.loads(_record(weights).read_text())
-        if sha256_file(weights) != record["sha256"]:
+        if sha256_of(weights) != record["sha256"]:
             raise ValueError("its SHA-256 does not match the one recorded when it was written")
         net.load_state_dict(load_file(str(weights)))
         return float(record["wall_s"])
@@ -181,5 +174,5 @@ def _store_entry(net: nn.Module, wall: float, weights: Path) -> None:
     save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}, str(tmp))
     os.replace(tmp, weights)
     record_tmp = _record(weights).with_suffix(f".jsontmp{os.getpid()}")
-    record_tmp.write_text(json.dumps({"sha256": sha256_file(weights), "wall_s": wall, "format": CACHE_FORMAT}))
+    record_tmp.write_text(json.dumps({"sha256": sha256_of(weights), "wall_s": wall, "format": CACHE_FORMAT}))
     os.replace(record_tmp, _record(weights))

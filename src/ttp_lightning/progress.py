@@ -100,7 +100,9 @@ class EpochLines(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._started, self._first = time.perf_counter(), trainer.current_epoch
-        print(f"{self.phase}: {trainer.max_epochs - self._first} epochs", file=self.stream or sys.stdout, flush=True)
+        if trainer.global_rank == 0:
+            print(f"{self.phase}: {trainer.max_epochs - self._first} epochs", file=self.stream or sys.stdout,
+                  flush=True)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or trainer.global_rank != 0:

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ttp_lightning.certify.certificate import sha256_of
 from ttp_lightning.certify.schema import (
     SchemaError,
     check_model_spec,
@@ -76,12 +77,6 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def _sha256(path: Path) -> str:
-    from ttp_lightning.pretraining import sha256_file
-
-    return sha256_file(path)
-
-
 def architecture_of(model_cfg: DictConfig) -> dict | None:
     """The registered model config and settings that rebuild the network; None for a model config that is
     not one of conf/model (load model.safetensors into your own module then)."""
@@ -91,7 +86,7 @@ def architecture_of(model_cfg: DictConfig) -> dict | None:
         return None
 
 
-def write_hub_release(net: nn.Module, output_dir: str | Path, model_cfg: DictConfig, info, protection: dict,
+def write_hub_release(net: nn.Module, output_dir: str | Path, architecture: dict | None, info, protection: dict,
                       card: str, certified_file: str | None = None) -> Path:
     """Write release/{model.safetensors, config.json, MODEL_CARD.md} (each through a temporary file);
     returns the folder. A certified release's model.safetensors is already there (the certificate's file,
@@ -112,11 +107,11 @@ def write_hub_release(net: nn.Module, output_dir: str | Path, model_cfg: DictCon
     config = {
         "format": RELEASE_FORMAT,
         "library": {"name": "ttp_lightning", "version": __version__},
-        "architecture": architecture_of(model_cfg),
+        "architecture": architecture,  # architecture_of(the run's model config)
         "input": {"channels": info.channels, "image_size": info.image_size, "num_classes": info.num_classes,
                   "mean": list(info.mean), "std": list(info.std), "pixel_range": [0.0, 1.0], "layout": "NCHW",
                   "class_names": list(info.names())},
-        "weights": {"file": WEIGHTS, "sha256": _sha256(folder / WEIGHTS), "prefix": prefix},
+        "weights": {"file": WEIGHTS, "sha256": sha256_of(folder / WEIGHTS), "prefix": prefix},
         "protection": protection,
     }
     _atomic_write(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
@@ -151,7 +146,7 @@ def load_released(folder: str | Path, device: str | torch.device = "cpu") -> nn.
         raise TTPUserError(f"{str(folder)!r} was built from a model config that is not part of ttp_lightning; "
                            f"load {WEIGHTS} into your own module (its input is described in {CONFIG})")
     weights = folder / WEIGHTS
-    if not weights.is_file() or _sha256(weights) != config["weights"]["sha256"]:
+    if not weights.is_file() or sha256_of(weights) != config["weights"]["sha256"]:
         raise TTPUserError(f"{str(weights)!r} is missing or is not the file {CONFIG} names (SHA-256 differs)")
     spec = config["architecture"]
     model_cfg = OmegaConf.load(CONF_DIR / "model" / f"{spec['name']}.yaml")

@@ -8,13 +8,13 @@ grey or back, so a colour photo sent for a grey-scale model is an error rather t
 """
 
 import csv
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ttp_lightning.data.forget import fingerprint
 from ttp_lightning.errors import TTPUserError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -79,13 +79,6 @@ def to_tensor(image, path: Path, prep: Preprocess, what: str) -> torch.Tensor:
                            + ("" if prep.resize else " (data=imagefolder resizes with data.image_size=N)"))
     pixels = torch.as_tensor(np.asarray(image, dtype=np.uint8).copy())
     return pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1).contiguous()
-
-
-def image_hash(pixels: torch.Tensor) -> str:
-    """SHA-256 of an image's shape and pixels: how forget images are matched to training images."""
-    digest = hashlib.sha256(str(tuple(pixels.shape)).encode())
-    digest.update(pixels.contiguous().numpy().tobytes())
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------ image folders
@@ -205,7 +198,7 @@ def read_forget_images(folder: str | Path, prep: Preprocess, class_names: tuple[
     for path, label in _labelled_files(folder):
         pixels = to_tensor(open_image(path, "forget image"), path, prep, "forget image")
         target = class_index(label, class_names, path)
-        digest = image_hash(pixels)
+        digest = fingerprint(pixels)
         if digest in kept:
             if kept[digest][1] != target:
                 raise TTPUserError(f"forget images {kept[digest][2]!r} and {str(path)!r} are the same image "
@@ -223,7 +216,7 @@ def match_images(hashes: list[str], images: torch.Tensor) -> dict[str, list[int]
     wanted = set(hashes)
     found: dict[str, list[int]] = {h: [] for h in hashes}
     for i in range(len(images)):
-        digest = image_hash(images[i])
+        digest = fingerprint(images[i])
         if digest in wanted:
             found[digest].append(i)
     return found

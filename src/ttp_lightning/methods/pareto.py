@@ -5,6 +5,7 @@ import copy
 import logging
 import math
 
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 from torch import nn
 
@@ -113,7 +114,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
                                            "selection_rule": "early stopping off: the last epoch"}
     if best is not None:
         summary["retain_acc_threshold"] = round(best.retain_acc_at_least, 6)
-        if not summary["constraint_met"]:
+        if not summary["constraint_met"] and rank_zero_only.rank == 0:  # every DDP rank knows; one says so
             log.warning("no epoch of Alg 1 met the stopping thresholds (forget CD < %g, retain accuracy >= %.4f); "
                         "kept epoch %d: %s", best.conf_dist_below, best.retain_acc_at_least, summary["best_epoch"],
                         summary["selection_rule"])

@@ -52,8 +52,8 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
         "batch_size": datamodule.batch_size,
         "model": OmegaConf.to_container(ctx.model, resolve=True),
         # a provider's checkpoint and pretrained weights are named by their content, not their path
-        "files_sha256": {key: _checkpoint_sha(str(Path(str(ctx.model[key])).expanduser()))
-                         for key in ("checkpoint", "pretrained_file") if ctx.model.get(key)},
+        "files_sha256": {key: _checkpoint_sha(model_file(ctx, key))
+                         for key in ("checkpoint", "pretrained_file") if model_file(ctx, key)},
         "pretrain": OmegaConf.to_container(ctx.pretrain, resolve=True),
         "seed": ctx.seed,
         # the process layout changes batching (each DDP rank takes its own batch), so it is part of the key;
@@ -68,9 +68,10 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def checkpoint_file(ctx: RunContext) -> str | None:
-    """model.checkpoint: the provider's trained weights, used as A(D) in place of pretraining."""
-    path = ctx.model.get("checkpoint") if ctx.model is not None else None
+def model_file(ctx: RunContext, key: str) -> str | None:
+    """A file the model config names (`checkpoint`: the provider's trained weights, used as A(D) in place of
+    pretraining; `pretrained_file`), with ~ expanded; None when unset."""
+    path = ctx.model.get(key) if ctx.model is not None else None
     return str(Path(str(path)).expanduser()) if path else None
 
 
@@ -78,7 +79,7 @@ def pretrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule,
     """Load A(D) into `net` from model.checkpoint, or from the cache, or train it and store it. Returns
     {wall_s, cached, cache_file} (and the checkpoint's SHA-256 when one is given). D is the training set
     before any forget instances from outside it are added."""
-    checkpoint = checkpoint_file(ctx)
+    checkpoint = model_file(ctx, "checkpoint")
     if checkpoint:
         load_checkpoint(net, checkpoint, str(ctx.model.get("_target_", "")).rsplit(".", 1)[-1])
         log.info("A(D) = model.checkpoint %s (no pretraining)", checkpoint)
@@ -95,9 +96,10 @@ def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataMo
     epochs = int(ctx.pretrain.absorb_epochs)
     identity = {"start": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(), "epochs": epochs}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    stage = "absorbing the outside forget instances"
     info = _cached_fit(ctx, net, f"{key}_absorbed", is_global_zero, lambda: train_erm(
-        ctx, net, datamodule.training_loader("train"), epochs=epochs, key=f"{key}_absorbed_fit",
-        stage="absorbing the outside forget instances"), stage="absorbing the outside forget instances")
+        ctx, net, datamodule.training_loader("train"), epochs=epochs, key=f"{key}_absorbed_fit", stage=stage),
+        stage=stage)
     return {"absorb_epochs": epochs, "absorb_wall_s": info["wall_s"], "absorb_cached": info["cached"]}
 
 

@@ -75,8 +75,7 @@ def to_tensor(image, path: Path, prep: Preprocess, what: str) -> torch.Tensor:
         image = image.crop((left, top, left + prep.image_size, top + prep.image_size))
     elif prep.image_size is not None and image.size != (prep.image_size, prep.image_size):
         raise TTPUserError(f"{what} {str(path)!r} is {image.size[0]}x{image.size[1]} pixels; the data's images are "
-                           f"{prep.image_size}x{prep.image_size}"
-                           + ("" if prep.resize else " (data=imagefolder resizes with data.image_size=N)"))
+                           f"{prep.image_size}x{prep.image_size} (data=imagefolder resizes with data.image_size=N)")
     pixels = torch.as_tensor(np.asarray(image, dtype=np.uint8).copy())
     return pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1).contiguous()
 

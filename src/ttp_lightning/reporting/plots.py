@@ -19,6 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from ttp_lightning.reporting.run_identity import short_value
 from ttp_lightning.reporting.tables import METHOD_LABELS, config_value, forget_set, load_results, model_name
 from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
 
@@ -51,10 +52,9 @@ def run_label(results: dict) -> str:
     """A job of a sweep by its swept values (older results: theta)."""
     swept = (results.get("run") or {}).get("swept") or {}
     if swept:
-        return ", ".join(f"{k.rsplit('.', 1)[-1]} = {v:g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]} = {v}"
-                         for k, v in swept.items())
+        return ", ".join(f"{key.rsplit('.', 1)[-1]} = {short_value(value)}" for key, value in swept.items())
     value = config_value(results, "method.theta")
-    return f"theta = {value:g}" if value is not None else results.get("experiment", "run")
+    return f"theta = {short_value(float(value))}" if value is not None else results.get("experiment", "run")
 
 
 def _percent_axis(axis, label: str) -> None:

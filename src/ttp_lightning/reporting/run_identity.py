@@ -43,16 +43,20 @@ def swept_keys_from_argv(argv: list[str]) -> list[str]:
     return keys
 
 
-def _hydra():
+def _multirun():
+    """Hydra's config of this job when it is a job of a multirun sweep, else None."""
     from hydra.core.hydra_config import HydraConfig
 
-    return HydraConfig.get() if HydraConfig.initialized() else None
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    return hydra_cfg if str(hydra_cfg.mode) == "RunMode.MULTIRUN" else None
 
 
 def swept_values(cfg: DictConfig) -> dict:
     """{key: this job's value} for every swept key (empty outside a multirun)."""
-    hydra_cfg = _hydra()
-    if hydra_cfg is None or str(hydra_cfg.mode) != "RunMode.MULTIRUN":
+    hydra_cfg = _multirun()
+    if hydra_cfg is None:
         return {}
     keys = [k for k in os.environ.get(SWEPT_ENV, "").split(",") if k]
     keys += [str(k) for k in (hydra_cfg.sweeper.get("params") or {}) if str(k) not in keys]
@@ -69,8 +73,8 @@ def swept_values(cfg: DictConfig) -> dict:
 
 def sweep_group(cfg: DictConfig) -> str | None:
     """The wandb group of a multirun job: the sweep's output folder (every job of one sweep shares it)."""
-    hydra_cfg = _hydra()
-    if hydra_cfg is None or str(hydra_cfg.mode) != "RunMode.MULTIRUN":
+    hydra_cfg = _multirun()
+    if hydra_cfg is None:
         return None
     folder = Path(str(hydra_cfg.sweep.dir))
     try:
@@ -81,7 +85,7 @@ def sweep_group(cfg: DictConfig) -> str | None:
     return name if len(name) <= MAX_GROUP else "..." + name[-(MAX_GROUP - 3):]
 
 
-def _short(value) -> str:
+def short_value(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -89,9 +93,9 @@ def run_identity(cfg: DictConfig) -> dict:
     """{name, group, job_type, swept}: the run's name is `<experiment>-<method>` plus the swept values
     (`digits_mlp-pareto-theta=0.25`); a single run with a theta names it too."""
     swept = swept_values(cfg)
-    parts = [f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in swept.items()]
+    parts = [f"{key.rsplit('.', 1)[-1]}={short_value(value)}" for key, value in swept.items()]
     theta = cfg.method.get("theta")
     if not parts and theta is not None:
-        parts = [f"theta={_short(float(theta))}"]
+        parts = [f"theta={short_value(float(theta))}"]
     name = "-".join([str(cfg.experiment_name), str(cfg.method.name), *parts])
     return {"name": name, "group": sweep_group(cfg), "job_type": str(cfg.method.name), "swept": swept}

@@ -156,6 +156,21 @@ def test_crop_flip_keeps_shape_and_content_scale():
     assert out.shape == images.shape and out.max() <= images.max()
 
 
+def test_crop_flip_is_a_per_image_crop_of_the_padded_image_flipped_or_not_from_the_generator_alone():
+    images = torch.rand(64, 3, 10, 12)
+    out = random_crop_flip(images, torch.Generator().manual_seed(5))
+    again = random_crop_flip(images, torch.Generator().manual_seed(5))
+    assert torch.equal(out, again)
+    padded = torch.nn.functional.pad(images, (4,) * 4)
+    draws = torch.Generator().manual_seed(5)
+    offsets, flips = torch.randint(0, 9, (64, 2), generator=draws), torch.rand(64, generator=draws) < 0.5
+    for i in range(64):
+        top, left = offsets[i].tolist()
+        crop = padded[i, :, top:top + 10, left:left + 12]
+        assert torch.equal(out[i], crop.flip(-1) if flips[i] else crop)
+    assert 10 < int(flips.sum()) < 54 and len({tuple(o) for o in offsets.tolist()}) > 20
+
+
 def test_nearest_test_neighbours_of_the_forget_set():
     dm = digits(forget={"size": 7, "seed": 2})
     nearest = dm.nearest_test_indices(chunk_size=3)

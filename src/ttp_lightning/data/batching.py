@@ -6,17 +6,20 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 
 def random_crop_flip(images: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
-    """Standard small-image augmentation on a batch: random crop after zero padding, then a horizontal flip."""
-    n, _, height, width = images.shape
+    """Standard small-image augmentation on a batch: random crop after zero padding, then a horizontal flip.
+
+    The draws come from `generator` (on the host, so a batch held on a GPU draws what it would on the CPU);
+    the crops are one gather on the images' own device, not a loop over images."""
+    n, channels, height, width = images.shape
     padded = torch.nn.functional.pad(images, (padding,) * 4)
-    offsets = torch.randint(0, 2 * padding + 1, (n, 2), generator=generator)
-    flips = torch.rand(n, generator=generator) < 0.5
-    out = torch.empty_like(images)
-    for i in range(n):
-        top, left = offsets[i].tolist()
-        crop = padded[i, :, top : top + height, left : left + width]
-        out[i] = crop.flip(-1) if flips[i] else crop
-    return out
+    offsets = torch.randint(0, 2 * padding + 1, (n, 2), generator=generator).to(images.device)
+    flips = (torch.rand(n, generator=generator) < 0.5).to(images.device)
+    rows = offsets[:, :1] + torch.arange(height, device=images.device)  # [n, H]
+    columns = torch.arange(width, device=images.device).expand(n, width)
+    columns = offsets[:, 1:] + torch.where(flips[:, None], columns.flip(-1), columns)  # [n, W]
+    return padded[torch.arange(n, device=images.device)[:, None, None, None],
+                  torch.arange(channels, device=images.device)[None, :, None, None],
+                  rows[:, None, :, None], columns[:, None, None, :]]
 
 
 AUGMENTATIONS = {"none": None, "crop_flip": random_crop_flip}

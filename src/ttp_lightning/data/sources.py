@@ -43,14 +43,13 @@ class DataSource:
     expected_files: str  # shown in the "not found" error
 
 
-def _as_nchw(images, channels_last: bool) -> torch.Tensor:
+def _as_nchw(images) -> torch.Tensor:
+    """MNIST-like [N, H, W] gets its channel axis; SVHN is already [N, C, H, W]."""
     tensor = torch.as_tensor(np.asarray(images), dtype=torch.uint8)
-    if tensor.ndim == 3:
-        return tensor.unsqueeze(1)
-    return tensor.permute(0, 3, 1, 2).contiguous() if channels_last else tensor
+    return tensor.unsqueeze(1) if tensor.ndim == 3 else tensor
 
 
-def _torchvision_loader(class_name: str, channels_last: bool, split_kw: str = "train") -> Callable:
+def _torchvision_loader(class_name: str, split_kw: str = "train") -> Callable:
     """Load a torchvision data set class; `split_kw` is how that class names its train/test switch."""
 
     def load(root: Path, download: bool) -> ImageArrays:
@@ -64,8 +63,19 @@ def _torchvision_loader(class_name: str, channels_last: bool, split_kw: str = "t
             labels = getattr(dataset, "targets", None)
             if labels is None:
                 labels = dataset.labels
-            parts += [_as_nchw(dataset.data, channels_last), torch.as_tensor(np.asarray(labels), dtype=torch.long)]
+            parts += [_as_nchw(dataset.data), torch.as_tensor(np.asarray(labels), dtype=torch.long)]
         return ImageArrays(*parts)
+
+    return load
+
+
+def _cifar_loader(name: str) -> Callable:
+    """CIFAR's official python files, read without running them (data/cifar.py; torchvision would unpickle)."""
+
+    def load(root: Path, download: bool) -> ImageArrays:
+        from ttp_lightning.data.cifar import load_cifar
+
+        return ImageArrays(*load_cifar(name, root, download))
 
     return load
 
@@ -106,32 +116,32 @@ DATA_SOURCES: dict[str, DataSource] = {
     ),
     "mnist": DataSource(
         DatasetInfo(10, 1, 28, (0.1307,), (0.3081,)),
-        _torchvision_loader("MNIST", channels_last=False),
+        _torchvision_loader("MNIST"),
         f"MNIST/raw/{{{_MNIST_FILES}}}",
     ),
     "kmnist": DataSource(
         DatasetInfo(10, 1, 28, (0.1918,), (0.3483,)),
-        _torchvision_loader("KMNIST", channels_last=False),
+        _torchvision_loader("KMNIST"),
         f"KMNIST/raw/{{{_MNIST_FILES}}}",
     ),
     "fashion_mnist": DataSource(
         DatasetInfo(10, 1, 28, (0.2860,), (0.3530,)),
-        _torchvision_loader("FashionMNIST", channels_last=False),
+        _torchvision_loader("FashionMNIST"),
         f"FashionMNIST/raw/{{{_MNIST_FILES}}}",
     ),
     "svhn": DataSource(
         DatasetInfo(10, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
-        _torchvision_loader("SVHN", channels_last=False, split_kw="split"),
+        _torchvision_loader("SVHN", split_kw="split"),
         "train_32x32.mat, test_32x32.mat",
     ),
     "cifar10": DataSource(
         DatasetInfo(10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-        _torchvision_loader("CIFAR10", channels_last=True),
+        _cifar_loader("cifar10"),
         "cifar-10-batches-py/{data_batch_1..5, test_batch, batches.meta}",
     ),
     "cifar100": DataSource(
         DatasetInfo(100, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-        _torchvision_loader("CIFAR100", channels_last=True),
+        _cifar_loader("cifar100"),
         "cifar-100-python/{train, test, meta}",
     ),
     "tinyimagenet": DataSource(

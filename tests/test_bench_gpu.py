@@ -1,4 +1,5 @@
-"""`make bench-gpu` runs on a machine without a GPU at tiny sizes: the same code, every measurement."""
+"""`make bench-gpu` runs on a machine without a GPU at tiny sizes: the same code, every measurement, and the
+pipeline runs of each speed setting."""
 
 import json
 import os
@@ -23,3 +24,10 @@ def test_bench_gpu_runs_tiny_on_cpu_and_projects_the_cifar100_resnet50_experimen
     projection = report["cifar100_resnet50_projection"]
     assert projection["pretrain_epochs"] == 200 and projection["total_hours"] > projection["pretrain_hours"] > 0
     assert "projected +experiment=cifar100_resnet50" in proc.stdout
+    pipeline = report["pipeline"]  # the CLI itself under each speed setting, on CIFAR10-shaped files
+    rows = {row["setting"]: row for row in pipeline["rows"]}
+    assert list(rows) == ["fp32", "bf16", "bf16+data_on_device", "bf16+data_on_device+benchmark"]
+    assert all(row["pretrain_images_per_s"] > 0 and row["alg1_images_per_s"] > 0 for row in rows.values())
+    assert rows["fp32"]["pretrain_speedup"] == 1.0 and rows["fp32"]["keeps_numbers"] is True
+    assert rows[pipeline["fastest_keeping_numbers"]]["keeps_numbers"]
+    assert f"fastest setting that keeps fp32's numbers: {pipeline['fastest_keeping_numbers']}" in proc.stdout

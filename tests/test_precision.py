@@ -107,6 +107,22 @@ def test_data_on_device_moves_every_in_memory_data_set_behind_the_loaders_once()
     callback.on_train_start(SimpleNamespace(train_dataloader=train), module)
     assert retain.images.device.type == "cpu"  # auto: only on a GPU
     callback = Performance(data_on_device="true")
+    host = {id(d): (d.images, d.labels) for d in (retain, forget, test)}
     callback.on_train_start(SimpleNamespace(train_dataloader=train), module)
     callback.on_validation_start(SimpleNamespace(val_dataloaders=[batch_loader(test, 3), batch_loader(retain, 3)]), module)
     assert all(d.images.device.type == "meta" and d.labels.device.type == "meta" for d in (retain, forget, test))
+    callback.on_fit_end(None, module)  # after the fit every data set has its own host tensors back
+    assert all(d.images is host[id(d)][0] and d.labels is host[id(d)][1] for d in (retain, forget, test))
+    callback.on_train_start(SimpleNamespace(train_dataloader=train), module)
+    callback.on_exception(None, module, RuntimeError("a fault inside the fit"))  # and after a fault
+    assert all(d.images is host[id(d)][0] for d in (retain, forget))
+    workers = ImageBatchDataset(torch.zeros(4, 1, 4, 4, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
+    callback.on_train_start(SimpleNamespace(train_dataloader=batch_loader(workers, 2, num_workers=1)), module)
+    assert workers.images.device.type == "cpu"  # loader workers cannot gather from GPU tensors
+
+
+def test_data_on_device_with_loader_workers_is_refused_before_anything_runs(run_job):
+    job, results = run_job("performance.data_on_device=true", "data.num_workers=2")
+    assert job.returncode == 2 and results is None
+    assert job.stderr.strip() == ("error: performance.data_on_device=true needs data.num_workers=0 (it is 2): "
+                                  "loader worker processes cannot gather from GPU tensors")

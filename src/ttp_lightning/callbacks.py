@@ -122,26 +122,67 @@ class EpochHistory(Callback):
 
 
 class StepTimer(Callback):
-    """Wall time spent inside training steps only, for a steps-per-second figure free of monitoring."""
+    """Wall time of the training part of every epoch (its steps and the loading between them, not the
+    evaluation after it), with the steps and images it took: a steps- and images-per-second figure free of
+    monitoring. On a GPU it waits for the device at the two ends of an epoch only, so the host still queues
+    steps ahead of the device (a wait after every step would cost small models their speed)."""
 
     def __init__(self):
-        self.seconds, self.steps = 0.0, 0
-        self._t0 = 0.0
+        self.seconds, self.steps, self.images = 0.0, 0, 0
+        self._t0: float | None = None
 
     def state_dict(self) -> dict:
-        return {"seconds": self.seconds, "steps": self.steps}
+        return {"seconds": self.seconds, "steps": self.steps, "images": self.images}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.seconds, self.steps = float(state_dict["seconds"]), int(state_dict["steps"])
+        self.images = int(state_dict.get("images", 0))
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def summary(self) -> dict:
+        """{train_steps, train_images, train_s, train_steps_per_s, train_images_per_s} (None without time)."""
+        rate = (lambda count: round(count / self.seconds, 3) if self.seconds and count else None)
+        return {"train_steps": self.steps, "train_images": self.images, "train_s": round(self.seconds, 3),
+                "train_steps_per_s": rate(self.steps), "train_images_per_s": rate(self.images)}
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        _wait_for(pl_module.device)
         self._t0 = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize(pl_module.device)
-        self.seconds += time.perf_counter() - self._t0
         self.steps += 1
+        self.images += _rows(batch)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._stop(pl_module.device)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._stop(pl_module.device)
+
+    def _stop(self, device) -> None:
+        if self._t0 is not None:
+            _wait_for(device)
+            self.seconds += time.perf_counter() - self._t0
+            self._t0 = None
+
+
+def _wait_for(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rows(batch) -> int:
+    """Images in a training batch: (images, labels), or a dict / list of such batches (Alg 1's retain and
+    forget batches)."""
+    if isinstance(batch, torch.Tensor):
+        return len(batch)
+    if isinstance(batch, dict):
+        return sum(_rows(part) for part in batch.values())
+    if isinstance(batch, (list, tuple)) and batch:
+        if isinstance(batch[0], torch.Tensor):
+            return len(batch[0])
+        return sum(_rows(part) for part in batch)
+    return 0
 
 
 class FiniteGuard(Callback):
@@ -210,6 +251,7 @@ class Performance(Callback):
     def __init__(self, channels_last: str = "auto", compile: bool = False, data_on_device: str = "auto"):
         self.channels_last, self.compile = str(channels_last).lower(), bool(compile)
         self.data_on_device = str(data_on_device).lower()
+        self._held: list = []
 
     def on_fit_start(self, trainer, pl_module) -> None:
         from torch import nn
@@ -228,6 +270,12 @@ class Performance(Callback):
     def on_validation_start(self, trainer, pl_module) -> None:
         self._hold(trainer.val_dataloaders, pl_module.device)
 
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self.release()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self.release()
+
     def _hold(self, loaders, device) -> None:
         if self.data_on_device == "false" or (self.data_on_device == "auto" and device.type != "cuda"):
             return
@@ -239,7 +287,15 @@ class Performance(Callback):
             if needed > self.DEVICE_SHARE * torch.cuda.mem_get_info(device)[0]:
                 return
         for dataset in datasets:
+            self._held.append((dataset, dataset.images, dataset.labels))
             dataset.images, dataset.labels = dataset.images.to(device), dataset.labels.to(device)
+
+    def release(self) -> None:
+        """The held data sets get their own host tensors back (no copy), so what runs after the fit
+        (evaluations, attacks, fingerprints, the release) sees what it always sees."""
+        for dataset, images, labels in self._held:
+            dataset.images, dataset.labels = images, labels
+        self._held = []
 
 
 def in_memory_datasets(loaders) -> list:
@@ -257,7 +313,7 @@ def in_memory_datasets(loaders) -> list:
             stack.extend(item)
         elif isinstance(item, dict):
             stack.extend(item.values())
-        elif isinstance(getattr(item, "dataset", None), ImageBatchDataset) and \
-                all(item.dataset is not seen for seen in found):
+        elif isinstance(getattr(item, "dataset", None), ImageBatchDataset) and not item.num_workers and \
+                all(item.dataset is not seen for seen in found):  # workers cannot gather from GPU tensors
             found.append(item.dataset)
     return found

@@ -85,8 +85,12 @@ def pretrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule,
         log.info("A(D) = model.checkpoint %s (no pretraining)", checkpoint)
         return {"wall_s": 0.0, "cached": False, "cache_file": None, "checkpoint_sha256": _checkpoint_sha(checkpoint)}
     key = cache_key(ctx, datamodule)
-    return _cached_fit(ctx, net, key, is_global_zero, lambda: train_erm(
-        ctx, net, datamodule.training_loader("pretrain"), key=f"{key}_fit", stage="pretraining A(D)"))
+    stage = "pretraining A(D)"
+    info = _cached_fit(ctx, net, key, is_global_zero, lambda: train_erm(
+        ctx, net, datamodule.training_loader("pretrain"), key=f"{key}_fit", stage=stage))
+    if not info["cached"] and stage in ctx.speed:  # this run trained it: its images per second
+        info["train_images_per_s"] = ctx.speed[stage]["train_images_per_s"]
+    return info
 
 
 def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, is_global_zero) -> dict:

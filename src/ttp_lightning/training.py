@@ -35,6 +35,7 @@ class RunContext:
     run_key: str | None = None  # hashes what determines the method's fits (set once A(D) is known)
     checkpoint_dirs: list = field(default_factory=list)  # this run's checkpoint folders, deleted at the end
     resumed: dict = field(default_factory=dict)  # stage -> the epoch it resumed after
+    speed: dict = field(default_factory=dict)  # stage -> its fit's StepTimer.summary() (steps, images, seconds)
 
     @classmethod
     def from_config(cls, cfg: DictConfig, logger: object = False, output_dir: str = ".") -> "RunContext":
@@ -155,7 +156,8 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
         callbacks: list | None = None, settings: str = "pretrain", guard: bool = True, **loaders) -> float:
     """trainer.fit of `module` for `max_epochs` and its wall-clock seconds. With a checkpoint `key`, the fit
     writes checkpoints every `checkpoint_every_n_epochs` epochs and resumes from the newest one a stopped
-    run of the same key left (see checkpointing.py); `stage` names it in the log."""
+    run of the same key left (see checkpointing.py); `stage` names it in the log. Its training speed (a
+    StepTimer's summary: the one among `callbacks`, or one added) goes into ctx.speed[stage]."""
     every = ctx.checkpoint_every_n_epochs
     folder = checkpoint_folder(ctx, key) if key is not None and every > 0 else None
     callbacks, ckpt_path = list(callbacks or []), None
@@ -164,7 +166,14 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
         ckpt_path = resume_from(folder, ctx.resume, stage)
         if ckpt_path is not None:
             ctx.resumed[stage] = LATEST["epoch"]
+    from ttp_lightning.callbacks import StepTimer
+
+    timer = next((c for c in callbacks if isinstance(c, StepTimer)), None)
+    if timer is None:
+        timer = StepTimer()
+        callbacks.append(timer)
     trainer = make_trainer(ctx, max_epochs, callbacks, settings, root_dir=folder, guard=guard, phase=stage)
     start = time.perf_counter()
     trainer.fit(module, ckpt_path=ckpt_path, weights_only=True, **loaders)
+    ctx.speed[stage] = timer.summary()
     return time.perf_counter() - start

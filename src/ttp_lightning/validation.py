@@ -59,6 +59,9 @@ def validate_config(cfg: DictConfig) -> Method:
             typed(cfg[key], key)
     if cfg.data.forget.source != "train":
         _positive_int(cfg.pretrain.absorb_epochs, "pretrain.absorb_epochs")
+    if str(cfg.get("performance", {}).get("data_on_device", False)).lower() == "true" and cfg.data.num_workers:
+        raise TTPUserError(f"performance.data_on_device=true needs data.num_workers=0 (it is "
+                           f"{cfg.data.num_workers}): loader worker processes cannot gather from GPU tensors")
     method = build_method(cfg)
     method.check(cfg)
     return method

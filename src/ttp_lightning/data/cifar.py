@@ -45,7 +45,7 @@ def read_batch(path: Path, label_key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One CIFAR batch file as uint8 [N, 3, 32, 32] images and int64 labels."""
     batch = _CifarUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
     if not isinstance(batch, dict):
-        raise ValueError(f"{path.name} holds a {type(batch).__name__}, not a CIFAR batch (a dict)")
+        raise TypeError(f"{path.name} holds a {type(batch).__name__}, not a CIFAR batch (a dict)")
     batch = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in batch.items()}
     data, labels = batch.get("data"), batch.get(label_key)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:

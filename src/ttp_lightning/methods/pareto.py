@@ -124,7 +124,6 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         "epochs_run": len(history.rows),
         "wall_s": round(wall, 3),
         "wall_to_best_s": best_row["elapsed_s"],
-        "train_steps": timer.steps,
-        "train_steps_per_s": round(timer.steps / timer.seconds, 3) if timer.seconds else None,
+        **{k: v for k, v in timer.summary().items() if k in ("train_steps", "train_steps_per_s", "train_images_per_s")},
     }
     return MethodOutput(module.net, metrics, history.rows)

@@ -87,6 +87,7 @@ def test_alg1_on_cifar_shaped_files_with_crop_flip_runs_end_to_end(run_job, tmp_
     job, results = run_job("data=cifar10", f"data.root={root}", "data.augment=crop_flip", "model=mlp",
                            "pretrain.epochs=6", "method.epochs=6", "attacks.enabled=false")
     assert job.returncode == 0, job.stderr
+    assert results["experiment"] == "cifar10_mlp"  # named by its data and model, not the default job
     pretrained, finetuned = results["metrics"]["pretrain"], results["metrics"]["pareto"]
     assert pretrained["test_acc"] > 0.5  # the class templates are learnable; chance is 0.1
     assert finetuned["forget_conf_dist"] < pretrained["forget_conf_dist"]

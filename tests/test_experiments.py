@@ -77,3 +77,18 @@ def test_the_typed_schemas_check_types_choices_and_ranges(compose_cfg):
 def test_ablation_experiments_sweep_the_paper_grid(compose_cfg, name, key, grid):
     cfg = compose_cfg(f"+experiment={name}", tiny=False)
     assert cfg.hydra.sweeper.params[key] == grid
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ((), "digits_mlp"),
+    (("data=cifar10", "model=resnet8"), "cifar10_resnet8"),
+    (("data=cifar10", "model=resnet8", "model.width=16"), "cifar10_resnet8"),  # the closest registered config
+    (("data=mnist", "model=resnet50"), "mnist_resnet50"),
+    (("model=timm", "model.name=hf-hub:org/net"), "digits_timm_hf-hub_org_net"),  # a path-safe name
+    (("+experiment=cifar10_resnet18", "model.width=8"), "cifar10_resnet18"),  # an experiment names itself
+    (("data=cifar10", "model=resnet8", "experiment_name=mine"), "mine"),
+])
+def test_without_an_experiment_file_the_name_is_the_data_and_the_model(compose_cfg, overrides, expected):
+    cfg = compose_cfg(*overrides, tiny=False)
+    assert cfg.experiment_name == expected
+    assert f"outputs/{expected}/pareto/" in cfg.hydra.run.dir

@@ -1,5 +1,5 @@
 """Issue 14, what a CPU can check of the GPU speed settings: trainer.precision=bf16-mixed runs every method
-family (Lightning's CPU autocast; the certified Newton steps and the evaluations stay in full precision),
+family, and 16-mixed Alg 1 and the certified step (Lightning's CPU autocast; the certified Newton steps and the evaluations stay in full precision),
 and the `performance` settings (channels_last, fused optimizers, torch.compile) train the same model as
 the defaults to float rounding. Their speed is measured on a GPU by scripts/bench_gpu.py."""
 
@@ -9,7 +9,6 @@ import torch
 from conftest import TINY_WITHOUT_METHOD
 from test_certified_cli import RELEASES
 
-BF16 = ["trainer.precision=bf16-mixed", "attacks.enabled=false"]
 METHODS = {
     "pareto": ["method=pareto", "method.epochs=10"],
     "pareto_robust": ["method=pareto_robust", "method.epochs=3"],
@@ -21,11 +20,16 @@ METHODS = {
 }
 
 
-@pytest.mark.parametrize("method", list(METHODS))
-def test_bf16_mixed_runs_every_method_family(run_job, method):
-    proc, results = run_job(*TINY_WITHOUT_METHOD, *BF16, *METHODS[method], tiny=False)
+CASES = [("bf16-mixed", method) for method in METHODS] + \
+    [("16-mixed", method) for method in ("pareto", "certified_exact")]  # fp16: a gradient scaler in the fits
+
+
+@pytest.mark.parametrize("precision, method", CASES)
+def test_mixed_precision_runs_every_method_family(run_job, precision, method):
+    proc, results = run_job(*TINY_WITHOUT_METHOD, f"trainer.precision={precision}", "attacks.enabled=false",
+                            *METHODS[method], tiny=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert results["config"]["trainer"]["precision"] == "bf16-mixed"
+    assert results["config"]["trainer"]["precision"] == precision
     metrics = results["metrics"]
     name = results["method"]
     assert metrics["pretrain"]["test_acc"] > 0.8  # bf16 training still learns digits
@@ -119,6 +123,21 @@ def test_data_on_device_moves_every_in_memory_data_set_behind_the_loaders_once()
     workers = ImageBatchDataset(torch.zeros(4, 1, 4, 4, dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
     callback.on_train_start(SimpleNamespace(train_dataloader=batch_loader(workers, 2, num_workers=1)), module)
     assert workers.images.device.type == "cpu"  # loader workers cannot gather from GPU tensors
+
+
+def test_batches_of_data_held_on_a_device_are_gathered_and_augmented_there():
+    """What a held data set does for every batch, on the `meta` device (a GPU's stand-in: an op that mixes it
+    with host tensors fails): positions from the sampler (host), augmentation draws (host generator)."""
+    from ttp_lightning.data.batching import ImageBatchDataset
+
+    meta = torch.device("meta")
+    dataset = ImageBatchDataset(torch.zeros(16, 3, 8, 8, dtype=torch.uint8), torch.zeros(16, dtype=torch.long),
+                                augment="crop_flip")
+    dataset.images, dataset.labels = dataset.images.to(meta), dataset.labels.to(meta)
+    for positions in ([3, 1, 7, 2], [4, 5, 6, 7]):  # shuffled (a gather) and a run (a slice)
+        images, labels = dataset[positions]
+        assert images.device == meta and images.shape == (4, 3, 8, 8) and images.dtype == torch.float32
+        assert labels.device == meta and labels.shape == (4,)
 
 
 def test_data_on_device_with_loader_workers_is_refused_before_anything_runs(run_job):

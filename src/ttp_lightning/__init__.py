@@ -3,8 +3,10 @@
 __version__ = "0.1.0"
 
 from ttp_lightning.config_schema import register as _register_schemas
+from ttp_lightning.naming import register as _register_resolvers
 
 _register_schemas()  # the typed config schemas the YAML files name (group `schema`)
+_register_resolvers()  # ${ttp.model_name:...}: the default experiment name
 
 
 def __getattr__(name: str):

@@ -4,7 +4,6 @@ import functools
 import hashlib
 import json
 import logging
-import os
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
@@ -18,6 +17,7 @@ from torch import nn
 from ttp_lightning.certify.certificate import sha256_of
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.files import atomic_text, atomic_write
 from ttp_lightning.models.components.checkpoint import load_checkpoint
 from ttp_lightning.models.erm import ERMModule
 from ttp_lightning.models.optim import optimizer_settings
@@ -176,9 +176,6 @@ def _load_entry(net: nn.Module, weights: Path) -> float | None:
 
 
 def _store_entry(net: nn.Module, wall: float, weights: Path) -> None:
-    tmp = weights.with_suffix(f".tmp{os.getpid()}")
-    save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}, str(tmp))
-    os.replace(tmp, weights)
-    record_tmp = _record(weights).with_suffix(f".jsontmp{os.getpid()}")
-    record_tmp.write_text(json.dumps({"sha256": sha256_of(weights), "wall_s": wall, "format": CACHE_FORMAT}))
-    os.replace(record_tmp, _record(weights))
+    state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+    atomic_write(weights, lambda tmp: save_file(state, str(tmp)))
+    atomic_text(_record(weights), json.dumps({"sha256": sha256_of(weights), "wall_s": wall, "format": CACHE_FORMAT}))

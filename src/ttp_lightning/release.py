@@ -14,7 +14,6 @@ imported or instantiated; the weights file must match the SHA-256 it records.
 """
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from ttp_lightning.certify.schema import (
     record,
 )
 from ttp_lightning.errors import TTPUserError
+from ttp_lightning.files import atomic_write
 
 RELEASE_FORMAT = "ttp_lightning.release/1"
 CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
@@ -71,12 +71,6 @@ CONFIG_FIELDS = {"format": one_of(RELEASE_FORMAT), "architecture": _architecture
                  "library": _anything}
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def architecture_of(model_cfg: DictConfig) -> dict | None:
     """The registered model config and settings that rebuild the network; None for a model config that is
     not one of conf/model (load model.safetensors into your own module then)."""
@@ -99,11 +93,11 @@ def write_hub_release(net: nn.Module, output_dir: str | Path, architecture: dict
     # a certified release keeps the file its certificate hashes (Alg 4's last request file is copied)
     prefix = CERTIFIED_PREFIX if certified_file else ""
     if certified_file and certified_file != WEIGHTS:
-        _atomic_write(folder / WEIGHTS, lambda tmp: shutil.copyfile(folder / certified_file, tmp))
+        atomic_write(folder / WEIGHTS, lambda tmp: shutil.copyfile(folder / certified_file, tmp))
     elif not certified_file:
         backbone = getattr(net, "backbone", net)
         tensors = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
-        _atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+        atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     config = {
         "format": RELEASE_FORMAT,
         "library": {"name": "ttp_lightning", "version": __version__},
@@ -114,8 +108,8 @@ def write_hub_release(net: nn.Module, output_dir: str | Path, architecture: dict
         "weights": {"file": WEIGHTS, "sha256": sha256_of(folder / WEIGHTS), "prefix": prefix},
         "protection": protection,
     }
-    _atomic_write(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
-    _atomic_write(folder / CARD, lambda tmp: tmp.write_text(card))
+    atomic_write(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
+    atomic_write(folder / CARD, lambda tmp: tmp.write_text(card))
     return folder
 
 

@@ -33,6 +33,7 @@ from ttp_lightning.certify.bounds import (
 from ttp_lightning.certify.mechanism import implied_epsilon
 from ttp_lightning.certify.noise import noise_norm_bound
 from ttp_lightning.certify.schema import AUDIT_FORMAT, CERTIFICATE_FORMAT
+from ttp_lightning.files import atomic_text, atomic_write
 
 CERTIFICATE_FILE, AUDIT_FILE = "certificate.json", "audit.json"
 RELEASE_DIR, PRIVATE_DIR = "release", "private"
@@ -65,17 +66,9 @@ def noise_free_key(index: int) -> str:
     return f"release_{index + 1}"
 
 
-def _atomic_json(document: dict, path: Path) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(document, indent=2))
-    os.replace(tmp, path)
-
-
 def _atomic_tensors(tensors: dict[str, torch.Tensor], path: Path, mode: int) -> None:
-    tmp = path.with_suffix(".tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp))
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    contiguous = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+    atomic_write(path, lambda tmp: save_file(contiguous, str(tmp)), mode)
 
 
 def write_release(certificate: dict, states: list[dict], audit: dict, output_dir: str | Path) -> Path:
@@ -93,7 +86,7 @@ def write_release(certificate: dict, states: list[dict], audit: dict, output_dir
         weights.append({"file": path.name, "sha256": sha256_of(path)})
     document = {"format": CERTIFICATE_FORMAT, **certificate, "weights": weights}
     cert_path = release_dir / CERTIFICATE_FILE
-    _atomic_json(document, cert_path)
+    atomic_text(cert_path, json.dumps(document, indent=2))
     _atomic_tensors(audit["start_state"], private_dir / START_FILE, 0o600)
     noise_free = {noise_free_key(i): v.double() for i, v in enumerate(audit["noise_free"])}
     _atomic_tensors(noise_free, private_dir / NOISE_FREE_FILE, 0o600)
@@ -103,10 +96,7 @@ def write_release(certificate: dict, states: list[dict], audit: dict, output_dir
               "noise_free_sha256": [sha256_of_vector(v) for v in audit["noise_free"]],
               "weights_sha256": [w["sha256"] for w in weights]}
     audit_path = private_dir / AUDIT_FILE
-    fd = os.open(audit_path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps(record, indent=2))
-    os.replace(audit_path.with_suffix(".tmp"), audit_path)
+    atomic_text(audit_path, json.dumps(record, indent=2), mode=0o600)
     return cert_path
 
 

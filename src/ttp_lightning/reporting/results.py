@@ -2,13 +2,13 @@
 
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
 
 from ttp_lightning.certify.certificate import is_vacuous
 from ttp_lightning.errors import TTPUserError
+from ttp_lightning.files import atomic_text, atomic_write
 
 COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.2%}"),
            ("forget_acc", "forget acc", "{:.2%}"), ("forget_conf_dist", "forget CD", "{:.4f}"),
@@ -23,10 +23,7 @@ WEIGHTS_FILE = "model.pt"
 
 def write_weights(net, output_dir: str | Path) -> Path:
     """The released model's state_dict as model.pt (via a temporary file): what a provider publishes."""
-    path = Path(output_dir) / WEIGHTS_FILE
-    torch.save(net.state_dict(), path.with_suffix(".tmp"))
-    os.replace(path.with_suffix(".tmp"), path)
-    return path
+    return atomic_write(Path(output_dir) / WEIGHTS_FILE, lambda tmp: torch.save(net.state_dict(), tmp))
 
 
 def non_finite_keys(value, path: str = "") -> list[str]:
@@ -46,11 +43,7 @@ def write_results(results: dict, output_dir: str | Path) -> Path:
     bad = non_finite_keys(results)
     if bad:
         raise TTPUserError(f"non-finite values in the results ({', '.join(bad[:5])}); nothing was written")
-    path = Path(output_dir) / "results.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2, sort_keys=False, allow_nan=False))
-    os.replace(tmp, path)
-    return path
+    return atomic_text(Path(output_dir) / "results.json", json.dumps(results, indent=2, allow_nan=False))
 
 
 def metric_rows(metrics: dict[str, dict]) -> list[list[str]]:

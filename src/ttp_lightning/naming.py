@@ -1,0 +1,39 @@
+"""The default experiment name, `<data>_<model>` of the run (`cifar10_resnet8`, `imagefolder_timm_resnet50`):
+the console title, the output folder, wandb's run name and results.json say what ran even when no
+experiment file named it (an experiment file or workflow sets `experiment_name` itself)."""
+
+import re
+from functools import cache
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+CONF_DIR = Path(__file__).parent / "conf"
+NOT_ARCHITECTURE = {"checkpoint", "pretrained", "pretrained_file"}  # where weights come from, not what they are
+
+
+@cache
+def _registered_models() -> tuple[tuple[str, dict], ...]:
+    return tuple((path.stem, OmegaConf.to_container(OmegaConf.load(path)))
+                 for path in sorted((CONF_DIR / "model").glob("*.yaml")))
+
+
+def model_name(model) -> str:
+    """The registered model config (conf/model) that `model` is, or is closest to (the same `_target_`, the
+    most equal settings; `timm` adds its architecture's name); else the target's own name."""
+    config = OmegaConf.to_container(model, resolve=True) if OmegaConf.is_config(model) else dict(model or {})
+    target = config.get("_target_", "")
+    scored = [(sum(config.get(k) == v for k, v in base.items() if k not in NOT_ARCHITECTURE), -order, choice)
+              for order, (choice, base) in enumerate(_registered_models()) if base.get("_target_") == target]
+    if scored:
+        choice = max(scored)[2]
+        label = f"{choice}_{config['name']}" if choice == "timm" and config.get("name") else choice
+    else:
+        label = str(target).rsplit(".", 1)[-1].lower() or "model"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", label)
+
+
+def register() -> None:
+    """`${ttp.model_name:${model}}` (conf/main.yaml's experiment_name)."""
+    if not OmegaConf.has_resolver("ttp.model_name"):
+        OmegaConf.register_new_resolver("ttp.model_name", model_name)

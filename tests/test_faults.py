@@ -100,6 +100,20 @@ def test_gpu_trainer_without_a_gpu_is_one_line():
     _accelerator(OmegaConf.create({"accelerator": "cpu"}))
 
 
+def test_the_gpu_trainers_bf16_default_on_a_gpu_without_bfloat16_is_one_line(monkeypatch, compose_cfg):
+    cfg = compose_cfg("trainer=gpu")
+    assert cfg.trainer.precision == "bf16-mixed"  # the GPU trainers' default (README, GPU speed)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
+    with pytest.raises(TTPUserError, match=r"trainer.precision=bf16-mixed \(the GPU trainers' default\) needs a GPU "
+                                           r"with bfloat16 \(NVIDIA Ampere or newer\) and Tesla V100-SXM2-16GB has "
+                                           r"none; set trainer.precision=16-mixed or trainer.precision=32"):
+        _accelerator(cfg.trainer)
+    cfg.trainer.precision = "16-mixed"
+    _accelerator(cfg.trainer)
+
+
 def test_unwritable_output_folder_and_unknown_keys_are_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path / "ro")
     (tmp_path / "ro").mkdir()

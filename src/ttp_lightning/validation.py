@@ -16,10 +16,17 @@ def _accelerator(trainer: DictConfig) -> None:
     """A GPU trainer on a machine without one fails here in one line instead of deep inside Lightning."""
     import torch
 
-    if str(trainer.get("accelerator", "cpu")) in ("gpu", "cuda") and not torch.cuda.is_available():
+    if str(trainer.get("accelerator", "cpu")) not in ("gpu", "cuda"):
+        return
+    if not torch.cuda.is_available():
         raise TTPUserError(f"trainer.accelerator={trainer.accelerator} needs a CUDA GPU and this machine has none "
                            "(torch.cuda.is_available() is False); use trainer=cpu, or trainer=ddp_sim for two "
                            "CPU processes")
+    if str(trainer.get("precision", "32")).startswith("bf16") and \
+            not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise TTPUserError(f"trainer.precision={trainer.precision} (the GPU trainers' default) needs a GPU with "
+                           f"bfloat16 (NVIDIA Ampere or newer) and {torch.cuda.get_device_name()} has none; set "
+                           "trainer.precision=16-mixed or trainer.precision=32")
 
 
 def build_method(cfg: DictConfig) -> Method:

@@ -26,3 +26,11 @@ def atomic_write(path: str | Path, write: Callable[[Path], object], mode: int | 
 
 def atomic_text(path: str | Path, text: str, mode: int | None = None) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_text(text), mode)
+
+
+def atomic_tensors(path: str | Path, tensors: dict, mode: int | None = None, metadata: dict | None = None) -> Path:
+    """Tensors as a safetensors file (host copies, contiguous: what safetensors stores), written atomically."""
+    from safetensors.torch import save_file
+
+    host = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
+    return atomic_write(path, lambda tmp: save_file(host, str(tmp), metadata=metadata), mode)

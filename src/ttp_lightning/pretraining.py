@@ -11,13 +11,13 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 from omegaconf import OmegaConf
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from ttp_lightning.certify.certificate import sha256_of
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.files import atomic_text, atomic_write
+from ttp_lightning.files import atomic_tensors, atomic_text
 from ttp_lightning.models.components.checkpoint import load_checkpoint
 from ttp_lightning.models.erm import ERMModule
 from ttp_lightning.models.optim import optimizer_settings
@@ -176,6 +176,5 @@ def _load_entry(net: nn.Module, weights: Path) -> float | None:
 
 
 def _store_entry(net: nn.Module, wall: float, weights: Path) -> None:
-    state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
-    atomic_write(weights, lambda tmp: save_file(state, str(tmp)))
+    atomic_tensors(weights, net.state_dict())
     atomic_text(_record(weights), json.dumps({"sha256": sha256_of(weights), "wall_s": wall, "format": CACHE_FORMAT}))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from ttp_lightning.certify.certificate import sha256_of
@@ -38,7 +38,7 @@ from ttp_lightning.certify.schema import (
     record,
 )
 from ttp_lightning.errors import TTPUserError
-from ttp_lightning.files import atomic_write
+from ttp_lightning.files import atomic_tensors, atomic_text, atomic_write
 
 RELEASE_FORMAT = "ttp_lightning.release/1"
 CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
@@ -96,8 +96,7 @@ def write_hub_release(net: nn.Module, output_dir: str | Path, architecture: dict
         atomic_write(folder / WEIGHTS, lambda tmp: shutil.copyfile(folder / certified_file, tmp))
     elif not certified_file:
         backbone = getattr(net, "backbone", net)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in backbone.state_dict().items()}
-        atomic_write(folder / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+        atomic_tensors(folder / WEIGHTS, backbone.state_dict(), metadata={"format": "pt"})
     config = {
         "format": RELEASE_FORMAT,
         "library": {"name": "ttp_lightning", "version": __version__},
@@ -108,8 +107,8 @@ def write_hub_release(net: nn.Module, output_dir: str | Path, architecture: dict
         "weights": {"file": WEIGHTS, "sha256": sha256_of(folder / WEIGHTS), "prefix": prefix},
         "protection": protection,
     }
-    atomic_write(folder / CONFIG, lambda tmp: tmp.write_text(json.dumps(config, indent=2)))
-    atomic_write(folder / CARD, lambda tmp: tmp.write_text(card))
+    atomic_text(folder / CONFIG, json.dumps(config, indent=2))
+    atomic_text(folder / CARD, card)
     return folder
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ttp_lightning.certify.bounds import (
     estimator_depth,
@@ -33,7 +33,7 @@ from ttp_lightning.certify.bounds import (
 from ttp_lightning.certify.mechanism import implied_epsilon
 from ttp_lightning.certify.noise import noise_norm_bound
 from ttp_lightning.certify.schema import AUDIT_FORMAT, CERTIFICATE_FORMAT
-from ttp_lightning.files import atomic_text, atomic_write
+from ttp_lightning.files import atomic_tensors, atomic_text
 
 CERTIFICATE_FILE, AUDIT_FILE = "certificate.json", "audit.json"
 RELEASE_DIR, PRIVATE_DIR = "release", "private"
@@ -66,11 +66,6 @@ def noise_free_key(index: int) -> str:
     return f"release_{index + 1}"
 
 
-def _atomic_tensors(tensors: dict[str, torch.Tensor], path: Path, mode: int) -> None:
-    contiguous = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    atomic_write(path, lambda tmp: save_file(contiguous, str(tmp)), mode)
-
-
 def write_release(certificate: dict, states: list[dict], audit: dict, output_dir: str | Path) -> Path:
     """Write release/ (weights, then the certificate naming their hashes) and private/ (start weights,
     noise-free weights, the audit record naming every hash). Returns the certificate's path."""
@@ -82,14 +77,14 @@ def write_release(certificate: dict, states: list[dict], audit: dict, output_dir
     weights = []
     for index, state in enumerate(states):
         path = release_dir / weights_file_name(index, len(states))
-        _atomic_tensors(state, path, 0o644)
+        atomic_tensors(path, state, 0o644)
         weights.append({"file": path.name, "sha256": sha256_of(path)})
     document = {"format": CERTIFICATE_FORMAT, **certificate, "weights": weights}
     cert_path = release_dir / CERTIFICATE_FILE
     atomic_text(cert_path, json.dumps(document, indent=2))
-    _atomic_tensors(audit["start_state"], private_dir / START_FILE, 0o600)
+    atomic_tensors(private_dir / START_FILE, audit["start_state"], 0o600)
     noise_free = {noise_free_key(i): v.double() for i, v in enumerate(audit["noise_free"])}
-    _atomic_tensors(noise_free, private_dir / NOISE_FREE_FILE, 0o600)
+    atomic_tensors(private_dir / NOISE_FREE_FILE, noise_free, 0o600)
     record = {"format": AUDIT_FORMAT, "noise_seed": audit["noise_seed"], "certificate_sha256": sha256_of(cert_path),
               "start_file": START_FILE, "start_sha256": sha256_of(private_dir / START_FILE),
               "noise_free_file": NOISE_FREE_FILE,

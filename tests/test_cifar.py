@@ -2,6 +2,7 @@
 arrays torchvision reads, a hostile file refused before its payload runs, and the pipeline on CIFAR-shaped
 files written in the official layout."""
 
+import json
 import pickle
 import re
 
@@ -29,6 +30,22 @@ def test_the_official_layout_reads_as_torchvision_reads_it(tmp_path, monkeypatch
         reference = getattr(tvd, name.upper())(str(root), train=train)  # torchvision's pickle.load, on our files
         assert torch.equal(torch.as_tensor(reference.data).permute(0, 3, 1, 2), images)
         assert reference.targets == labels.tolist()
+    assert info.class_names == tuple(reference.classes) and len(info.class_names) == info.num_classes
+
+
+def test_without_a_meta_file_the_classes_are_their_indices_and_a_bad_one_is_corrupt(tmp_path):
+    root = cifar.write_synthetic("cifar10", tmp_path, train=20, test=10)
+    meta = root / "cifar-10-batches-py" / "batches.meta"
+    meta.unlink()
+    info, _ = load_source("cifar10", root, download=False)
+    assert info.names() == tuple(str(i) for i in range(10))
+    for content, message in (({"label_names": ["a", "b"]}, "names 2 classes; it has 10"),
+                             ({"label_names": "airplane"}, "'label_names' must be a list of class names"),
+                             ({"label_names": [_Payload(tmp_path / "marker")]}, "which a CIFAR file never holds")):
+        meta.write_bytes(pickle.dumps(content, protocol=2))
+        with pytest.raises(TTPUserError, match=message):
+            load_source("cifar10", root, download=False)
+    assert not (tmp_path / "marker").exists()
 
 
 def _write_marker(path: str) -> None:
@@ -91,3 +108,5 @@ def test_alg1_on_cifar_shaped_files_with_crop_flip_runs_end_to_end(run_job, tmp_
     pretrained, finetuned = results["metrics"]["pretrain"], results["metrics"]["pareto"]
     assert pretrained["test_acc"] > 0.5  # the class templates are learnable; chance is 0.1
     assert finetuned["forget_conf_dist"] < pretrained["forget_conf_dist"]
+    released = json.loads((tmp_path / "out" / "release" / "config.json").read_text())
+    assert released["input"]["class_names"] == [f"class{i}" for i in range(10)]  # from the meta file

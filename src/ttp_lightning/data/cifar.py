@@ -59,8 +59,20 @@ def read_batch(path: Path, label_key: str) -> tuple[torch.Tensor, torch.Tensor]:
     return images, torch.from_numpy(labels.astype(np.int64))
 
 
-def load_cifar(name: str, root: Path, download: bool) -> tuple[torch.Tensor, ...]:
-    """(train images, train labels, test images, test labels) of `name` ("cifar10" or "cifar100") under root."""
+def read_class_names(path: Path, key: str) -> tuple[str, ...]:
+    """The class names in CIFAR's meta file (`label_names` / `fine_label_names`); () when there is none."""
+    if not path.is_file():
+        return ()
+    meta = _CifarUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
+    names = meta.get(key) if isinstance(meta, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.isprintable() for n in names):
+        raise ValueError(f"{path.name}: {key!r} must be a list of class names")
+    return tuple(names)
+
+
+def load_cifar(name: str, root: Path, download: bool) -> tuple:
+    """(train images, train labels, test images, test labels, class names) of `name` ("cifar10" or
+    "cifar100") under root; the class names come from its meta file (none without one)."""
     folder, train_files, test_files, label_key = FILES[name]
     if download and not all((root / folder / f).is_file() for f in train_files + test_files):
         _download(name, root)
@@ -68,7 +80,8 @@ def load_cifar(name: str, root: Path, download: bool) -> tuple[torch.Tensor, ...
     for files in (train_files, test_files):
         batches = [read_batch(root / folder / f, label_key) for f in files]
         parts += [torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])]
-    return tuple(parts)
+    meta_file, names_key = META[name]
+    return (*parts, read_class_names(root / folder / meta_file, names_key))
 
 
 def _download(name: str, root: Path) -> None:

@@ -1,7 +1,7 @@
 """Registry of image data sets, each loaded into memory as uint8 NCHW tensors with integer labels."""
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ class ImageArrays:
     train_labels: torch.Tensor
     test_images: torch.Tensor
     test_labels: torch.Tensor
+    class_names: tuple[str, ...] = ()  # from the data set's own files (CIFAR's meta, TinyImageNet's folders)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ def _cifar_loader(name: str) -> Callable:
     def load(root: Path, download: bool) -> ImageArrays:
         from ttp_lightning.data.cifar import load_cifar
 
-        return ImageArrays(*load_cifar(name, root, download))
+        *arrays, names = load_cifar(name, root, download)
+        return ImageArrays(*arrays, class_names=names)
 
     return load
 
@@ -103,7 +105,7 @@ def _load_image_folder_tree(root: Path, download: bool) -> ImageArrays:
         folder = ImageFolder(str(root / "tiny-imagenet-200" / split))
         images = torch.stack([pil_to_tensor(folder.loader(path).convert("RGB")) for path, _ in folder.samples])
         parts += [images, torch.as_tensor(folder.targets, dtype=torch.long)]
-    return ImageArrays(*parts)
+    return ImageArrays(*parts, class_names=tuple(folder.classes))  # the WordNet ids, as the folders name them
 
 
 _MNIST_FILES = "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte"
@@ -172,7 +174,10 @@ def load_source(name: str, root: str | Path, download: bool) -> tuple[DatasetInf
             f"data set {name!r} not found under {root} {how} (expected {source.expected_files}; {reason})"
         ) from exc
     _check_labels(name, root, source.info.num_classes, arrays)
-    return source.info, arrays
+    if arrays.class_names and len(arrays.class_names) != source.info.num_classes:
+        raise TTPUserError(f"data set {name!r} under {root} names {len(arrays.class_names)} classes; it has "
+                           f"{source.info.num_classes} (its files look corrupt)")
+    return replace(source.info, class_names=arrays.class_names), arrays
 
 
 def _is_missing(exc: Exception) -> bool:

@@ -38,8 +38,8 @@ def channels_of(mode: str) -> int:
     return 1 if mode in GREY_MODES else 3
 
 
-def open_image(path: Path, what: str):
-    """The decoded image, or one error line naming the file."""
+def open_image(path: Path, what: str, decode: bool = True):
+    """The decoded image (`decode=False`: its header only, mode and size), or one error line naming the file."""
     from PIL import Image, UnidentifiedImageError
 
     if path.suffix.lower() not in IMAGE_SUFFIXES:
@@ -47,6 +47,8 @@ def open_image(path: Path, what: str):
                            f"({', '.join(IMAGE_SUFFIXES)})")
     try:
         with Image.open(path) as image:
+            if not decode:
+                return image.mode, image.size
             image.load()
             return image.copy()
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
@@ -116,11 +118,12 @@ def load_imagefolder(root: str | Path, image_size: int | None, channels: int | N
     if unknown:
         raise TTPUserError(f"data.root={str(root)!r}: test/ has the class folder {unknown[0]!r}, which train/ "
                            f"does not have; allowed: {', '.join(classes)}")
-    opened = [(path, name, open_image(path, "image")) for path, name in train_files + test_files]
+    files = train_files + test_files
+    headers = [open_image(path, "image", decode=False) for path, _ in files]  # mode and size, no pixels
     if channels is None:
-        channels = max(channels_of(image.mode) for _, _, image in opened)
+        channels = max(channels_of(mode) for mode, _ in headers)
     if image_size is None:
-        sizes = {image.size for _, _, image in opened}
+        sizes = {size for _, size in headers}
         if len(sizes) != 1 or len({*next(iter(sizes))}) != 1:
             raise TTPUserError(f"data.root={str(root)!r} holds images of sizes {sorted(sizes)[:3]}; set "
                                "data.image_size=N to resize them (shorter side to N, centre crop N x N)")
@@ -128,8 +131,8 @@ def load_imagefolder(root: str | Path, image_size: int | None, channels: int | N
     else:
         prep = Preprocess(channels, int(image_size), resize=True)
     index = {name: i for i, name in enumerate(classes)}
-    tensors = [to_tensor(image, path, prep, "image") for path, _, image in opened]
-    labels = torch.as_tensor([index[name] for _, name, _ in opened], dtype=torch.long)
+    tensors = [to_tensor(open_image(path, "image"), path, prep, "image") for path, _ in files]  # one at a time
+    labels = torch.as_tensor([index[name] for _, name in files], dtype=torch.long)
     cut = len(train_files)
     train_x = torch.stack(tensors[:cut])
     test_x = torch.stack(tensors[cut:]) if test_files else train_x[:0]

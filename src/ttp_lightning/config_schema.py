@@ -164,8 +164,12 @@ class DataSchema:
     std: list[float] | None = None
     image_size: int | None = None  # data=imagefolder: resize (shorter side) and centre-crop to N x N
     channels: int | None = None    # data=imagefolder: 1 or 3; null: from the images
+    decoded_cache: str | None = None  # data=imagefolder: where decoded images are kept between runs
 
     def __post_init__(self) -> None:
+        if self.name != "imagefolder" and self.decoded_cache is not None:
+            raise TTPUserError(f"data.decoded_cache is only for data=imagefolder; data set {self.name!r} is read "
+                               "from its own files every run")
         if self.name != "imagefolder":
             for key in ("image_size", "channels"):
                 if getattr(self, key) is not None:

@@ -46,7 +46,7 @@ class TTPDataModule(L.LightningDataModule):
                  batch_size: int = 128, forget_batch_size: int = 10, eval_batch_size: int = 1024,
                  augment: str = "none", normalize: bool = True, max_train_size: int | None = None, max_test_size: int | None = None,
                  num_workers: int = 0, seed: int = 0, image_size: int | None = None, channels: int | None = None,
-                 mean: list | None = None, std: list | None = None):
+                 mean: list | None = None, std: list | None = None, decoded_cache: str | None = None):
         super().__init__()
         if split not in SPLITS:
             raise TTPUserError(f"data.split={split!r} is not allowed; choose one of: {', '.join(SPLITS)}")
@@ -68,6 +68,7 @@ class TTPDataModule(L.LightningDataModule):
         self.augment, self.normalize, self.num_workers, self.seed = augment, normalize, num_workers, seed
         self.max_train_size, self.max_test_size = max_train_size, max_test_size
         self.image_size, self.channels = image_size, channels  # data=imagefolder only
+        self.decoded_cache = decoded_cache  # data=imagefolder: decoded images kept between runs
         self.mean, self.std = mean, std  # the model's own input statistics (e.g. ImageNet's), when given
         self.forget_images: list[dict] = []  # data.forget.images: per image, its hash and where it is in D
         self.forget_test_indices: list[int] = []  # forget.source=test|mixed: the test-set indices taken
@@ -79,7 +80,7 @@ class TTPDataModule(L.LightningDataModule):
         if self.info is not None:
             return
         if self.name == "imagefolder":
-            info, arrays, prep = load_imagefolder(self.root, self.image_size, self.channels)
+            info, arrays, prep = load_imagefolder(self.root, self.image_size, self.channels, self.decoded_cache)
         else:
             info, arrays = load_source(self.name, self.root, self.download)
             prep = Preprocess(info.channels, info.image_size)

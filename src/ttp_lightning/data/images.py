@@ -8,14 +8,17 @@ grey or back, so a colour photo sent for a grey-scale model is an error rather t
 """
 
 import csv
+import hashlib
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from ttp_lightning.data.forget import fingerprint
 from ttp_lightning.errors import TTPUserError
+from ttp_lightning.files import atomic_tensors
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
@@ -101,15 +104,79 @@ def class_tree(folder: Path, what: str) -> list[tuple[Path, str]]:
     return files
 
 
-def load_imagefolder(root: str | Path, image_size: int | None, channels: int | None):
-    """`root`/train/<class>/* and `root`/test/<class>/* as (DatasetInfo, ImageArrays). Class names are the
-    training folder's subfolder names, sorted; the channel count, image size and normalisation statistics
-    come from the training images unless data.channels / data.image_size set them."""
-    from ttp_lightning.data.sources import DatasetInfo, ImageArrays
-
+def load_imagefolder(root: str | Path, image_size: int | None, channels: int | None,
+                     cache_dir: str | Path | None = None):
+    """`root`/train/<class>/* and `root`/test/<class>/* as (DatasetInfo, ImageArrays, Preprocess). Class
+    names are the training folder's subfolder names, sorted; the channel count, image size and normalisation
+    statistics come from the training images unless data.channels / data.image_size set them. With
+    `cache_dir`, the decoded images are kept there (a safetensors file, keyed by every file's path, size and
+    modification time and the settings), so the next run over an unchanged folder decodes nothing; it is a
+    copy of the folder's pixels, so a new entry for the same folder deletes the one it replaces."""
     root = Path(root).expanduser()
     train_files = class_tree(root / "train", "data.root train")
     test_files = class_tree(root / "test", "data.root test") if (root / "test").exists() else []
+    if cache_dir is None:
+        return _decode_imagefolder(root, train_files, test_files, image_size, channels)
+    folder = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+    entry = Path(cache_dir).expanduser() / \
+        f"{folder}_{_folder_key(root, train_files + test_files, image_size, channels)}.safetensors"
+    cached = _read_decoded(entry, image_size)
+    if cached is not None:
+        return cached
+    info, arrays, prep = _decode_imagefolder(root, train_files, test_files, image_size, channels)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    atomic_tensors(entry, {"train_images": arrays.train_images, "train_labels": arrays.train_labels,
+                           "test_images": arrays.test_images, "test_labels": arrays.test_labels},
+                   metadata={"format": DECODED_FORMAT, "info": json.dumps(asdict(info))})
+    for superseded in entry.parent.glob(f"{folder}_*.safetensors"):  # an image removed from the folder
+        if superseded != entry:                                       # leaves no copy behind here
+            superseded.unlink(missing_ok=True)
+    return info, arrays, prep
+
+
+DECODED_FORMAT = "ttp_lightning.decoded_images/1"
+
+
+def _folder_key(root: Path, files: list[tuple[Path, str]], image_size, channels) -> str:
+    """What the decoded images depend on: every file (path under root, class, size, modification time) and
+    the settings."""
+    listing = [(str(path.relative_to(root)), name, path.stat().st_size, path.stat().st_mtime_ns)
+               for path, name in files]
+    identity = {"format": DECODED_FORMAT, "files": listing, "image_size": image_size, "channels": channels}
+    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
+
+
+def _read_decoded(entry: Path, image_size):
+    """(info, arrays, prep) from a decoded-images entry; None when there is none or it cannot be read (it is
+    then decoded again and rewritten)."""
+    from safetensors import safe_open
+
+    from ttp_lightning.data.sources import DatasetInfo, ImageArrays
+
+    if not entry.is_file():
+        return None
+    try:
+        with safe_open(str(entry), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {key: handle.get_tensor(key) for key in
+                       ("train_images", "train_labels", "test_images", "test_labels")}
+        if metadata.get("format") != DECODED_FORMAT:
+            raise ValueError(f"format {metadata.get('format')!r}")
+        fields = json.loads(metadata["info"])
+        info = DatasetInfo(**{**fields, "mean": tuple(fields["mean"]), "std": tuple(fields["std"]),
+                              "class_names": tuple(fields["class_names"])})
+    except Exception as exc:  # noqa: BLE001 -- any unreadable entry is decoded again
+        log.warning("decoded images %s are unreadable (%s: %s); decoding the folder again", entry,
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return None
+    prep = Preprocess(info.channels, info.image_size, resize=image_size is not None)
+    return info, ImageArrays(tensors["train_images"], tensors["train_labels"], tensors["test_images"],
+                             tensors["test_labels"], class_names=info.class_names), prep
+
+
+def _decode_imagefolder(root: Path, train_files, test_files, image_size: int | None, channels: int | None):
+    from ttp_lightning.data.sources import DatasetInfo, ImageArrays
+
     classes = sorted({name for _, name in train_files})
     if len(classes) < 2:
         raise TTPUserError(f"data.root={str(root)!r}: train/ has {len(classes)} class folder; a classifier "
@@ -141,7 +208,7 @@ def load_imagefolder(root: str | Path, image_size: int | None, channels: int | N
     std = tuple(round(max(float(v), 1e-3), 4) for v in scaled.std(dim=(0, 2, 3)))
     info = DatasetInfo(len(classes), channels, prep.image_size, mean, std, has_official_split=bool(test_files),
                        class_names=tuple(classes))
-    return info, ImageArrays(train_x, labels[:cut], test_x, labels[cut:]), prep
+    return info, ImageArrays(train_x, labels[:cut], test_x, labels[cut:], class_names=info.class_names), prep
 
 
 # ----------------------------------------------------------------------------------------- forget images

@@ -4,11 +4,11 @@ experiment file named it (an experiment file or workflow sets `experiment_name` 
 
 import re
 from functools import cache
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
-CONF_DIR = Path(__file__).parent / "conf"
+from ttp_lightning.cli_checks import CONF_DIR
+
 NOT_ARCHITECTURE = {"checkpoint", "pretrained", "pretrained_file"}  # where weights come from, not what they are
 
 

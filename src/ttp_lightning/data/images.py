@@ -140,8 +140,8 @@ DECODED_FORMAT = "ttp_lightning.decoded_images/1"
 def _folder_key(root: Path, files: list[tuple[Path, str]], image_size, channels) -> str:
     """What the decoded images depend on: every file (path under root, class, size, modification time) and
     the settings."""
-    listing = [(str(path.relative_to(root)), name, path.stat().st_size, path.stat().st_mtime_ns)
-               for path, name in files]
+    stats = [(path, name, path.stat()) for path, name in files]
+    listing = [(str(path.relative_to(root)), name, stat.st_size, stat.st_mtime_ns) for path, name, stat in stats]
     identity = {"format": DECODED_FORMAT, "files": listing, "image_size": image_size, "channels": channels}
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:32]
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -75,12 +76,15 @@ def run_main(tmp_path, monkeypatch, capsys):
                                           "hydra/hydra_logging=none"])
         root = logging.getLogger()
         handlers, level = list(root.handlers), root.level
+        on_sigterm, on_sigint = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)  # main() sets them
         code = 0
         try:
             entry.main()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         finally:
+            signal.signal(signal.SIGTERM, on_sigterm)
+            signal.signal(signal.SIGINT, on_sigint)
             GlobalHydra.instance().clear()
             for handler in list(root.handlers):
                 if handler not in handlers:

@@ -195,3 +195,39 @@ def test_threads_are_shared_by_the_processes_of_a_run(monkeypatch):
         assert choose_threads(OmegaConf.create({"threads": 3, "trainer": single})) == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_sigterm_outside_a_fit_is_handled_here_and_inside_one_left_to_lightning():
+    """interrupts.py: this process's handler stops the run on a SIGTERM outside a Lightning fit; inside one it
+    does nothing (Lightning's handler, which calls it after its own, stops the fit at the next batch)."""
+    from ttp_lightning import interrupts
+
+    stops, previous = [], signal.getsignal(signal.SIGTERM)
+    try:
+        interrupts.install(lambda: stops.append("stopped"))
+        with interrupts.fitting():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        assert stops == []
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert stops == ["stopped"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_before_any_fit_ends_in_one_error_line_and_143(tmp_path):
+    """Before this, a SIGTERM while the data loaded (or while attacks ran) ended the process silently."""
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, TTP_CACHE_DIR=str(tmp_path / "cache"), WANDB_MODE="disabled")
+    proc = subprocess.Popen([sys.executable, "-m", "ttp_lightning", *TINY, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (run_dir / ".hydra" / "config.yaml").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)  # Hydra writes it after the handler is installed and before the run starts
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("error: received SIGTERM; the run stopped before writing its "
+                                                   "results"), err[-2000:]
+    assert not (run_dir / "results.json").exists() and not (run_dir / "release").exists()

@@ -9,6 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from ttp_lightning import interrupts
 from ttp_lightning.cli_checks import (
     check_composition,
     check_group_choices,
@@ -33,16 +34,22 @@ def _on_sigint(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _stopped_by(name: str, code: int) -> None:
+def _stopped_by(name: str, code: int, at_once: bool = False) -> None:
     """A signal ends the run: one error line and the shell's code for it (128 + signal number), so a
     scheduler never records a killed run as a success. Nothing half-written is left (results.json and
-    weights are written atomically at the very end); the line names the checkpoint a rerun resumes from."""
-    from ttp_lightning.checkpointing import LATEST
-
-    where = (f"rerun the same command to resume from the checkpoint after epoch {LATEST['epoch']} in "
-             f"{LATEST['folder']}") if LATEST else "no epoch had finished; rerun the same command to start again"
+    weights are written atomically at the very end); the line names the checkpoint a rerun resumes from.
+    `at_once` (a SIGTERM outside a fit, from the signal handler) exits without unwinding: an exception raised
+    in a handler can land in library code that swallows it (an import's bare `except`), and the run would
+    go on."""
+    checkpointing = sys.modules.get("ttp_lightning.checkpointing")  # not imported yet: no epoch has finished
+    latest = checkpointing.LATEST if checkpointing else {}
+    where = (f"rerun the same command to resume from the checkpoint after epoch {latest['epoch']} in "
+             f"{latest['folder']}") if latest else "no epoch had finished; rerun the same command to start again"
     print(f"error: received {name}; the run stopped before writing its results ({where})", file=sys.stderr,
           flush=True)
+    if at_once:
+        sys.stdout.flush()
+        os._exit(code)
     sys.exit(code)
 
 
@@ -73,6 +80,7 @@ def main() -> None:
     # that this matching by name is deprecated (it stays in hydra-core < 1.4, which pyproject.toml pins)
     warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
     signal.signal(signal.SIGINT, _on_sigint)
+    interrupts.install(lambda: _stopped_by("SIGTERM", 128 + signal.SIGTERM, at_once=True))  # outside fits
     sys.argv[1:] = normalize_overrides(sys.argv[1:])
     if any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):  # the jobs name and group their runs by these
         from ttp_lightning.reporting.run_identity import SWEPT_ENV, swept_keys_from_argv

@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig
 
 from ttp_lightning.checkpointing import LATEST, RandomState, epoch_checkpoint, resume_from
+from ttp_lightning.interrupts import fitting
 
 
 @dataclass
@@ -174,6 +175,7 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
         callbacks.append(timer)
     trainer = make_trainer(ctx, max_epochs, callbacks, settings, root_dir=folder, guard=guard, phase=stage)
     start = time.perf_counter()
-    trainer.fit(module, ckpt_path=ckpt_path, weights_only=True, **loaders)
+    with fitting():
+        trainer.fit(module, ckpt_path=ckpt_path, weights_only=True, **loaders)
     ctx.speed[stage] = timer.summary()
     return time.perf_counter() - start

@@ -248,8 +248,8 @@ class Performance(Callback):
 
     DEVICE_SHARE = 0.25
 
-    def __init__(self, channels_last: str = "auto", compile: bool = False, data_on_device: str = "auto"):
-        self.channels_last, self.compile = str(channels_last).lower(), bool(compile)
+    def __init__(self, channels_last: str = "auto", compile: str = "false", data_on_device: str = "auto"):
+        self.channels_last, self.compile = str(channels_last).lower(), str(compile).lower() == "true"
         self.data_on_device = str(data_on_device).lower()
         self._held: list = []
 

@@ -134,9 +134,7 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
     stage = "pretraining" if settings == "pretrain" else f"method {ctx.method.name}"
     callbacks = [*(callbacks or []), *extra_callbacks(ctx.callbacks),
                  *([FiniteGuard(stage, settings, float(section.lr))] if guard else []),
-                 Performance(_switch(ctx.performance, "channels_last"),
-                             bool(ctx.performance.get("compile", False)) if ctx.performance is not None else False,
-                             _switch(ctx.performance, "data_on_device"))]
+                 Performance(*(_switch(ctx.performance, key) for key in ("channels_last", "compile", "data_on_device")))]
     shown = progress_callbacks(phase, ctx.progress_bar_refresh_rate, bool(ctx.trainer.get("enable_progress_bar", True)))
     callbacks += shown
     bar = any(isinstance(c, TQDMProgressBar) for c in shown)  # a line per epoch is not Lightning's progress bar

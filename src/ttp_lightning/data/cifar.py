@@ -41,9 +41,14 @@ class _CifarUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+def _unpickle(path: Path):
+    """A CIFAR file's content, through the unpickler that resolves ALLOWED_GLOBALS only."""
+    return _CifarUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
+
+
 def read_batch(path: Path, label_key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One CIFAR batch file as uint8 [N, 3, 32, 32] images and int64 labels."""
-    batch = _CifarUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
+    batch = _unpickle(path)
     if not isinstance(batch, dict):
         raise TypeError(f"{path.name} holds a {type(batch).__name__}, not a CIFAR batch (a dict)")
     batch = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in batch.items()}
@@ -63,7 +68,7 @@ def read_class_names(path: Path, key: str) -> tuple[str, ...]:
     """The class names in CIFAR's meta file (`label_names` / `fine_label_names`); () when there is none."""
     if not path.is_file():
         return ()
-    meta = _CifarUnpickler(io.BytesIO(path.read_bytes()), encoding="latin1").load()
+    meta = _unpickle(path)
     names = meta.get(key) if isinstance(meta, dict) else None
     if not isinstance(names, list) or not all(isinstance(n, str) and n.isprintable() for n in names):
         raise ValueError(f"{path.name}: {key!r} must be a list of class names")

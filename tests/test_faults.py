@@ -134,6 +134,30 @@ def test_results_are_strict_json(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["metrics"]["pareto"]["forget_acc"] == 0.5
 
 
+def test_the_divergence_guard_reads_a_flag_every_few_steps_and_names_the_first_bad_loss():
+    """On a GPU the guard folds each step's loss into a flag on the device and reads it every `every` steps
+    (a read makes the host wait for the device); here with CPU tensors and every=3."""
+    from types import SimpleNamespace
+
+    from ttp_lightning.callbacks import FiniteGuard
+
+    guard, trainer = FiniteGuard("pretraining", "pretrain", 0.1, every=3), SimpleNamespace(current_epoch=1)
+    guard.on_train_batch_end(trainer, None, torch.tensor(1.0), None, 0)
+    guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(float("inf"))}, None, 1)  # not read yet
+    with pytest.raises(TTPUserError, match=r"pretraining diverged at epoch 2: the training loss is inf; .*"
+                                           r"Lower pretrain.lr \(now 0.1\)"):
+        guard.on_train_batch_end(trainer, None, torch.tensor(float("nan")), None, 2)  # the first bad one named
+    guard = FiniteGuard("pretraining", "pretrain", 0.1, every=50)
+    guard.on_train_batch_end(trainer, None, torch.tensor(float("nan")), None, 0)
+    with pytest.raises(TTPUserError, match="the training loss is nan"):  # the epoch's end reads what is left
+        guard.on_train_epoch_end(trainer, torch.nn.Linear(1, 1))
+    guard = FiniteGuard("pretraining", "pretrain", 0.1)  # every step on the CPU by default
+    with pytest.raises(TTPUserError, match="the training loss is -inf"):
+        guard.on_train_batch_end(trainer, None, torch.tensor(float("-inf")), None, 0)
+    for step in range(5):
+        guard.on_train_batch_end(trainer, None, torch.tensor(0.5), None, step)  # finite: nothing raised
+
+
 @pytest.mark.parametrize("mode", ["minibatch", "fullbatch"])
 def test_divergence_stops_the_run_and_releases_nothing(run_job, tmp_path, mode):
     proc, results = run_job("method.lr=1e30", f"method.mode={mode}", "attacks.enabled=false")

@@ -187,11 +187,20 @@ def _rows(batch) -> int:
 
 class FiniteGuard(Callback):
     """Stops a diverging fit with one error line naming the stage, the epoch and the setting to change:
-    a non-finite training loss (checked every step) or non-finite weights (checked every epoch, which also
-    covers manual-optimisation steps that return no loss). Nothing is evaluated, written or released."""
+    a non-finite training loss or non-finite weights (checked every epoch, which also covers
+    manual-optimisation steps that return no loss). Nothing is evaluated, written or released.
 
-    def __init__(self, stage: str, settings: str, lr: float):
+    On the CPU the loss is checked every step. On an accelerator reading it would make the host wait for
+    the device after every step, so it could not queue the next steps while the device works; each step
+    only folds "was it finite" into a flag on the device, read every `every` steps and at the
+    epoch's end: a diverged fit stops at most that many steps later, with the first bad loss."""
+
+    def __init__(self, stage: str, settings: str, lr: float, every: int | None = None):
         self.stage, self.settings, self.lr = stage, settings, lr
+        self.every = every  # steps between reads; None: every step on the CPU, every 50 on an accelerator
+        self._bad: torch.Tensor | None = None  # on the device: a non-finite loss was seen since the last read
+        self._first: torch.Tensor | None = None  # the first such loss
+        self._pending = 0
 
     def _fail(self, trainer, what: str) -> None:
         raise TTPUserError(f"{self.stage} diverged at epoch {trainer.current_epoch + 1}: {what}; nothing was "
@@ -199,10 +208,28 @@ class FiniteGuard(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor) and not bool(torch.isfinite(loss.detach()).all()):
-            self._fail(trainer, f"the training loss is {float(loss.detach().float().mean())}")
+        if not isinstance(loss, torch.Tensor):
+            return
+        loss = loss.detach().float().mean()
+        bad = ~torch.isfinite(loss)
+        if self._bad is None:
+            self._bad, self._first = bad, loss
+        else:
+            self._first = torch.where(self._bad, self._first, loss)
+            self._bad = self._bad | bad
+        self._pending += 1
+        every = self.every or (1 if loss.device.type == "cpu" else 50)
+        if self._pending >= every:
+            self._read(trainer)
+
+    def _read(self, trainer) -> None:
+        bad, first = self._bad, self._first
+        self._bad, self._first, self._pending = None, None, 0
+        if bad is not None and bool(bad):
+            self._fail(trainer, f"the training loss is {float(first)}")
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._read(trainer)
         for name, param in pl_module.named_parameters():
             if not bool(torch.isfinite(param.detach()).all()):
                 self._fail(trainer, f"weight {name} is not finite")

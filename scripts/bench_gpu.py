@@ -16,11 +16,13 @@ host-to-device copy per batch), SGD (momentum, weight decay; fused where torch h
 - the pipeline itself (`--pipeline`, on by default): `python -m ttp_lightning experiment=cifar10_resnet18
   trainer=gpu` on CIFAR10-shaped files in the official layout (data/cifar.py writes them; 50,000 + 10,000
   images), a few epochs under each speed setting in turn (fp32; bf16-mixed; bf16-mixed with
-  performance.data_on_device; and with cuDNN's autotuner, trainer.benchmark), each from an empty cache:
-  pretraining and Alg 1 images/s as results.json reports them (StepTimer: training steps, not evaluation),
-  and the final test accuracy and forget confidence distance, against fp32's, so a setting that is faster
-  but moves the numbers shows it. The fastest setting within 1 point of test accuracy and 0.02 of forget
-  confidence distance of fp32 is named.
+  performance.data_on_device; that with cuDNN's autotuner, trainer.benchmark, or with performance.compile;
+  `--settings` picks some), each from an empty cache: pretraining and Alg 1 images/s as results.json reports
+  them (StepTimer: training steps, not evaluation), and the final test accuracy and forget confidence
+  distance, against fp32's, so a setting that is faster but moves the numbers shows it. An fp32 run with
+  another seed (fp32_seed1) gives fp32's own spread. The fastest setting within 1 point of test accuracy
+  and 0.02 of forget confidence distance of fp32 (or within fp32's spread across seeds, where that is
+  larger) is named.
 
 On a machine without CUDA it runs the same code at tiny sizes (`--tiny`, automatic), for the test suite.
 """
@@ -213,8 +215,11 @@ PIPELINE_SETTINGS = {  # name -> overrides on top of trainer.precision=32
     "bf16+data_on_device": ["trainer.precision=bf16-mixed", "performance.data_on_device=true"],
     "bf16+data_on_device+benchmark": ["trainer.precision=bf16-mixed", "performance.data_on_device=true",
                                       "trainer.benchmark=true"],
+    "bf16+data_on_device+compile": ["trainer.precision=bf16-mixed", "performance.data_on_device=true",
+                                    "performance.compile=true"],
+    "fp32_seed1": ["seed=1"],  # fp32's own spread across seeds: the scale of a change that is only noise
 }
-KEEPS_NUMBERS = {"test_acc": 0.01, "forget_conf_dist": 0.02}  # largest change from fp32 that keeps the numbers
+KEEPS_NUMBERS = {"test_acc": 0.01, "forget_conf_dist": 0.02}  # a change from fp32 this small keeps the numbers
 
 
 def pipeline_run(workdir: Path, data_root: Path, name: str, on_gpu: bool, tiny: bool) -> dict:
@@ -231,42 +236,51 @@ def pipeline_run(workdir: Path, data_root: Path, name: str, on_gpu: bool, tiny: 
                           check=False, env={**os.environ, "WANDB_MODE": "disabled"})
     if proc.returncode != 0:  # recorded, and the other settings and measurements still run
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        print(f"pipeline {name}: failed (exit {proc.returncode}): {last}", flush=True)
+        print(f"pipeline {name}: failed (exit {proc.returncode}): {last}", *proc.stderr.splitlines()[-12:-1],
+              sep="\n  ", flush=True)
         return {"setting": name, "overrides": PIPELINE_SETTINGS[name], "failed": last}
     metrics = json.loads((out / "results.json").read_text())["metrics"]
     pre, alg1 = metrics["pretrain"], metrics["pareto"]
-    return {"setting": name, "overrides": PIPELINE_SETTINGS[name], "run_s": round(time.perf_counter() - start, 1),
-            "pretrain_images_per_s": pre["train_images_per_s"], "pretrain_wall_s": pre["wall_s"],
-            "alg1_images_per_s": alg1["train_images_per_s"], "alg1_wall_s": alg1["wall_s"],
-            "pretrain_test_acc": pre["test_acc"], "test_acc": alg1["test_acc"], "retain_acc": alg1["retain_acc"],
-            "forget_conf_dist": alg1["forget_conf_dist"]}
+    row = {"setting": name, "overrides": PIPELINE_SETTINGS[name], "run_s": round(time.perf_counter() - start, 1),
+           "pretrain_images_per_s": pre["train_images_per_s"], "pretrain_wall_s": pre["wall_s"],
+           "alg1_images_per_s": alg1["train_images_per_s"], "alg1_wall_s": alg1["wall_s"],
+           "pretrain_test_acc": pre["test_acc"], "test_acc": alg1["test_acc"], "retain_acc": alg1["retain_acc"],
+           "forget_conf_dist": alg1["forget_conf_dist"]}
+    print(f"pipeline {name}: {json.dumps(row)}", flush=True)  # in the log even if a later setting hangs
+    return row
 
 
-def pipeline(on_gpu: bool, tiny: bool) -> dict:
-    """Every PIPELINE_SETTINGS run on the same CIFAR10-shaped files, compared with fp32's."""
+def pipeline(on_gpu: bool, tiny: bool, settings: list[str] | None = None) -> dict:
+    """The PIPELINE_SETTINGS named in `settings` (default: all) run on the same CIFAR10-shaped files, compared
+    with fp32's (which runs first)."""
     from ttp_lightning.data.cifar import write_synthetic
 
     with tempfile.TemporaryDirectory(prefix="ttp_bench_") as tmp:
         root = write_synthetic("cifar10", Path(tmp) / "data", *((256, 64) if tiny else (50_000, 10_000)))
-        rows = [pipeline_run(Path(tmp), root, name, on_gpu, tiny) for name in PIPELINE_SETTINGS]
+        names = [name for name in PIPELINE_SETTINGS if settings is None or name in settings]
+        rows = [pipeline_run(Path(tmp), root, name, on_gpu, tiny) for name in names]
     done = [row for row in rows if "failed" not in row]
     if not done or done[0]["setting"] != "fp32":
         print("pipeline: no fp32 run to compare with", flush=True)
         return {"rows": rows, "fastest_keeping_numbers": None}
     base = done[0]
+    spread = next((row for row in done if row["setting"] == "fp32_seed1"), None)
+    within = {key: max(limit, abs(spread[key] - base[key]) if spread else 0.0) for key, limit in KEEPS_NUMBERS.items()}
     for row in done:
         row["pretrain_speedup"] = round(row["pretrain_images_per_s"] / base["pretrain_images_per_s"], 2)
         row["alg1_speedup"] = round(row["alg1_images_per_s"] / base["alg1_images_per_s"], 2)
-        row["keeps_numbers"] = all(abs(row[k] - base[k]) <= limit for k, limit in KEEPS_NUMBERS.items())
+        row["keeps_numbers"] = all(abs(row[k] - base[k]) <= limit for k, limit in within.items())
         print(f"pipeline {row['setting']:30s} pretraining {row['pretrain_images_per_s']:>9,.0f} img/s "
               f"({row['pretrain_speedup']:.2f}x), Alg 1 {row['alg1_images_per_s']:>9,.0f} img/s "
               f"({row['alg1_speedup']:.2f}x), test acc {row['test_acc']:.4f}, forget CD "
               f"{row['forget_conf_dist']:.4f}{'' if row['keeps_numbers'] else ' (moves the numbers)'}", flush=True)
-    kept = [row for row in done if row["keeps_numbers"]]
+    print(f"pipeline: a setting keeps fp32's numbers within {within} (the larger of {KEEPS_NUMBERS} and fp32's "
+          "change across seeds)", flush=True)
+    kept = [row for row in done if row["keeps_numbers"] and row["setting"] != "fp32_seed1"]
     fastest = max(kept, key=lambda row: row["pretrain_images_per_s"] + row["alg1_images_per_s"])["setting"]
     print(f"pipeline: fastest setting that keeps fp32's numbers: {fastest}", flush=True)
     return {"experiment": "cifar10_resnet18 (CIFAR10-shaped synthetic files)", "rows": rows,
-            "keeps_numbers_within": KEEPS_NUMBERS, "fastest_keeping_numbers": fastest}
+            "keeps_numbers_within": within, "fastest_keeping_numbers": fastest}
 
 
 def main(argv=None) -> int:
@@ -277,6 +291,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-projection", action="store_true", help="skip the cifar100_resnet50 projection")
     parser.add_argument("--no-pipeline", action="store_true", help="skip the in-pipeline runs of each setting")
     parser.add_argument("--pipeline-only", action="store_true", help="only the in-pipeline runs of each setting")
+    parser.add_argument("--settings", nargs="+", default=list(PIPELINE_SETTINGS), choices=PIPELINE_SETTINGS,
+                        help="the in-pipeline settings to run (default: all; fp32 is the baseline)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default bench/gpu_<device>.json)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -319,7 +335,7 @@ def main(argv=None) -> int:
         save()
     failed = False
     if not args.no_pipeline:
-        report["pipeline"] = pipeline(device.type == "cuda", tiny)
+        report["pipeline"] = pipeline(device.type == "cuda", tiny, args.settings)
         failed = any("failed" in row for row in report["pipeline"]["rows"])
         save()
     print(f"wrote {out}")

@@ -84,7 +84,7 @@ class PerformanceSchema:
     channels_last: Any = "auto"
     fused_optimizer: Any = "auto"
     compile: bool = False
-    data_on_device: Any = False
+    data_on_device: Any = "auto"
 
     def __post_init__(self) -> None:
         for key in ("channels_last", "fused_optimizer", "data_on_device"):

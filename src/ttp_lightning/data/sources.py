@@ -93,19 +93,12 @@ def _load_digits(root: Path, download: bool) -> ImageArrays:
     return ImageArrays(images, labels, empty_images, labels[:0])
 
 
-def _load_image_folder_tree(root: Path, download: bool) -> ImageArrays:
-    """TinyImageNet in ImageFolder layout: <root>/tiny-imagenet-200/{train,val}/<class>/<image>."""
-    if download:
-        raise TTPUserError("data set 'tinyimagenet' has no automatic download; set data.download=false")
-    from torchvision.datasets import ImageFolder
-    from torchvision.transforms.functional import pil_to_tensor
+def _load_tinyimagenet(root: Path, download: bool) -> ImageArrays:
+    """TinyImageNet as the official zip lays it out (or with val in class folders), read by data/tinyimagenet.py."""
+    from ttp_lightning.data.tinyimagenet import load_tinyimagenet
 
-    parts = []
-    for split in ("train", "val"):
-        folder = ImageFolder(str(root / "tiny-imagenet-200" / split))
-        images = torch.stack([pil_to_tensor(folder.loader(path).convert("RGB")) for path, _ in folder.samples])
-        parts += [images, torch.as_tensor(folder.targets, dtype=torch.long)]
-    return ImageArrays(*parts, class_names=tuple(folder.classes))  # the WordNet ids, as the folders name them
+    *arrays, names = load_tinyimagenet(root, download)
+    return ImageArrays(*arrays, class_names=names)  # the WordNet ids, as train/'s folders name them
 
 
 _MNIST_FILES = "train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte"
@@ -148,8 +141,9 @@ DATA_SOURCES: dict[str, DataSource] = {
     ),
     "tinyimagenet": DataSource(
         DatasetInfo(200, 3, 64, (0.4802, 0.4481, 0.3975), (0.2770, 0.2691, 0.2821)),
-        _load_image_folder_tree,
-        "tiny-imagenet-200/{train,val}/<class>/<image> (ImageFolder layout)",
+        _load_tinyimagenet,
+        "tiny-imagenet-200/train/<wnid>/images/*.JPEG and tiny-imagenet-200/val/images/*.JPEG with "
+        "val/val_annotations.txt (the official zip), or val/<wnid>/<image>",
     ),
 }
 

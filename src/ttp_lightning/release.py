@@ -129,7 +129,7 @@ def read_release_config(folder: str | Path) -> dict:
 def load_released(folder: str | Path, device: str | torch.device = "cpu") -> nn.Module:
     """The released classifier, ready for inference: it takes [N, C, H, W] pixels in [0, 1], normalises
     them itself and returns logits (eval mode, on `device`)."""
-    from ttp_lightning.certify.schema import CONF_DIR
+    from ttp_lightning.cli_checks import CONF_DIR
     from ttp_lightning.data.sources import DatasetInfo
     from ttp_lightning.models.components import build_classifier
 

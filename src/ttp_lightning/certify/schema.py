@@ -12,14 +12,13 @@ fail verify's checks instead (they are a false statement, not an unreadable one)
 import math
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ttp_lightning.cli_checks import CONF_DIR
 from ttp_lightning.errors import TTPUserError
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 CERTIFICATE_FORMAT = "ttp_lightning.certificate/2"
 AUDIT_FORMAT = "ttp_lightning.audit/1"
 ALGORITHMS = ("alg2_exact_newton", "alg3_hessian_estimator", "alg4_online")

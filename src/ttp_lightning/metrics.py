@@ -48,3 +48,45 @@ class Accuracy(_MeanOverInstances):
 
     def per_instance(self, probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return (probs.argmax(dim=-1) == targets).float()
+
+
+def conf_dist_per_instance(logits: torch.Tensor) -> torch.Tensor:
+    """max(0, max_c p_c - 1/K) of each instance."""
+    probs = torch.softmax(logits.detach().float(), dim=-1)
+    return (probs.max(dim=-1).values - 1.0 / probs.shape[-1]).clamp(min=0.0)
+
+
+class WorstConfidenceDistance(Metric):
+    """The largest CD of any one instance: the worst protected image, not the mean (max-reduced under DDP)."""
+
+    full_state_update = False
+    higher_is_better = False
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state("worst", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="max")
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        if len(logits):
+            self.worst = torch.maximum(self.worst, conf_dist_per_instance(logits).max().double())
+
+    def compute(self) -> torch.Tensor:
+        return self.worst.float()
+
+
+class CountAbove(Metric):
+    """How many instances have a CD above `threshold` (the images a release leaves exposed); summed under DDP."""
+
+    full_state_update = False
+    higher_is_better = False
+
+    def __init__(self, threshold: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.threshold = float(threshold)
+        self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        self.count += int((conf_dist_per_instance(logits) > self.threshold).sum())
+
+    def compute(self) -> torch.Tensor:
+        return self.count.float()

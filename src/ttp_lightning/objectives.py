@@ -9,23 +9,38 @@ import torch.nn.functional as F
 UniformityLoss = Callable[[torch.Tensor], torch.Tensor]
 
 
-def kl_to_uniform(logits: torch.Tensor) -> torch.Tensor:
-    """KL(p || u) = sum_c p_c (log p_c + log K), batch mean. The paper's default L_K."""
+def kl_to_uniform_each(logits: torch.Tensor) -> torch.Tensor:
+    """[N]: KL(p || u) = sum_c p_c (log p_c + log K) of each instance. Its gradient vanishes as p becomes
+    one-hot: an image the model is saturated on barely moves (mnist_mlp: 4 of 100 forget images stay at CD 0.9)."""
     log_p = F.log_softmax(logits, dim=-1)
-    return (log_p.exp() * (log_p + math.log(logits.shape[-1]))).sum(-1).mean()
+    return (log_p.exp() * (log_p + math.log(logits.shape[-1]))).sum(-1)
+
+
+def kl_from_uniform_each(logits: torch.Tensor) -> torch.Tensor:
+    """[N]: KL(u || p) = logsumexp(z) - mean(z) - log K of each instance (cross entropy to uniform labels minus
+    log K). Convex in the logits, and its gradient p - u does not vanish when the model is confident."""
+    return torch.logsumexp(logits, dim=-1) - logits.mean(-1) - math.log(logits.shape[-1])
+
+
+def square_to_uniform_each(logits: torch.Tensor) -> torch.Tensor:
+    """[N]: 0.5 ||p - u||_2^2 of each instance."""
+    probs = F.softmax(logits, dim=-1)
+    return 0.5 * (probs - 1.0 / logits.shape[-1]).pow(2).sum(-1)
+
+
+def kl_to_uniform(logits: torch.Tensor) -> torch.Tensor:
+    """KL(p || u), batch mean. The paper's default L_K."""
+    return kl_to_uniform_each(logits).mean()
 
 
 def kl_from_uniform(logits: torch.Tensor) -> torch.Tensor:
-    """KL(u || p) = sum_c (1/K)(-log K - log p_c), batch mean: cross entropy to uniform labels minus log K."""
-    num_classes = logits.shape[-1]
-    log_p = F.log_softmax(logits, dim=-1)
-    return (-log_p.mean(-1) - math.log(num_classes)).mean()
+    """KL(u || p), batch mean."""
+    return kl_from_uniform_each(logits).mean()
 
 
 def square_to_uniform(logits: torch.Tensor) -> torch.Tensor:
     """0.5 ||p - u||_2^2, batch mean. Convex in the weights of a linear model (used for LogReg)."""
-    probs = F.softmax(logits, dim=-1)
-    return 0.5 * (probs - 1.0 / logits.shape[-1]).pow(2).sum(-1).mean()
+    return square_to_uniform_each(logits).mean()
 
 
 UNIFORMITY_LOSSES: dict[str, UniformityLoss] = {
@@ -33,6 +48,28 @@ UNIFORMITY_LOSSES: dict[str, UniformityLoss] = {
     "reverse_kl": kl_from_uniform,
     "square": square_to_uniform,
 }
+PER_INSTANCE_LOSSES: dict[str, UniformityLoss] = {
+    "kl": kl_to_uniform_each,
+    "reverse_kl": kl_from_uniform_each,
+    "square": square_to_uniform_each,
+}
+
+
+def reduce_forget(losses: torch.Tensor, reduction: str, fraction: float = 0.2) -> torch.Tensor:
+    """A forget batch's per-image losses as one number: their mean (the paper), their max (the hardest image
+    alone) or their CVaR (the mean of the `fraction` largest: hardest-image weighting that still sees more
+    than one image)."""
+    if reduction == "mean":
+        return losses.mean()
+    if reduction == "max":
+        return losses.max()
+    if reduction == "cvar":
+        count = max(1, math.ceil(fraction * len(losses)))
+        return losses.topk(count).values.mean()
+    raise ValueError(f"unknown forget reduction {reduction!r}")
+
+
+FORGET_REDUCTIONS = ("mean", "max", "cvar")
 
 
 def retain_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

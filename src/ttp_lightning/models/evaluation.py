@@ -19,10 +19,10 @@ class EvaluationModule(PartsValidationMixin):
     objects of Alg 1's per-epoch validation (sum/count states, summed across DDP ranks) plus the forget
     set's l2 distance."""
 
-    def __init__(self, net: nn.Module, parts: list[str]):
+    def __init__(self, net: nn.Module, parts: list[str], exposed_above: float | None = None):
         super().__init__()
         self.net = net
-        self._init_validation(parts, l2_parts=("forget",))
+        self._init_validation(parts, l2_parts=("forget",), exposed_above=exposed_above)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(images)
@@ -38,20 +38,26 @@ def evaluation_trainer(trainer_cfg: DictConfig | None = None) -> L.Trainer:
     return hydra.utils.instantiate(trainer_cfg, **quiet)
 
 
-def evaluate(model: nn.Module, datamodule: TTPDataModule, trainer_cfg: DictConfig | None = None) -> dict[str, float]:
-    """{part}_acc and {part}_conf_dist for every evaluation part, plus forget_l2_dist, by `trainer.validate`
-    (eval mode). Under DDP every rank takes its own share of each part and the sums are reduced, so all
+def evaluate(model: nn.Module, datamodule: TTPDataModule, trainer_cfg: DictConfig | None = None,
+             exposed_above: float | None = None) -> dict[str, float]:
+    """{part}_acc and {part}_conf_dist for every evaluation part, plus forget_l2_dist, forget_worst_conf_dist
+    and (with `exposed_above`) forget_exposed, the number of forget images whose CD is above it, by
+    `trainer.validate` (eval mode). Under DDP every rank takes its own share of each part and the sums are reduced, so all
     ranks must call it; the numbers equal one process's."""
     was_training = model.training
     parts = datamodule.eval_parts()
-    module = EvaluationModule(model, parts)
+    module = EvaluationModule(model, parts, exposed_above)
     with _quiet_lightning():
         scores = evaluation_trainer(trainer_cfg).validate(
             module, dataloaders=[datamodule.eval_loader(part) for part in parts], verbose=False)
     model.train(was_training)
     merged = {key: value for per_loader in scores for key, value in per_loader.items()}
-    return {f"{part}_{name}": round(float(merged[f"val/{part}_{name}"]), 6)
+    return {f"{part}_{name}": _number(name, merged[f"val/{part}_{name}"])
             for part in parts for name in module.val_metrics[part]}
+
+
+def _number(name: str, value) -> float | int:
+    return round(float(value)) if name == "exposed" else round(float(value), 6)
 
 
 @contextlib.contextmanager

@@ -3,19 +3,35 @@
 import lightning as L
 from torch import nn
 
-from ttp_lightning.metrics import Accuracy, ConfidenceDistance, L2UniformDistance
+from ttp_lightning.metrics import (
+    Accuracy,
+    ConfidenceDistance,
+    CountAbove,
+    L2UniformDistance,
+    WorstConfidenceDistance,
+)
+
+PER_IMAGE_PART = "forget"
 
 
 class PartsValidationMixin(L.LightningModule):
-    """Validation dataloader i evaluates part `eval_parts[i]`; metrics are summed, so DDP-exact. The parts
-    in `l2_parts` also get l2_dist."""
+    """Validation dataloader i evaluates part `eval_parts[i]`; metrics are summed (or maximised), so DDP-exact.
+    The parts in `l2_parts` also get l2_dist; the forget part also gets worst_conf_dist (its most confident
+    image) and, with `exposed_above`, exposed (how many of its images have a CD above that)."""
 
-    def _init_validation(self, eval_parts: list[str], l2_parts: tuple[str, ...] = ()) -> None:
+    def _init_validation(self, eval_parts: list[str], l2_parts: tuple[str, ...] = (),
+                         exposed_above: float | None = None) -> None:
         self.eval_parts = list(eval_parts)
 
         def metrics(part):
             chosen = {"acc": Accuracy(), "conf_dist": ConfidenceDistance()}
-            return nn.ModuleDict({**chosen, **({"l2_dist": L2UniformDistance()} if part in l2_parts else {})})
+            if part in l2_parts:
+                chosen["l2_dist"] = L2UniformDistance()
+            if part == PER_IMAGE_PART:
+                chosen["worst_conf_dist"] = WorstConfidenceDistance()
+                if exposed_above is not None:
+                    chosen["exposed"] = CountAbove(exposed_above)
+            return nn.ModuleDict(chosen)
 
         self.val_metrics = nn.ModuleDict({part: metrics(part) for part in self.eval_parts})
 

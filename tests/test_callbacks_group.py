@@ -3,6 +3,8 @@ any other entry is a Lightning callback that every fit of the run gets."""
 
 from lightning.pytorch.callbacks import Callback
 
+from conftest import finished
+
 FITS: list[str] = []
 
 
@@ -16,7 +18,7 @@ class RecordFits(Callback):
 def test_an_added_callback_reaches_every_fit_and_the_method_callbacks_come_from_the_group(run_main):
     FITS.clear()
     code, _, err, results = run_main("+callbacks.recorder._target_=test_callbacks_group.RecordFits")
-    assert code == 0, err[-2000:]
+    finished(code, results, err)
     assert FITS == ["ERMModule", "ParetoFinetuneModule"]  # pretraining and Alg 1
     assert len(results["history"]["pareto"]) == results["metrics"]["pareto"]["epochs_run"] > 0
     assert results["metrics"]["pareto"]["train_steps"] > 0

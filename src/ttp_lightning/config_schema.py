@@ -23,11 +23,16 @@ Projection = StrEnum("Projection", [("global", "global"), ("per_tensor", "per_te
 Mode = StrEnum("Mode", [("minibatch", "minibatch"), ("fullbatch", "fullbatch")])
 Uniformity = StrEnum("Uniformity", [("kl", "kl"), ("reverse_kl", "reverse_kl"), ("square", "square")])
 Fallback = StrEnum("Fallback", [("pareto", "pareto"), ("last", "last")])
+BatchNormMode = StrEnum("BatchNormMode", [("train", "train"), ("eval", "eval")])
+Reduction = StrEnum("Reduction", [(n, n) for n in ("mean", "max", "cvar")])
+Select = StrEnum("Select", [(n, n) for n in ("conf_dist", "robust_conf_dist", "retain_acc")])
+Criterion = StrEnum("Criterion", [(n, n) for n in ("worst", "mean", "worst_attacked", "mean_attacked")])
 Split = StrEnum("Split", [("official", "official"), ("paper", "paper")])
 ForgetSource = StrEnum("ForgetSource", [("train", "train"), ("test", "test"), ("mixed", "mixed")])
 Augment = StrEnum("Augment", [("none", "none"), ("crop_flip", "crop_flip")])
 Release = StrEnum("Release", [("each", "each"), ("final", "final")])
 AttackName = StrEnum("AttackName", [(n, n) for n in ("gaussian", "fgsm", "pgd", "apgd")])
+GateKind = StrEnum("GateKind", [(n, n) for n in ("clean", "attacked", "certified")])
 AttackObjective = StrEnum("AttackObjective", [(n, n) for n in ("logsumexp", "max_softmax", "ce_pretrained")])
 
 
@@ -94,6 +99,18 @@ class PerformanceSchema:
 
 
 @dataclass
+class ReleaseGateSchema:
+    """conf/main.yaml `release_gate` (protection.py): the per-image threshold and the CDs that must meet it."""
+
+    conf_dist_at_most: float = 0.1
+    require: list[GateKind] = field(default_factory=lambda: [GateKind["clean"]])
+
+    def __post_init__(self) -> None:
+        _in_unit_interval(checks.number(self.conf_dist_at_most, "release_gate.conf_dist_at_most"),
+                          "release_gate.conf_dist_at_most")
+
+
+@dataclass
 class MainSchema:
     """The top level of conf/main.yaml (the groups are typed by their own schemas)."""
 
@@ -114,6 +131,7 @@ class MainSchema:
     required: list[str] = field(default_factory=list)
     performance: PerformanceSchema = field(default_factory=PerformanceSchema)
     pretrain: PretrainSchema = field(default_factory=PretrainSchema)
+    release_gate: ReleaseGateSchema = field(default_factory=ReleaseGateSchema)
 
     def __post_init__(self) -> None:
         threads = self.threads
@@ -209,6 +227,10 @@ class MethodSchema:
     weight_decay: float | None = None
     momentum: float | None = None
     chunk_size: int | None = None
+    forget_reduction: Reduction | None = None
+    forget_cvar_fraction: float | None = None
+    forget_batchnorm: BatchNormMode | None = None
+    lr_backoffs: int | None = None
     early_stopping: Any = None
     optimizer: Any = None
     schedule: Any = None
@@ -217,7 +239,9 @@ class MethodSchema:
 @dataclass
 class EarlyStoppingSchema:
     enabled: bool = True
-    conf_dist_below: float | None = 1.0
+    conf_dist_below: float | None = 0.1
+    criterion: Criterion = Criterion["worst"]
+    select: Select = Select["conf_dist"]
     retain_acc_at_least: float = 0.0
     retain_acc_drop_at_most: float | None = 0.01
     patience: int | None = 20
@@ -248,12 +272,20 @@ class ParetoSchema(MethodSchema, TrainingSchema):
     epochs: int = 100
     chunk_size: int = 8192
     joint_forward: bool = False
+    forget_reduction: Reduction = Reduction["mean"]
+    forget_cvar_fraction: float = 0.2
+    forget_batchnorm: BatchNormMode = BatchNormMode["train"]
+    lr_backoffs: int = 2
     early_stopping: EarlyStoppingSchema = field(default_factory=EarlyStoppingSchema)
     adversarial: Any = None
 
     def __post_init__(self) -> None:
         TrainingSchema.__post_init__(self)
         _in_unit_interval(checks.number(self.theta, "method.theta"), "method.theta")
+        _at_least_zero(self.lr_backoffs, "method.lr_backoffs")
+        fraction = checks.number(self.forget_cvar_fraction, "method.forget_cvar_fraction")
+        if not 0.0 < fraction <= 1.0:
+            raise TTPUserError(f"method.forget_cvar_fraction={fraction} is not allowed; choose a value in (0, 1]")
         checks.positive(self.forget_temperature, "method.forget_temperature")
         checks.positive_int(self.epochs, "method.epochs")
         checks.positive_int(self.chunk_size, "method.chunk_size")
@@ -359,6 +391,24 @@ class GaussianUniformSchema(MethodSchema):
 
 
 @dataclass
+class RelearnSchema:
+    """attacks.relearn: finetuning the released model on public data to restore its forget predictions."""
+
+    enabled: bool = True
+    steps: list[int] = field(default_factory=lambda: [1, 10, 100])
+    lr: float = 1.0e-3
+    batch_size: int = 128
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise TTPUserError("attacks.relearn.steps=[] is not allowed; list at least one number of steps")
+        for steps in self.steps:
+            checks.positive_int(steps, "attacks.relearn.steps")
+        checks.positive(self.lr, "attacks.relearn.lr")
+        checks.positive_int(self.batch_size, "attacks.relearn.batch_size")
+
+
+@dataclass
 class AttacksSchema:
     """conf/attacks (the attack evaluation of every stage's model on the forget set)."""
 
@@ -378,6 +428,7 @@ class AttacksSchema:
     pgd_step_size: float = 1.0e-3
     relu_gradient_beta: float | None = 10.0
     seed: int = 0
+    relearn: RelearnSchema = field(default_factory=RelearnSchema)
 
     def __post_init__(self) -> None:
         if not self.enabled:

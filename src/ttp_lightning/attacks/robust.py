@@ -22,6 +22,7 @@ from ttp_lightning.attacks.apgd import adaptive_attack
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.nn_modes import evaluating
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,9 @@ class AdversarialSettings:
     step_size: float = 0.25            # per step, as a fraction of the training radius
     objective: str = "max_softmax"
     surrogate_betas: tuple[float | None, ...] = (10.0, 1.0)  # one drawn per step; None: exact gradients
-    clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked)
+    clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked) + interval_weight B(clean)
+    interval_weight: float = 0.0       # B: the interval bound on KL(u || p) over the training ball
+    interval_ramp_epochs: int = 10     # B's radius grows linearly to the training radius over these epochs
     eval_steps: int = 20
     eval_restarts: int = 1
     eval_objectives: tuple[str, ...] = field(default=("max_softmax", "ce_pretrained"))
@@ -58,42 +61,40 @@ class AdversarialSettings:
 
 
 def worst_forget_images(net: nn.Module, images: torch.Tensor, settings: AdversarialSettings) -> torch.Tensor:
-    """Per image, the most confident point the inner attack finds in the gamma ball (detached)."""
+    """Per image, the most confident point the inner attack finds in the gamma ball (detached); the images
+    themselves with `steps` = 0 (no inner attack: the interval term alone makes the uniformity robust)."""
+    if settings.steps == 0:
+        return images.detach()
     radius, objective = settings.train_radius, OBJECTIVES[settings.objective]
     lower, upper = (images - radius).clamp(0, 1), (images + radius).clamp(0, 1)
-    was_training = net.training
-    net.eval()
     x = (images + (torch.rand_like(images) * 2 - 1) * radius).clamp(0, 1)
     beta = settings.surrogate_betas[int(torch.randint(len(settings.surrogate_betas), ()))]
-    with torch.enable_grad(), smooth_relu_gradients(beta):
+    with evaluating(net), torch.enable_grad(), smooth_relu_gradients(beta):
         for _ in range(settings.steps):
             x = x.detach().requires_grad_(True)
             logits = net(x)
             (grad,) = torch.autograd.grad(objective(logits, logits.argmax(dim=-1)).sum(), x)
             x = torch.max(torch.min(x + settings.step_size * radius * grad.sign(), upper), lower)
-    net.train(was_training)
     return x.detach()
 
 
 def robust_conf_dist(net: nn.Module, forget: ImageBatchDataset, targets: torch.Tensor | None,
-                     settings: AdversarialSettings, device) -> float:
-    """Forget CD under APGD at radius gamma: per image the most confident of the clean image and the attack."""
+                     settings: AdversarialSettings, device) -> torch.Tensor:
+    """[N] float64: each forget image's CD under APGD at radius gamma (the more confident of the clean image
+    and the attack's point)."""
     attack = SimpleNamespace(objectives=list(settings.eval_objectives), restarts=settings.eval_restarts,
                              apgd_steps=settings.eval_steps, surrogate_betas=list(settings.eval_surrogate_betas))
-    was_training = net.training
-    net.eval()
     images, labels = forget.everything()
     targets = labels if targets is None else targets
     generator = torch.Generator().manual_seed(settings.seed)
-    total, count = 0.0, 0
-    for start in range(0, len(images), settings.eval_chunk_size):
-        x = images[start:start + settings.eval_chunk_size].to(device)
-        t = targets[start:start + settings.eval_chunk_size].to(device)
-        attacked = adaptive_attack(net, x, settings.radius, generator, attack, targets=t)
-        with torch.no_grad():
-            clean = net(x).softmax(-1)
-            worst = torch.maximum(clean.max(-1).values, net(attacked).softmax(-1).max(-1).values)
-        total += float((worst - 1.0 / clean.shape[-1]).clamp(min=0).sum())
-        count += len(x)
-    net.train(was_training)
-    return total / max(count, 1)
+    per_image = []
+    with evaluating(net):
+        for start in range(0, len(images), settings.eval_chunk_size):
+            x = images[start:start + settings.eval_chunk_size].to(device)
+            t = targets[start:start + settings.eval_chunk_size].to(device)
+            attacked = adaptive_attack(net, x, settings.radius, generator, attack, targets=t)
+            with torch.no_grad():
+                clean = net(x).softmax(-1)
+                worst = torch.maximum(clean.max(-1).values, net(attacked).softmax(-1).max(-1).values)
+            per_image.append((worst.double() - 1.0 / clean.shape[-1]).clamp(min=0).cpu())
+    return torch.cat(per_image) if per_image else torch.zeros(1, dtype=torch.float64)

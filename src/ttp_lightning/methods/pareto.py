@@ -11,7 +11,7 @@ from torch import nn
 
 from ttp_lightning import checks
 from ttp_lightning.attacks.robust import AdversarialSettings
-from ttp_lightning.callbacks import check_method_callbacks, method_callbacks
+from ttp_lightning.callbacks import LrBackoff, check_method_callbacks, method_callbacks
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.base import Method
@@ -31,11 +31,19 @@ class Pareto(Method):
         """What the typed schema (config_schema.ParetoSchema: types, choices, ranges) cannot say: the callbacks
         Alg 1 reads back, and robust Alg 1's attack settings."""
         check_method_callbacks(cfg.get("callbacks"))
-        if self.settings.get("joint_forward") and (self.settings.get("adversarial") or self.settings.mode != "minibatch"):
+        if self.settings.get("joint_forward") and (self.settings.get("adversarial") or self.settings.mode != "minibatch"
+                                                   or self.settings.get("forget_batchnorm") == "eval"):
             raise TTPUserError(f"method.joint_forward=true is not allowed with method={self.settings.name} "
-                               f"mode={self.settings.mode}; it joins plain Alg 1's minibatch forward passes only")
+                               f"mode={self.settings.mode} forget_batchnorm={self.settings.get('forget_batchnorm')}; "
+                               "it joins plain Alg 1's minibatch forward passes (forget_batchnorm=train) only")
         if self.settings.get("adversarial"):
             check_adversarial(self.settings.adversarial)
+        stopping = self.settings.get("early_stopping") or {}
+        attacked = [f"early_stopping.{key}={stopping.get(key)}" for key in ("criterion", "select")
+                    if "attacked" in str(stopping.get(key)) or str(stopping.get(key)) == "robust_conf_dist"]
+        if attacked and not self.settings.get("adversarial"):
+            raise TTPUserError(f"method.{attacked[0]} is not allowed with method={self.settings.name}; the attacked "
+                               "forget CD is measured during training by method=pareto_robust only")
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
         cfg = ctx.method
@@ -50,7 +58,10 @@ def check_adversarial(adversarial: DictConfig) -> None:
     checks.positive(adversarial.gamma, "method.adversarial.gamma")
     if adversarial.train_gamma is not None:
         checks.positive(adversarial.train_gamma, "method.adversarial.train_gamma")
-    checks.positive_int(adversarial.steps, "method.adversarial.steps")
+    if adversarial.steps != 0:
+        checks.positive_int(adversarial.steps, "method.adversarial.steps")
+    if adversarial.get("interval_ramp_epochs") is not None and adversarial.interval_ramp_epochs != 0:
+        checks.positive_int(adversarial.interval_ramp_epochs, "method.adversarial.interval_ramp_epochs")
     checks.positive(adversarial.step_size, "method.adversarial.step_size")
     checks.choice(adversarial.objective, "method.adversarial.objective", list(OBJECTIVES))
     if not adversarial.surrogate_betas:
@@ -59,6 +70,9 @@ def check_adversarial(adversarial: DictConfig) -> None:
         for beta in adversarial[key]:
             if beta is not None:
                 checks.positive(beta, f"method.adversarial.{key}")
+    if checks.number(adversarial.get("interval_weight", 0.0), "method.adversarial.interval_weight") < 0:
+        raise TTPUserError(f"method.adversarial.interval_weight={adversarial.interval_weight} is not allowed; "
+                           "choose a value >= 0 (0: off)")
     clean_weight = checks.number(adversarial.clean_weight, "method.adversarial.clean_weight")
     if not 0.0 <= clean_weight < 1.0:
         raise TTPUserError(f"method.adversarial.clean_weight={clean_weight} is not allowed; choose a value in [0, 1)")
@@ -69,14 +83,21 @@ def check_adversarial(adversarial: DictConfig) -> None:
         checks.choice(objective, "method.adversarial.eval_objectives", list(OBJECTIVES))
 
 
-def retain_threshold(net: nn.Module, datamodule: TTPDataModule, stopping: DictConfig) -> float:
+# early_stopping.criterion: the forget CD an epoch must keep below conf_dist_below; select: what ranks the
+# qualifying epochs (lowest CD, or highest retain accuracy). The attacked ones are robust Alg 1's (validation APGD).
+CRITERIA = {"worst": "val/forget_worst_conf_dist", "mean": "val/forget_conf_dist",
+            "worst_attacked": "val/forget_robust_worst_conf_dist", "mean_attacked": "val/forget_robust_conf_dist"}
+SELECTIONS = {"conf_dist": "val/forget_conf_dist", "robust_conf_dist": "val/forget_robust_conf_dist",
+              "retain_acc": "val/retain_acc"}
+
+
+def retain_threshold(start_retain_acc: float, stopping: DictConfig) -> float:
     """tau_r: `retain_acc_at_least`, raised to (the starting model's retain accuracy minus
     `retain_acc_drop_at_most`) when that is set, a threshold that carries to data sets of any difficulty."""
     threshold = float(stopping.retain_acc_at_least)
     drop = stopping.get("retain_acc_drop_at_most")
     if drop is not None:
-        start = evaluate(net, datamodule)["retain_acc"]
-        threshold = max(threshold, start - float(drop))
+        threshold = max(threshold, start_retain_acc - float(drop))
     return threshold
 
 
@@ -93,17 +114,25 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
         chunk_size=cfg.chunk_size, retain_data=datamodule.dataset("retain"),
         forget_data=datamodule.dataset("forget"), eval_parts=datamodule.eval_parts(), adversarial=adversarial,
-        joint_forward=bool(cfg.get("joint_forward", False)),
+        joint_forward=bool(cfg.get("joint_forward", False)), exposed_above=ctx.exposed_above,
+        forget_reduction=str(cfg.get("forget_reduction") or "mean"),  # unset (null) for the certified warm-up
+        forget_cvar_fraction=float(cfg.get("forget_cvar_fraction") or 0.2),
+        forget_batchnorm=str(cfg.get("forget_batchnorm") or "train"),
     )
     made = method_callbacks(ctx.callbacks)
     history, timer = made["history"], made["timer"]
+    backoffs = int(cfg.get("lr_backoffs") or 0)
+    start_retain_acc = evaluate(net, datamodule)["retain_acc"] if stopping is not None or backoffs else None
+    select = str(stopping.get("select", "conf_dist")) if stopping is not None else "conf_dist"
     best = None if stopping is None else made["best_model"](
         conf_dist_below=math.inf if stopping.conf_dist_below is None else stopping.conf_dist_below,
-        retain_acc_at_least=retain_threshold(net, datamodule, stopping), patience=stopping.patience,
-        fallback=stopping.get("fallback", "last"),
-        conf_dist_key="val/forget_robust_conf_dist" if adversarial else "val/forget_conf_dist",
+        retain_acc_at_least=retain_threshold(start_retain_acc, stopping), patience=stopping.patience,
+        fallback=stopping.get("fallback", "last"), conf_dist_key=CRITERIA[str(stopping.get("criterion", "mean"))],
+        rank_key=SELECTIONS[select], rank_higher_is_better=select == "retain_acc",
+        mean_conf_dist_key=SELECTIONS["robust_conf_dist" if adversarial else "conf_dist"],
     )
-    callbacks = [history, timer] + ([best] if best else [])
+    backoff = LrBackoff((start_retain_acc + 1 / datamodule.info.num_classes) / 2, backoffs) if backoffs else None
+    callbacks = [history, timer] + ([backoff] if backoff else []) + ([best] if best else [])
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:
@@ -114,10 +143,12 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
                                            "selection_rule": "early stopping off: the last epoch"}
     if best is not None:
         summary["retain_acc_threshold"] = round(best.retain_acc_at_least, 6)
+        summary["stopping_rule"] = (f"{best.conf_dist_key.removeprefix('val/')} < {best.conf_dist_below:g} and "
+                                    f"retain_acc >= {best.retain_acc_at_least:.4f}")
         if not summary["constraint_met"] and rank_zero_only.rank == 0:  # every DDP rank knows; one says so
-            log.warning("no epoch of Alg 1 met the stopping thresholds (forget CD < %g, retain accuracy >= %.4f); "
-                        "kept epoch %d: %s", best.conf_dist_below, best.retain_acc_at_least, summary["best_epoch"],
-                        summary["selection_rule"])
+            log.warning("no epoch of Alg 1 met the stopping thresholds (%s < %g, retain accuracy >= %.4f); "
+                        "kept epoch %d: %s", best.conf_dist_key.removeprefix("val/"), best.conf_dist_below,
+                        best.retain_acc_at_least, summary["best_epoch"], summary["selection_rule"])
     best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
     metrics = {
         **summary,
@@ -125,5 +156,6 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         "wall_s": round(wall, 3),
         "wall_to_best_s": best_row["elapsed_s"],
         **{k: v for k, v in timer.summary().items() if k in ("train_steps", "train_steps_per_s", "train_images_per_s")},
+        **({"lr_backoffs": backoff.backoffs} if backoff else {}),
     }
     return MethodOutput(module.net, metrics, history.rows)

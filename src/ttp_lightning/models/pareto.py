@@ -8,9 +8,12 @@ from torch import nn
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
 from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.evaluation import predictions
+from ttp_lightning.ibp.propagate import trace
+from ttp_lightning.ibp.uniformity import reverse_kl_upper_bound
 from ttp_lightning.models.evaluation_mixin import PartsValidationMixin
 from ttp_lightning.models.optim import configure_optimizer
-from ttp_lightning.objectives import UNIFORMITY_LOSSES, combine_gradients, retain_loss
+from ttp_lightning.nn_modes import batchnorm_in_eval_mode, evaluating
+from ttp_lightning.objectives import PER_INSTANCE_LOSSES, combine_gradients, reduce_forget, retain_loss
 
 MODES = ("minibatch", "fullbatch")
 
@@ -29,28 +32,41 @@ class ParetoFinetuneModule(PartsValidationMixin):
     counts) and optionally combined by PCGrad-style surgery. The forget logits are divided by
     `forget_temperature` inside L_K in both modes.
 
-    With `adversarial` settings (robust Alg 1), L_K of a forget batch is
-    clean_weight * L_K(x) + (1 - clean_weight) * L_K(x*), x* from an inner attack that makes the model as
-    confident as it can inside the gamma ball (attacks/robust.py); the retain term is unchanged. Every
-    validation epoch also logs val/forget_robust_conf_dist, the forget CD under a stronger attack, which
-    the early-stopping callback then watches.
+    L_K is computed per forget image and reduced over the batch by `forget_reduction` (mean: the paper; max
+    or cvar: the hardest images weigh more, objectives.reduce_forget). `forget_batchnorm="eval"` runs the
+    forget images through BatchNorm with its running statistics, the function the released model computes
+    (in training mode a forget batch of a few images is normalised by its own statistics, so a model made
+    uniform there need not be uniform at test time; the paper's two forward passes use "train").
+
+    With `adversarial` settings (robust Alg 1), each forget image's L_K is
+    clean_weight * L_K(x) + (1 - clean_weight) * L_K(x*) + interval_weight * B(x), x* from an inner attack
+    that makes the model as confident as it can inside the training ball (attacks/robust.py) and B(x) an
+    upper bound on KL(u || p) over the whole ball (interval bound propagation with BatchNorm's running
+    statistics, ibp/uniformity.py; certified training as GOOD); the retain term is unchanged. Every
+    validation epoch also logs val/forget_robust_conf_dist (and the worst image's), the forget CD under a
+    stronger attack, which the early-stopping callback then watches.
     """
 
     def __init__(self, net: nn.Module, theta: float, optim: dict, mode: str = "minibatch", uniformity: str = "kl",
                  forget_temperature: float = 1.0, gradient_surgery: bool = False, chunk_size: int = 8192,
                  retain_data: ImageBatchDataset | None = None, forget_data: ImageBatchDataset | None = None,
                  eval_parts: tuple[str, ...] = (), adversarial: AdversarialSettings | None = None,
-                 joint_forward: bool = False):
+                 joint_forward: bool = False, exposed_above: float | None = None, forget_reduction: str = "mean",
+                 forget_cvar_fraction: float = 0.2, forget_batchnorm: str = "train"):
         super().__init__()
         self.joint_forward = joint_forward
         self.adversarial = adversarial
         self._attack_targets: torch.Tensor | None = None
         self.net, self.theta, self.optim, self.mode = net, theta, dict(optim), mode
-        self.uniformity = UNIFORMITY_LOSSES[uniformity]
+        self.uniformity_each = PER_INSTANCE_LOSSES[uniformity]
+        self.forget_reduction, self.forget_cvar_fraction = forget_reduction, forget_cvar_fraction
+        self.forget_batchnorm = forget_batchnorm
+        self._graph = None  # the network's traced graph, for the interval term
         self.forget_temperature, self.gradient_surgery, self.chunk_size = forget_temperature, gradient_surgery, chunk_size
         self.retain_data, self.forget_data = retain_data, forget_data
         self.automatic_optimization = mode == "minibatch"
-        self._init_validation(eval_parts)
+        self._init_validation(eval_parts, exposed_above=exposed_above)
+        self.exposed_above = exposed_above
 
     def forward(self, images):
         return self.net(images)
@@ -62,7 +78,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
             if self.joint_forward:  # one forward pass for both batches (BatchNorm then normalises them together)
                 logits = self(torch.cat([retain_images, forget_images]))
                 retain_logits, forget_logits = logits.split([len(retain_images), len(forget_images)])
-                forget_term = self.uniformity(forget_logits / self.forget_temperature)
+                forget_term = self._reduce(self._uniformity(forget_logits))
             else:
                 retain_logits, forget_term = self(retain_images), self._forget_loss(forget_images, forget_labels)
             loss = self.theta * forget_term + (1 - self.theta) * retain_loss(retain_logits, retain_labels)
@@ -70,14 +86,43 @@ class ParetoFinetuneModule(PartsValidationMixin):
             return loss
         self._fullbatch_step()
 
+    def _uniformity(self, logits):
+        """Each image's L_K of the temperature-scaled logits."""
+        return self.uniformity_each(logits / self.forget_temperature)
+
+    def _reduce(self, losses):
+        return reduce_forget(losses, self.forget_reduction, self.forget_cvar_fraction)
+
     def _forget_loss(self, images, labels):
-        """L_K on a forget batch: at the images, or (robust) mixed with their worst-case perturbations."""
-        clean = self.uniformity(self(images) / self.forget_temperature)
-        if self.adversarial is None:
-            return clean
-        attacked = worst_forget_images(self.net, images, self.adversarial)
-        robust = self.uniformity(self(attacked) / self.forget_temperature)
-        return self.adversarial.clean_weight * clean + (1 - self.adversarial.clean_weight) * robust
+        """L_K on a forget batch: at the images, or (robust) mixed with their worst-case perturbations and the
+        interval bound over their balls; per image, then reduced over the batch. With `forget_batchnorm="eval"`
+        BatchNorm layers normalise the forget images by their running statistics and leave them unchanged."""
+        with batchnorm_in_eval_mode(self.net, self.forget_batchnorm == "eval"):
+            losses = self._uniformity(self(images))
+            settings = self.adversarial
+            if settings is None:
+                return self._reduce(losses)
+            attacked = worst_forget_images(self.net, images, settings)
+            losses = settings.clean_weight * losses + (1 - settings.clean_weight) * self._uniformity(self(attacked))
+        if settings.interval_weight:
+            losses = losses + settings.interval_weight * self._interval_bound(images)
+        return self._reduce(losses)
+
+    def _interval_radius(self) -> float:
+        """The interval term's radius: grown linearly over the first `interval_ramp_epochs` epochs to the
+        training radius (as IBP training does: a bound over the full ball is loose and large at the start, and
+        its gradient alone would wreck the model's accuracy in the first epoch)."""
+        ramp = self.adversarial.interval_ramp_epochs
+        fraction = 1.0 if not ramp or self._trainer is None else min(1.0, (self.current_epoch + 1) / ramp)
+        return self.adversarial.train_radius * fraction
+
+    def _interval_bound(self, images):
+        """Each image's upper bound on KL(u || p) over its training ball, with BatchNorm's running statistics
+        (the function the released model computes)."""
+        if self._graph is None:
+            self._graph = trace(self.net)
+        with evaluating(self.net):
+            return reverse_kl_upper_bound(self.net, images, self._interval_radius(), self._graph)
 
     def _retain_loss(self, images, labels):
         return retain_loss(self(images), labels)
@@ -90,9 +135,13 @@ class ParetoFinetuneModule(PartsValidationMixin):
     def on_validation_epoch_end(self) -> None:
         if self.adversarial is None or self.trainer.sanity_checking:
             return
-        value = robust_conf_dist(self.net, self.forget_data, self._attack_targets, self.adversarial, self.device)
-        # Every rank attacks the whole (small) forget set with the same seed: the value is identical.
-        self.log("val/forget_robust_conf_dist", value, on_epoch=True, sync_dist=False)
+        per_image = robust_conf_dist(self.net, self.forget_data, self._attack_targets, self.adversarial, self.device)
+        # Every rank attacks the whole (small) forget set with the same seed: the values are identical.
+        self.log("val/forget_robust_conf_dist", per_image.mean().item(), on_epoch=True, sync_dist=False)
+        self.log("val/forget_robust_worst_conf_dist", per_image.max().item(), on_epoch=True, sync_dist=False)
+        if self.exposed_above is not None:
+            exposed = float((per_image > self.exposed_above).sum())
+            self.log("val/forget_robust_exposed", exposed, on_epoch=True, sync_dist=False)
 
     # --------------------------------------------------------------- fullbatch
 

@@ -37,6 +37,7 @@ class RunContext:
     checkpoint_dirs: list = field(default_factory=list)  # this run's checkpoint folders, deleted at the end
     resumed: dict = field(default_factory=dict)  # stage -> the epoch it resumed after
     speed: dict = field(default_factory=dict)  # stage -> its fit's StepTimer.summary() (steps, images, seconds)
+    exposed_above: float | None = None  # release_gate.conf_dist_at_most: fits count the forget images above it
 
     @classmethod
     def from_config(cls, cfg: DictConfig, logger: object = False, output_dir: str = ".") -> "RunContext":
@@ -46,7 +47,8 @@ class RunContext:
                    checkpoint_every_n_epochs=int(cfg.get("checkpoint_every_n_epochs", 0) or 0),
                    resume=bool(cfg.get("resume", True)),
                    progress_bar_refresh_rate=int(cfg.get("progress_bar_refresh_rate", 20)),
-                   logger=logger, output_dir=output_dir, performance=cfg.get("performance"))
+                   logger=logger, output_dir=output_dir, performance=cfg.get("performance"),
+                   exposed_above=float(cfg.release_gate.conf_dist_at_most) if cfg.get("release_gate") else None)
 
     def fused_policy(self) -> str:
         """performance.fused_optimizer as auto | true | false."""

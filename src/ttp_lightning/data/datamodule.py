@@ -7,7 +7,7 @@ import torch
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 from ttp_lightning.data.batching import ImageBatchDataset, batch_loader
-from ttp_lightning.data.forget import fingerprint, select_forget, select_forget_requests
+from ttp_lightning.data.forget import fingerprint, select_forget, select_forget_requests, set_digest
 from ttp_lightning.data.images import Preprocess, load_imagefolder, match_images, read_forget_images
 from ttp_lightning.data.sources import DatasetInfo, load_source
 from ttp_lightning.errors import TTPUserError, instantiate
@@ -222,6 +222,29 @@ class TTPDataModule(L.LightningDataModule):
             record["forget_images"] = self.forget_images
         return record
 
+    def forget_ids(self) -> list[str]:
+        """A name for each forget instance, in the forget set's order: `train:<index>` for a training image,
+        `test:<index>` for one taken from the test set, and for data.forget.images the image's pixel hash
+        (`image:<first 16 hex digits>`, followed by its training index when it is in the training set)."""
+        by_index = {i: record["sha256"] for record in self.forget_images for i in record["training_indices"]}
+        outside_hashes = iter([record["sha256"] for record in self.forget_images if record["outside"]])
+        test_indices = iter(self.forget_test_indices)
+        ids = []
+        for index in (int(i) for i in self.forget_indices):
+            if index < self.pretrain_size:
+                ids.append(f"image:{by_index[index][:16]} (train:{index})" if index in by_index else f"train:{index}")
+            elif self.forget_images:
+                ids.append(f"image:{next(outside_hashes)[:16]}")
+            else:
+                ids.append(f"test:{next(test_indices)}")
+        return ids
+
+    def forget_set_digest(self) -> str:
+        """SHA-256 of the sorted, distinct SHA-256s of the forget images' pixels (forget.set_digest): names the
+        forget SET whatever its order or labels, so whoever holds exactly these images can recognise it, while one
+        image alone cannot be tested against it."""
+        return set_digest(fingerprint(image) for image in self.train_images[self.forget_indices])
+
     def forget_fingerprint(self) -> str:
         return fingerprint(self.train_images[self.forget_indices], self.train_labels[self.forget_indices])
 
@@ -273,13 +296,16 @@ class TTPDataModule(L.LightningDataModule):
     def train_dataloader(self):
         return self.training_loader("train")
 
-    def training_loader(self, part: str, batch_size: int | None = None, drop_last: bool = False):
-        return self.loader_for(self.dataset(part, augment=True), batch_size, drop_last)
+    def training_loader(self, part: str, batch_size: int | None = None, drop_last: bool = False,
+                        sharded: bool = True):
+        return self.loader_for(self.dataset(part, augment=True), batch_size, drop_last, sharded)
 
-    def loader_for(self, dataset: ImageBatchDataset, batch_size: int | None = None, drop_last: bool = False):
-        """Shuffled training batches of any dataset (e.g. a baseline's own training set)."""
+    def loader_for(self, dataset: ImageBatchDataset, batch_size: int | None = None, drop_last: bool = False,
+                   sharded: bool = True):
+        """Shuffled training batches of any dataset (e.g. a baseline's own training set); under DDP each rank
+        gets its own shard, or with `sharded=False` the whole dataset."""
         return batch_loader(dataset, batch_size or self.batch_size, shuffle=True, drop_last=drop_last,
-                            seed=self.seed, num_workers=self.num_workers)
+                            seed=self.seed, num_workers=self.num_workers, sharded=sharded)
 
     def float_dataset(self, images: torch.Tensor, labels: torch.Tensor) -> ImageBatchDataset:
         """A training view of float images in [0, 1] with the data set's augmentation."""
@@ -290,9 +316,12 @@ class TTPDataModule(L.LightningDataModule):
 
     def pareto_dataloader(self) -> CombinedLoader:
         """Minibatch Alg 1: retain batches of `batch_size`, each paired with a forget batch of
-        `forget_batch_size` cycled alongside (constant size, so every step gives the forget set one weight)."""
+        `forget_batch_size` cycled alongside (constant size, so every step gives the forget set one weight).
+        The forget set is never sharded: under DDP every rank cycles through every forget image (a forget set
+        smaller than the ranks times the forget batch would otherwise leave some ranks no full batch, and Alg 1
+        would take no step)."""
         loaders = {"retain": self.training_loader("retain", drop_last=False),
-                   "forget": self.training_loader("forget", self.forget_batch_size, drop_last=True)}
+                   "forget": self.training_loader("forget", self.forget_batch_size, drop_last=True, sharded=False)}
         return CombinedLoader(loaders, mode="max_size_cycle")
 
 

@@ -120,3 +120,8 @@ def fingerprint(*tensors: torch.Tensor) -> str:
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.contiguous().cpu().numpy().tobytes())
     return digest.hexdigest()
+
+
+def set_digest(hashes) -> str:
+    """SHA-256 over the sorted, distinct hex digests in `hashes` (one per line): a set's name, order-free."""
+    return hashlib.sha256("\n".join(sorted(set(hashes))).encode()).hexdigest()

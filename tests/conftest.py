@@ -109,3 +109,18 @@ def run_job(run_main):
         return subprocess.CompletedProcess(list(overrides), code, out, err), results
 
     return _run
+
+
+def finished(code: int, results: dict | None, stderr: str = "") -> None:
+    """The run went to its end: exit 0 with the release gate passed, or exit 4 (EXIT_NOT_PROTECTED) with it
+    failed and the one line saying so (tiny test runs rarely make every forget image uniform; tests of other
+    features check this contract, the gate's own tests check what it decides)."""
+    assert results is not None, stderr[-3000:]
+    gate = results["release_gate"]
+    assert code == (0 if gate["passed"] else 4), stderr[-3000:]
+    assert gate["passed"] or "error: not protected" in stderr
+
+
+def release_of(out: Path) -> Path:
+    """The release folder a finished run wrote (release/, or release_not_protected/ when the gate failed)."""
+    return out / json.loads((out / "results.json").read_text())["release"]["folder"]

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from conftest import TINY_WITHOUT_METHOD
+from conftest import TINY_WITHOUT_METHOD, finished
 from ttp_lightning.methods.baselines.labeldp import rr_with_prior
 from ttp_lightning.methods.baselines.synthetic import uniform_ball_points
 
@@ -23,7 +23,7 @@ def test_ball_points_stay_within_the_radius_and_fill_the_ball():
 def test_synthetic_baseline_from_the_cli(run_job):
     proc, results = run_job("method=synthetic", "method.k=5", "attacks.enabled=false", *TINY_WITHOUT_METHOD,
                             tiny=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    finished(proc.returncode, results, proc.stderr)
     synthetic = results["metrics"]["synthetic"]
     assert synthetic["synthetic_points"] == 20 * 5 and synthetic["train_size"] == 1258 - 20 + 100
     assert synthetic["test_acc"] > 0.8 and synthetic["forget_conf_dist"] < results["metrics"]["pretrain"]["forget_conf_dist"] + 0.1
@@ -31,7 +31,7 @@ def test_synthetic_baseline_from_the_cli(run_job):
 
 def test_gaussian_uniform_baseline_reports_noisy_accuracies(run_job):
     proc, results = run_job("method=gaussian_uniform", "attacks.enabled=false", *TINY_WITHOUT_METHOD, tiny=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    finished(proc.returncode, results, proc.stderr)
     baseline = results["metrics"]["gaussian_uniform"]
     assert baseline["train_size"] == 2 * 1258
     assert {"noisy_retain_acc", "noisy_forget_acc", "noisy_test_acc"} <= baseline.keys()
@@ -52,7 +52,7 @@ def test_rr_with_prior_keeps_labels_as_often_as_epsilon_allows():
 
 def test_labeldp_baseline_from_the_cli(run_job):
     proc, results = run_job("method=labeldp", "attacks.enabled=false", *TINY_WITHOUT_METHOD, tiny=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    finished(proc.returncode, results, proc.stderr)
     labeldp = results["metrics"]["labeldp"]
     assert labeldp["stage_sizes"] == [629, 629]
     assert abs(labeldp["stage1_labels_kept"] - math.exp(2) / (math.exp(2) + 9)) < 0.06

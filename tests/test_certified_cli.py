@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import REPO, TINY_WITHOUT_METHOD
+from conftest import REPO, TINY_WITHOUT_METHOD, finished, release_of
 from ttp_lightning import load_released
 from ttp_lightning import verify as verify_module
 
@@ -50,7 +50,8 @@ def released(tmp_path_factory):
         if method not in runs:
             out = tmp_path_factory.mktemp(method)
             proc = run_release(out, cache, *RELEASES[method])
-            assert proc.returncode == 0, proc.stderr[-3000:]
+            results = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else None
+            finished(proc.returncode, results, proc.stderr)
             (out / "console.txt").write_text(proc.stdout + proc.stderr)  # what the user saw, scanned below too
             runs[method] = out
         return runs[method]
@@ -70,21 +71,21 @@ def verify(capsys, *args):
 def test_release_is_public_weights_and_certificate_and_the_seed_stays_private(released, method):
     out = released(method)
     results = json.loads((out / "results.json").read_text())
-    cert = json.loads((out / "release" / "certificate.json").read_text())
+    cert = json.loads((release_of(out) / "certificate.json").read_text())
     audit = json.loads((out / "private" / "audit.json").read_text())
     assert results["certificate"] == cert and cert["algorithm"] == ALGORITHMS[method]
     expected = {"certificate.json", "config.json", "MODEL_CARD.md", "model.safetensors"} | \
         {w["file"] for w in cert["weights"]}
-    assert sorted(p.name for p in (out / "release").iterdir()) == sorted(expected)
+    assert sorted(p.name for p in (release_of(out)).iterdir()) == sorted(expected)
     # the hub files describe the last certified weights, which stay the file the certificate hashes
-    hub = json.loads((out / "release" / "config.json").read_text())["weights"]
+    hub = json.loads((release_of(out) / "config.json").read_text())["weights"]
     assert cert["weights"][-1]["sha256"] == hub["sha256"] and hub["file"] == "model.safetensors"
-    assert hub["prefix"] == "backbone." and "## Certificate" in (out / "release" / "MODEL_CARD.md").read_text()
-    released = load_released(out / "release")
-    final = load_file(str(out / "release" / "model.safetensors"))
+    assert hub["prefix"] == "backbone." and "## Certificate" in (release_of(out) / "MODEL_CARD.md").read_text()
+    released = load_released(release_of(out))
+    final = load_file(str(release_of(out) / "model.safetensors"))
     assert all(torch.equal(v, final[f"backbone.{k}"]) for k, v in released.backbone.state_dict().items())
     assert len(cert["weights"]) == (2 if method == "certified_online" else 1)  # Alg 4 releases every request
-    assert results["weights_file"] == f"release/{cert['weights'][-1]['file']}"
+    assert results["weights_file"] == f"{results['release']['folder']}/{cert['weights'][-1]['file']}"
     assert stat.S_IMODE((out / "private").stat().st_mode) == 0o700
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in (out / "private").iterdir())
     # the secret seed appears in no file outside private/, and no config carries a noise seed
@@ -111,7 +112,7 @@ def test_release_is_public_weights_and_certificate_and_the_seed_stays_private(re
 def test_certificate_states_measured_spectrum_and_checked_hypotheses(released, method):
     from ttp_lightning.certify.certificate import recomputed_sensitivity, required_depth, scale_b
 
-    cert = json.loads((released(method) / "release" / "certificate.json").read_text())
+    cert = json.loads((release_of(released(method)) / "certificate.json").read_text())
     steps = cert["steps"]
     assert len(steps) == (2 if method == "certified_online" else 1)
     measured = min(s["lam_min_measured"] for s in steps)
@@ -129,7 +130,7 @@ def test_certificate_states_measured_spectrum_and_checked_hypotheses(released, m
 
 
 def test_verify_verdicts_on_genuine_releases(released, capsys):
-    exact, lissa, online = (released(m) / "release" for m in RELEASES)
+    exact, lissa, online = (release_of(released(m)) for m in RELEASES)
     code, out, _ = verify(capsys, exact)
     assert code == 0 and out.startswith("verified: alg2_exact_newton") and "guarantee:" in out
     assert "assumed, not measured" in out and "lambda_min(H)=" in out
@@ -142,7 +143,7 @@ def test_verify_verdicts_on_genuine_releases(released, capsys):
 @pytest.mark.parametrize("method", ["certified_exact", "certified_lissa"])
 def test_verify_audit_reproduces_the_release_from_the_private_record(released, capsys, method):
     out = released(method)
-    code, text, err = verify(capsys, out / "release", "--recompute", "--audit", out / "private" / "audit.json")
+    code, text, err = verify(capsys, release_of(out), "--recompute", "--audit", out / "private" / "audit.json")
     assert code == (0 if method == "certified_exact" else 3), text + err
     assert "release reproduced from the audit record" in text
 
@@ -152,8 +153,8 @@ def test_attacker_with_the_public_release_cannot_strip_the_noise(released):
     from ttp_lightning.certify.noise import gaussian_noise
 
     out = released("certified_exact")
-    cert = json.loads((out / "release" / "certificate.json").read_text())
-    public = load_file(str(out / "release" / "model.safetensors"))
+    cert = json.loads((release_of(out) / "certificate.json").read_text())
+    public = load_file(str(release_of(out) / "model.safetensors"))
     released_w = torch.cat([public[n].flatten().double() for n in cert["parameter_names"]])
     truth = load_file(str(out / "private" / "noise_free.safetensors"))["release_1"]
     sigma, dim = cert["sigma"], len(released_w)
@@ -171,14 +172,14 @@ def test_attacker_with_the_public_release_cannot_strip_the_noise(released):
 def test_two_releases_of_one_config_draw_different_noise(released, tmp_path):
     first = released("certified_exact")
     proc = run_release(tmp_path / "again", released.cache, *RELEASES["certified_exact"])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    finished(proc.returncode, json.loads((tmp_path / "again" / "results.json").read_text()), proc.stderr)
     a = load_file(str(first / "private" / "noise_free.safetensors"))["release_1"]
     b = load_file(str(tmp_path / "again" / "private" / "noise_free.safetensors"))["release_1"]
     assert torch.allclose(a, b, rtol=1e-9, atol=1e-12)  # the same deterministic Newton step ...
-    cert = json.loads((first / "release" / "certificate.json").read_text())
+    cert = json.loads((release_of(first) / "certificate.json").read_text())
     sigma, name = cert["sigma"], cert["parameter_names"][0]
-    w1 = load_file(str(first / "release" / "model.safetensors"))[name]
-    w2 = load_file(str(tmp_path / "again" / "release" / "model.safetensors"))[name]
+    w1 = load_file(str(release_of(first) / "model.safetensors"))[name]
+    w2 = load_file(str(release_of(tmp_path / "again") / "model.safetensors"))[name]
     assert (w1 - w2).double().norm().item() > sigma * (2 * w1.numel()) ** 0.5 * 0.8  # ... but fresh noise
 
 
@@ -199,7 +200,7 @@ def edited(release, tmp_path, **changes):
 def test_verify_fails_tampered_and_forged_releases(released, tmp_path, capsys):
 
     out = released("certified_exact")
-    release = out / "release"
+    release = release_of(out)
     cert = json.loads((release / "certificate.json").read_text())
     # one flipped byte in the weights
     flipped = tmp_path / "flipped"
@@ -226,7 +227,7 @@ def test_verify_fails_tampered_and_forged_releases(released, tmp_path, capsys):
 @pytest.mark.parametrize("changes", [{"theta": 1.0}, {"lam": 0.1, "lam_min": -0.1}, {"sigma": 0.0},
                                      {"num_params": 0}, {"steps": []}, {"delta": 1.5}])
 def test_values_outside_the_bounds_domain_fail_without_a_traceback(released, tmp_path, capsys, changes):
-    code, text, err = verify(capsys, edited(released("certified_lissa") / "release", tmp_path, **changes))
+    code, text, err = verify(capsys, edited(release_of(released("certified_lissa")), tmp_path, **changes))
     assert code == 1 and text.startswith("FAIL: ") and err == ""
 
 
@@ -243,7 +244,7 @@ def test_a_forged_norm_bound_is_exposed_by_the_weights_norm(released, tmp_path, 
     from ttp_lightning.certify.certificate import recomputed_sensitivity
     from ttp_lightning.certify.mechanism import implied_epsilon
 
-    release = released("certified_lissa") / "release"
+    release = release_of(released("certified_lissa"))
     cert = json.loads((release / "certificate.json").read_text())
     forged = {**cert, "norm_bound": 0.01, "norm_bound_config": 0.01}
     forged["sensitivity"] = recomputed_sensitivity(forged)
@@ -261,7 +262,7 @@ def test_never_unlearned_weights_under_an_edited_hash_fail_recompute_and_audit(r
     folder = tmp_path / "forged"
     folder.mkdir()
     save_file(pretrained, str(folder / "model.safetensors"))
-    cert = json.loads((out / "release" / "certificate.json").read_text())
+    cert = json.loads((release_of(out) / "certificate.json").read_text())
     cert["weights"][0]["sha256"] = sha256_of(folder / "model.safetensors")
     (folder / "certificate.json").write_text(json.dumps(cert))
     code, text, _ = verify(capsys, folder)
@@ -294,14 +295,14 @@ def test_hostile_certificate_runs_no_code(released, tmp_path, capsys, where, tar
     payload.write_bytes(pickle.dumps(_Payload(marker)))
     hostile = json.loads(json.dumps(HOSTILE_TARGETS[target]).replace("{marker}", str(marker))
                          .replace("{pickle}", str(payload)))
-    cert = json.loads((out / "release" / "certificate.json").read_text())
+    cert = json.loads((release_of(out) / "certificate.json").read_text())
     if where == "data_config":  # the old format's field, whole configs passed to instantiate
         cert["data_config"] = hostile
     elif where == "data.forget":
         cert["data"]["forget"] = {**cert["data"]["forget"], **hostile}
     else:
         cert[where] = {**cert[where], **hostile}
-    folder = edited(out / "release", tmp_path)
+    folder = edited(release_of(out), tmp_path)
     (folder / "certificate.json").write_text(json.dumps(cert))
     for extra in ([], ["--recompute"], ["--audit", out / "private" / "audit.json"]):
         code, text, err = verify(capsys, folder, *extra)
@@ -313,13 +314,13 @@ def test_hostile_file_names_and_disguised_pickles_are_refused(released, tmp_path
     from ttp_lightning.certify.certificate import sha256_of
 
     out = released("certified_exact")
-    cert = json.loads((out / "release" / "certificate.json").read_text())
+    cert = json.loads((release_of(out) / "certificate.json").read_text())
     traversal = tmp_path / "traversal.json"
     traversal.write_text(json.dumps({**cert, "weights": [{"file": "../../etc/passwd", "sha256": "0" * 64}]}))
     code, _, err = verify(capsys, traversal)
     assert code == 2 and "without a folder" in err
     marker = tmp_path / "PWNED"
-    folder = edited(out / "release", tmp_path)
+    folder = edited(release_of(out), tmp_path)
     (folder / "model.safetensors").write_bytes(pickle.dumps(_Payload(marker)))  # a pickle named .safetensors
     cert = json.loads((folder / "certificate.json").read_text())
     cert["weights"][0]["sha256"] = sha256_of(folder / "model.safetensors")
@@ -333,7 +334,7 @@ def test_hostile_file_names_and_disguised_pickles_are_refused(released, tmp_path
 def test_verify_cli_contract(released):
     """The subprocess contract: exit codes 0/3 and one error line for a file that is not JSON."""
     out = released("certified_exact")
-    proc = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", out / "release" / "certificate.json",
+    proc = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", release_of(out) / "certificate.json",
                            "--recompute", "data.max_test_size=100"], cwd=REPO, capture_output=True, text=True,
                           timeout=300, check=False)
     assert proc.returncode == 0 and proc.stdout.startswith("verified:"), proc.stdout + proc.stderr

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import finished, release_of
 from ttp_lightning.data import cifar
 from ttp_lightning.data.sources import load_source
 from ttp_lightning.errors import TTPUserError
@@ -103,10 +104,10 @@ def test_alg1_on_cifar_shaped_files_with_crop_flip_runs_end_to_end(run_job, tmp_
     root = cifar.write_synthetic("cifar10", tmp_path / "data", train=400, test=100)
     job, results = run_job("data=cifar10", f"data.root={root}", "data.augment=crop_flip", "model=mlp",
                            "pretrain.epochs=6", "method.epochs=6", "attacks.enabled=false")
-    assert job.returncode == 0, job.stderr
+    finished(job.returncode, results, job.stderr)
     assert results["experiment"] == "cifar10_mlp"  # named by its data and model, not the default job
     pretrained, finetuned = results["metrics"]["pretrain"], results["metrics"]["pareto"]
     assert pretrained["test_acc"] > 0.5  # the class templates are learnable; chance is 0.1
     assert finetuned["forget_conf_dist"] < pretrained["forget_conf_dist"]
-    released = json.loads((tmp_path / "out" / "release" / "config.json").read_text())
+    released = json.loads((release_of(tmp_path / "out") / "config.json").read_text())
     assert released["input"]["class_names"] == [f"class{i}" for i in range(10)]  # from the meta file

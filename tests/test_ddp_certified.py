@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import TINY_WITHOUT_METHOD
+from conftest import TINY_WITHOUT_METHOD, finished, release_of
 from test_certified_cli import LOGREG
 from ttp_lightning.certify.certificate import load_weights, noise_free_key
 from ttp_lightning.methods.certified.audit import method_config, rebuild_model
@@ -39,10 +39,10 @@ def relative(a, b) -> float:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_ranks_give_the_single_process_newton_step_with_half_the_work_each(run_cli, tmp_path, case):
     proc, results = run_cli(*TINY_WITHOUT_METHOD, "trainer=ddp_sim", *CASES[case], tiny=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    finished(proc.returncode, results, proc.stderr)
     assert "Starting with 2 processes" in proc.stdout + proc.stderr
     out = tmp_path / "out"
-    cert = json.loads((out / "release" / "certificate.json").read_text())
+    cert = json.loads((release_of(out) / "certificate.json").read_text())
     audit = json.loads((out / "private" / "audit.json").read_text())
     metrics = results["metrics"][results["method"]]
     assert metrics["ranks"] == 2
@@ -64,7 +64,7 @@ def test_two_ranks_give_the_single_process_newton_step_with_half_the_work_each(r
     if kind == "estimated":
         assert relative(cert["steps"][0]["residual"], path.steps[0]["residual"]) < 1e-6
     # the final metrics, evaluated by two ranks on their shares, are one process's on the released weights
-    released = out / "release" / cert["weights"][-1]["file"]
+    released = release_of(out) / cert["weights"][-1]["file"]
     datamodule, released_net = rebuild_model(cert, released, [])
     single = evaluate(released_net, datamodule)
     assert set(single) <= set(metrics)  # the same values up to the last rounded digit (another summation order)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import finished
 from test_protect import write_png, write_two_class_tree
 from ttp_lightning.data import images
 
@@ -100,12 +101,12 @@ def test_an_unreadable_entry_is_decoded_again_with_one_warning(tree, tmp_path, c
 def test_the_decoded_cache_is_used_by_a_run_when_asked_for_and_is_off_by_default(run_main, tree, tmp_path):
     args = ("data=imagefolder", f"data.root={tree}", "data.image_size=12", "data.forget.size=4", "method.epochs=2",
             "pretrain.epochs=2", "attacks.enabled=false")
-    code, _, err, _ = run_main(*args)
-    assert code == 0, err
+    code, _, err, results = run_main(*args)
+    finished(code, results, err)
     entry = re.compile(r"[0-9a-f]{16}_[0-9a-f]{32}\.safetensors")
     assert not any(entry.fullmatch(path.name) for path in tmp_path.rglob("*"))  # off by default
     code, _, err, results = run_main(*args, f"data.decoded_cache={tmp_path / 'decoded'}")
-    assert code == 0, err
+    finished(code, results, err)
     assert len(list((tmp_path / "decoded").glob("*.safetensors"))) == 1
     assert results["config"]["data"]["decoded_cache"] == str(tmp_path / "decoded")
 

@@ -6,7 +6,7 @@ the defaults to float rounding. Their speed is measured on a GPU by scripts/benc
 import pytest
 import torch
 
-from conftest import TINY_WITHOUT_METHOD
+from conftest import TINY_WITHOUT_METHOD, finished
 from test_certified_cli import RELEASES
 
 METHODS = {
@@ -28,7 +28,7 @@ CASES = [("bf16-mixed", method) for method in METHODS] + \
 def test_mixed_precision_runs_every_method_family(run_job, precision, method):
     proc, results = run_job(*TINY_WITHOUT_METHOD, f"trainer.precision={precision}", "attacks.enabled=false",
                             *METHODS[method], tiny=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    finished(proc.returncode, results, proc.stderr)
     assert results["config"]["trainer"]["precision"] == precision
     metrics = results["metrics"]
     name = results["method"]
@@ -47,7 +47,7 @@ def test_performance_settings_train_the_same_model_on_cpu(run_job, tmp_path):
     _, plain = run_job(*common, tiny=False)
     proc, fast = run_job(*common, "performance.channels_last=true", "performance.fused_optimizer=true",
                          "performance.compile=true", tiny=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    finished(proc.returncode, fast, proc.stderr)
     for stage in ("pretrain", "pareto"):
         for key in ("retain_acc", "test_acc", "forget_conf_dist"):
             assert fast["metrics"][stage][key] == pytest.approx(plain["metrics"][stage][key], abs=2e-3), (stage, key)
@@ -86,7 +86,7 @@ def test_joint_forward_alg1_takes_the_same_steps_without_batchnorm(run_job):
     common = [*TINY_WITHOUT_METHOD, "method.epochs=5", "attacks.enabled=false", "method.early_stopping.enabled=false"]
     _, two = run_job(*common, tiny=False)
     proc, one = run_job(*common, "method.joint_forward=true", tiny=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    finished(proc.returncode, one, proc.stderr)
     for key in ("retain_acc", "test_acc", "forget_conf_dist", "forget_l2_dist"):
         assert one["metrics"]["pareto"][key] == pytest.approx(two["metrics"]["pareto"][key], abs=1e-5), key
     proc, _ = run_job(*common, "method=pareto_robust", "method.joint_forward=true", tiny=False)

@@ -16,8 +16,9 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from conftest import REPO
+from conftest import REPO, finished, release_of
 from ttp_lightning import load_released
+from ttp_lightning.errors import EXIT_NOT_PROTECTED
 
 EXAMPLE = REPO / "scripts" / "provider_example.py"
 PROTECT = ["+workflow=protect", "model=mlp", "model.hidden_dim=128", "logger=none",
@@ -111,6 +112,22 @@ def test_protect_refuses_a_run_without_its_inputs(run_main, tmp_path):
     assert err.strip().splitlines() == [expected]
 
 
+def test_an_over_confident_checkpoint_is_not_called_protected_by_the_papers_alg1(run_main, examples, tmp_path):
+    """The provider's last layer scaled up 30x: every softmax is saturated, and the paper's Alg 1 (KL(p || u),
+    whose gradient vanishes there) cannot move it. Before the gate this was released as protected, exit 0."""
+    folder, checkpoint = examples("pt")
+    state = torch.load(checkpoint, weights_only=True)
+    state["3.weight"], state["3.bias"] = state["3.weight"] * 30, state["3.bias"] * 30
+    sharp = tmp_path / "sharp.pt"
+    torch.save(state, sharp)
+    code, _, err, results = protect(run_main, folder, sharp, "method=pareto", "method.epochs=20",
+                                    "attacks.enabled=false", "release_gate.require=[clean]")
+    assert code == EXIT_NOT_PROTECTED and results["metrics"]["pareto"]["forget_worst_conf_dist"] > 0.1
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "forget images keep clean CD > 0.1" in lines[0] and "image:" in lines[0]
+    assert not (tmp_path / "out" / "release").exists() and (tmp_path / "out" / "release_not_protected").is_dir()
+
+
 def write_png(path: Path, array: np.ndarray, mode: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(array, mode=mode).save(path)
@@ -198,9 +215,9 @@ def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
     from ttp_lightning.errors import TTPUserError
 
     folder, checkpoint = examples("pt")
-    code, _, err, _ = protect(run_main, folder, checkpoint, "attacks.enabled=false", "method.epochs=2")
-    assert code == 0, err
-    release = tmp_path / "out" / "release"
+    code, _, err, results = protect(run_main, folder, checkpoint, "attacks.enabled=false", "method.epochs=2")
+    finished(code, results, err)
+    release = release_of(tmp_path / "out")
     config = json.loads((release / "config.json").read_text())
     # code named in config.json is never imported: a _target_ or an unregistered model is refused
     for architecture, match in (({"_target_": "os.system", "name": "mlp", "hidden_dim": 128}, "_target_"),
@@ -233,15 +250,15 @@ def test_imagefolder_two_classes_runs_alg1_end_to_end(run_main, tmp_path):
     write_two_class_tree(root, np.random.default_rng(0))
     code, _, err, results = run_main("data=imagefolder", f"data.root={root}", "data.image_size=12",
                                        "data.forget.size=4", "method.epochs=10")
-    assert code == 0, err
+    finished(code, results, err)
     assert results["data"]["train_size"] == 80 and results["data"]["test_size"] == 32
     metrics = results["metrics"]
     assert metrics["pretrain"]["test_acc"] >= 0.9
     assert metrics["pareto"]["forget_conf_dist"] < metrics["pretrain"]["forget_conf_dist"]
-    config = json.loads((tmp_path / "out" / "release" / "config.json").read_text())
+    config = json.loads((release_of(tmp_path / "out") / "config.json").read_text())
     assert config["input"]["class_names"] == ["cat", "dog"]
     assert (config["input"]["channels"], config["input"]["image_size"], config["input"]["num_classes"]) == (3, 12, 2)
-    model = load_released(tmp_path / "out" / "release")
+    model = load_released(release_of(tmp_path / "out"))
     assert model(torch.rand(2, 3, 12, 12)).shape == (2, 2)
 
 
@@ -277,11 +294,11 @@ def test_timm_model_finetunes_locally_saved_pretrained_weights(run_main, compose
     assert torch.allclose(state["conv1.0.weight"], saved["conv1.0.weight"].sum(dim=1, keepdim=True))
     code, _, err, results = run_main("model=timm", "model.name=test_resnet", f"model.pretrained_file={weights}",
                                      "pretrain.epochs=2", "method.epochs=2", "attacks.enabled=false")
-    assert code == 0, err
+    finished(code, results, err)
     assert results["config"]["model"]["pretrained_file"] == str(weights)
-    config = json.loads((tmp_path / "out" / "release" / "config.json").read_text())
+    config = json.loads((release_of(tmp_path / "out") / "config.json").read_text())
     assert config["architecture"] == {"name": "timm", "model_name": "test_resnet"}
-    reloaded = load_released(tmp_path / "out" / "release")  # rebuilt without reading the pretrained file
+    reloaded = load_released(release_of(tmp_path / "out"))  # rebuilt without reading the pretrained file
     assert reloaded(torch.rand(3, 1, 8, 8)).shape == (3, 10)
 
 
@@ -313,10 +330,10 @@ def test_a_checkpoints_own_input_statistics_reach_the_model_and_the_release(run_
     """data.mean / data.std: a checkpoint trained on other statistics (ImageNet's, a provider's own) gets
     them inside the model, and config.json tells a downstream user; a wrong count is one error line."""
     code, _, err, results = run_main("data.mean=[0.5]", "data.std=[0.25]", "method.epochs=2", "attacks.enabled=false")
-    assert code == 0, err
-    config = json.loads((tmp_path / "out" / "release" / "config.json").read_text())
+    finished(code, results, err)
+    config = json.loads((release_of(tmp_path / "out") / "config.json").read_text())
     assert config["input"]["mean"] == [0.5] and config["input"]["std"] == [0.25]
-    model = load_released(tmp_path / "out" / "release")
+    model = load_released(release_of(tmp_path / "out"))
     assert model.mean.flatten().tolist() == [0.5] and model.std.flatten().tolist() == [0.25]
     (tmp_path / "out" / "results.json").unlink()
     code, _, err, results = run_main("data.mean=[0.485,0.456,0.406]", "data.std=[0.229,0.224,0.225]")

@@ -18,7 +18,7 @@ from ttp_lightning.cli_checks import (
     check_unknown_additions,
     normalize_overrides,
 )
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
 
 
 def _fail(exc: TTPUserError) -> None:
@@ -27,6 +27,7 @@ def _fail(exc: TTPUserError) -> None:
 
 
 _RECEIVED: dict[str, str] = {}
+_NOT_PROTECTED: list[str] = []  # multirun jobs whose release gate failed (the sweep goes on; exit 4 at its end)
 
 
 def _on_sigint(signum, frame) -> None:
@@ -55,12 +56,19 @@ def _stopped_by(name: str, code: int, at_once: bool = False) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="main")
 def _hydra_main(cfg: DictConfig) -> None:
+    from hydra.types import RunMode
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from ttp_lightning.pipeline import run  # heavy imports after Hydra has parsed --help etc.
+    from ttp_lightning.protection import gate_line
 
     try:
-        run(cfg, HydraConfig.get().runtime.output_dir)
+        results = run(cfg, HydraConfig.get().runtime.output_dir)
+        if results is not None and not results["release_gate"]["passed"]:
+            print(f"error: {gate_line(results['release_gate'])}", file=sys.stderr, flush=True)
+            if HydraConfig.get().mode != RunMode.MULTIRUN:
+                sys.exit(EXIT_NOT_PROTECTED)
+            _NOT_PROTECTED.append(HydraConfig.get().runtime.output_dir)
     except TTPUserError as exc:
         _fail(exc)
     except SIGTERMException:  # Lightning's SIGTERM handling exits with code 0 unless caught
@@ -74,6 +82,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    _NOT_PROTECTED.clear()
     os.environ.setdefault("WANDB_SILENT", "true")
     # conf/hydra/launcher/submitit_*.yaml replace the submitit plugin's configs of the same names (with this
     # project's defaults); Hydra 1.3 then checks them against the plugin's schemas, as intended, and warns
@@ -95,6 +104,10 @@ def main() -> None:
     except TTPUserError as exc:
         _fail(exc)
     _hydra_main()
+    if _NOT_PROTECTED:  # a sweep whose every job ran, some of them leaving a forget image unprotected
+        print(f"error: {len(_NOT_PROTECTED)} job(s) of the sweep are not protected: {', '.join(_NOT_PROTECTED)}",
+              file=sys.stderr, flush=True)
+        sys.exit(EXIT_NOT_PROTECTED)
 
 
 if __name__ == "__main__":

@@ -4,22 +4,33 @@ import copy
 import hashlib
 import json
 import logging
+from pathlib import Path
 
 import hydra
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.attacks import WORST, evaluate_attacks
-from ttp_lightning.certify.certificate import AUDIT_FILE, PRIVATE_DIR, RELEASE_DIR, write_release
+from ttp_lightning.attacks.relearn import relearn_attack
+from ttp_lightning.certify.certificate import AUDIT_FILE, PRIVATE_DIR, write_release
 from ttp_lightning.certify.schema import data_spec, model_spec
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.evaluation import forget_softmax, predictions
+from ttp_lightning.evaluation import eval_device, forget_softmax, predictions
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
 from ttp_lightning.progress import quiet_lightning
+from ttp_lightning.protection import (
+    GateSettings,
+    certified_by_gamma,
+    clean_conf_dist,
+    judge,
+    per_image_rows,
+    stage_summary,
+)
 from ttp_lightning.release import (
     CARD,
     CONFIG,
@@ -32,7 +43,10 @@ from ttp_lightning.release import (
 from ttp_lightning.reporting.results import (
     format_attack_table,
     format_certificate_line,
+    format_per_image_table,
     format_table,
+    gate_summary,
+    per_image_title,
     write_results,
     write_weights,
 )
@@ -93,6 +107,7 @@ def finish_logger(logger, results: dict, output_dir: str) -> None:
         return
     flat = {f"final/{stage}/{k}": v for stage, values in results["metrics"].items() for k, v in values.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    flat["final/protected"] = int(results["release_gate"]["passed"])  # the release gate's verdict, 1 or 0
     if type(logger).__name__ == "WandbLogger":  # final values are the run's summary, not one-point charts
         logger.experiment.summary.update(flat)
         log_run_charts(logger.experiment, results, run_figures(results, output_dir))
@@ -120,19 +135,59 @@ def identity(cfg: DictConfig, datamodule) -> dict:
     }
 
 
-def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig) -> None:
+def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig) -> dict:
     """The attack evaluation of each stage's model on the forget set: results["attacks"] (scores),
     results["attack_checks"] and, in each stage's metrics, forget_robust_conf_dist (the worst attack at
-    `robust_gamma`). Attackers aim for the pretrained model's predictions and must restore its forget CD."""
+    `robust_gamma`). Attackers aim for the pretrained model's predictions and must restore its forget CD.
+    Returns {stage: each forget image's CD at its most confident attacked point within `robust_gamma`}."""
     forget = datamodule.dataset("forget")
     targets = predictions(models["pretrain"], forget)
     reference = results["metrics"]["pretrain"]["forget_conf_dist"]
-    results["attacks"], results["attack_checks"] = {}, {}
+    results["attacks"], results["attack_checks"], per_image = {}, {}, {}
+    gamma = f"{float(cfg.robust_gamma):g}"  # validated: one of the gammas
     for stage, net in models.items():
         evaluation = evaluate_attacks(net, forget, cfg, targets=targets, reference_conf_dist=reference)
         results["attacks"][stage], results["attack_checks"][stage] = evaluation["scores"], evaluation["checks"]
-        robust = evaluation["scores"][WORST][f"{float(cfg.robust_gamma):g}"]  # validated: one of the gammas
-        results["metrics"][stage]["forget_robust_conf_dist"] = robust["forget_conf_dist"]
+        results["metrics"][stage]["forget_robust_conf_dist"] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
+        per_image[stage] = evaluation["worst_per_image"][gamma]
+    relearn = cfg.get("relearn")
+    if relearn is not None and relearn.enabled and len(datamodule.test_labels):
+        log.info("relearning attack: Adam lr %g on the test split, forget set measured after %s steps", relearn.lr,
+                 ", ".join(map(str, relearn.steps)))
+        results["relearn"] = {stage: relearn_attack(net, datamodule.dataset("test"), forget, list(relearn.steps),
+                                                    float(relearn.lr), int(relearn.batch_size), int(cfg.seed),
+                                                    eval_device()) for stage, net in models.items()}
+    return per_image
+
+
+def account_per_image(results: dict, models: dict, datamodule, cfg: DictConfig, attacked: dict) -> str | None:
+    """Every forget image, one by one: results["forget_per_image"] (clean, attacked and certified CD per image
+    and stage), results["certified"] (the certified bound at every attack radius) and each stage's per-image
+    summary in its metrics. Returns why no certified bound could be computed (None when it was)."""
+    forget_images, _ = datamodule.dataset("forget").everything()
+    gamma = float(cfg.attacks.robust_gamma)
+    gammas = sorted({float(g) for g in cfg.attacks.gammas} | {gamma})
+    threshold = float(cfg.release_gate.conf_dist_at_most)
+    device = eval_device()
+    columns, results["certified"], note = {}, {}, None
+    for stage, net in models.items():
+        certified, note = certified_by_gamma(net, forget_images, gammas, device)
+        columns[stage] = {"clean": clean_conf_dist(net, forget_images, device).tolist(), "attacked": attacked.get(stage),
+                          "certified": None if certified is None else certified[f"{gamma:g}"]}
+        if certified is not None:
+            results["certified"][stage] = {g: stage_summary({"certified": values}, threshold)
+                                           for g, values in certified.items()}
+        results["metrics"][stage].update(stage_summary(columns[stage], threshold))
+    if note:
+        results["certified_note"] = note
+    results["forget_per_image"] = per_image_rows(datamodule.forget_ids(), columns)
+    return note
+
+
+def weights_changed(before, after) -> bool:
+    """Whether the method's network differs from the pretrained one in any weight or buffer."""
+    first, second = before.state_dict(), after.state_dict()
+    return first.keys() != second.keys() or any(not torch.equal(first[k].cpu(), second[k].cpu()) for k in first)
 
 
 def method_key(ctx: RunContext, datamodule) -> str:
@@ -144,15 +199,16 @@ def method_key(ctx: RunContext, datamodule) -> str:
 
 
 def publish(results: dict, net, cfg: DictConfig, datamodule, attack_table, certificate_line, output_dir) -> dict:
-    """release/: model.safetensors, config.json, MODEL_CARD.md (what a model hub takes); returns the
-    results' record of it."""
+    """The release folder the gate chose (release/ or release_not_protected/): model.safetensors, config.json,
+    MODEL_CARD.md (what a model hub takes); returns the results' record of it."""
     label = METHOD_LABELS.get(cfg.method.name, cfg.method.name)
     architecture = architecture_of(cfg.model)
     folder = write_hub_release(net, output_dir, architecture, datamodule.info, release_protection(results, label),
                                model_card(results, label, attack_table, certificate_line),
                                certified_file=results["certificate"]["weights"][-1]["file"]
-                               if "certificate" in results else None)
-    return {"folder": folder.name, "files": [WEIGHTS, CONFIG, CARD], "loadable": architecture is not None}
+                               if "certificate" in results else None, folder_name=results["release_gate"]["folder"])
+    return {"folder": folder.name, "files": [WEIGHTS, CONFIG, CARD], "loadable": architecture is not None,
+            "protected": results["release_gate"]["passed"]}
 
 
 def run(cfg: DictConfig, output_dir: str) -> dict | None:
@@ -161,6 +217,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     quiet_lightning()
     method = validate_config(cfg)  # builds the method from cfg.method._target_ and checks its settings
     datamodule = build_datamodule(cfg.data)
+    GateSettings.from_config(cfg.release_gate).check(datamodule.info.num_classes, bool(cfg.attacks.enabled))
 
     def make_net():
         L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -197,9 +254,12 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> d
     ctx.run_key = method_key(ctx, datamodule)
     output = method.run(ctx, pretrained, datamodule, make_net)
     # every rank evaluates its share (trainer.validate); rank 0 then attacks, writes and prints
-    metrics = {"pretrain_original": evaluate(original, datamodule, cfg.trainer)} if original is not None else {}
-    metrics["pretrain"] = {**evaluate(pretrained, datamodule, cfg.trainer), **pretrain_info}
-    metrics[cfg.method.name] = {**evaluate(output.net, datamodule, cfg.trainer), **output.metrics}
+    exposed_above = ctx.exposed_above
+    metrics = {"pretrain_original": evaluate(original, datamodule, cfg.trainer, exposed_above)} \
+        if original is not None else {}
+    metrics["pretrain"] = {**evaluate(pretrained, datamodule, cfg.trainer, exposed_above), **pretrain_info}
+    metrics[cfg.method.name] = {**evaluate(output.net, datamodule, cfg.trainer, exposed_above), **output.metrics,
+                                "weights_changed": weights_changed(pretrained, output.net)}
     if not is_global_zero():
         return None
     results = {
@@ -208,7 +268,8 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> d
         "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
         "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
                  "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
-                 "forget_fingerprint": datamodule.forget_fingerprint(), **datamodule.forget_record()},
+                 "forget_fingerprint": datamodule.forget_fingerprint(),
+                 "forget_set_digest": datamodule.forget_set_digest(), **datamodule.forget_record()},
         "metrics": metrics,
         "history": {cfg.method.name: output.history},
         "resumed": dict(ctx.resumed),
@@ -216,28 +277,37 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> d
     }
     results["forget_softmax"] = {"pretrain": forget_softmax(pretrained, datamodule),
                                  cfg.method.name: forget_softmax(output.net, datamodule)}
+    models = {"pretrain": pretrained, cfg.method.name: output.net}
+    attacked = {}
     if cfg.attacks.enabled:
         log.info("attacking the forget set: %s at gamma %s/255", ", ".join(map(str, cfg.attacks.names)),
                  ", ".join(f"{float(g):g}" for g in cfg.attacks.gammas))
-        attack_models(results, {"pretrain": pretrained, cfg.method.name: output.net}, datamodule, cfg.attacks)
+        attacked = attack_models(results, models, datamodule, cfg.attacks)
+    note = account_per_image(results, models, datamodule, cfg, attacked)
+    results["release_gate"] = judge(results["forget_per_image"], cfg.method.name, metrics[cfg.method.name],
+                                    GateSettings.from_config(cfg.release_gate), float(cfg.attacks.robust_gamma), note)
+    folder = results["release_gate"]["folder"]
     if output.release is not None:
         certificate = {**output.release.certificate, "experiment": cfg.experiment_name,
                        **identity(cfg, datamodule), "metrics": metrics[cfg.method.name]}
-        cert_path = write_release(certificate, output.release.states, output.release.audit, output_dir)
+        cert_path = write_release(certificate, output.release.states, output.release.audit, output_dir, folder)
         results["certificate"] = json.loads(cert_path.read_text())
-        results["weights_file"] = f"{RELEASE_DIR}/{results['certificate']['weights'][-1]['file']}"
+        results["weights_file"] = f"{folder}/{results['certificate']['weights'][-1]['file']}"
         results["audit_file"] = f"{PRIVATE_DIR}/{AUDIT_FILE}"
     else:
-        results["weights_file"] = write_weights(output.net, output_dir).name
-    attack_table = format_attack_table(results["attacks"]) if "attacks" in results else None
+        weights = write_weights(output.net, Path(output_dir) / ("" if results["release_gate"]["passed"] else folder))
+        results["weights_file"] = str(weights.relative_to(output_dir))
+    attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn")) \
+        if "attacks" in results else None
     certificate_line = format_certificate_line(results["certificate"], cfg.method.vacuous_above) \
         if "certificate" in results else None
     results["release"] = publish(results, output.net, cfg, datamodule, attack_table, certificate_line, output_dir)
     path = write_results(results, output_dir)
     attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
     certified = f"\n{certificate_line}" if certificate_line else ""
-    print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{attacks}{certified}\nresults: {path}",
-          flush=True)
+    per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
+    print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
+          f"{gate_summary(results['release_gate'])}\nresults: {path}", flush=True)
     finish_logger(ctx.logger, results, output_dir)
     remove_checkpoints(ctx.checkpoint_dirs)  # the results are written: a rerun starts afresh
     return results

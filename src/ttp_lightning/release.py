@@ -81,14 +81,14 @@ def architecture_of(model_cfg: DictConfig) -> dict | None:
 
 
 def write_hub_release(net: nn.Module, output_dir: str | Path, architecture: dict | None, info, protection: dict,
-                      card: str, certified_file: str | None = None) -> Path:
-    """Write release/{model.safetensors, config.json, MODEL_CARD.md} (each through a temporary file);
-    returns the folder. A certified release's model.safetensors is already there (the certificate's file,
+                      card: str, certified_file: str | None = None, folder_name: str = "release") -> Path:
+    """Write <folder_name>/{model.safetensors, config.json, MODEL_CARD.md} (each through a temporary file;
+    release/, or release_not_protected/ when the release gate failed); returns the folder. A certified release's model.safetensors is already there (the certificate's file,
     under the classifier's `backbone.` names; `certified_file`) and is kept as it is; Alg 4's, which names
     one file per request, gets model.safetensors as a copy of the last one."""
     from ttp_lightning import __version__
 
-    folder = Path(output_dir) / "release"
+    folder = Path(output_dir) / folder_name
     folder.mkdir(parents=True, exist_ok=True)
     # a certified release keeps the file its certificate hashes (Alg 4's last request file is copied)
     prefix = CERTIFIED_PREFIX if certified_file else ""
@@ -163,15 +163,18 @@ def load_released(folder: str | Path, device: str | torch.device = "cpu") -> nn.
 
 # ------------------------------------------------------------------------------------------- model card
 ATTACKS_TEXT = ("An adversary who holds these weights perturbs a protected image to recover a confident "
-                "prediction (the forget confidence distance it reaches; higher is worse):")
+                "prediction (the forget confidence distance it reaches; higher is worse). `certified` rows are "
+                "upper bounds no perturbation within that radius can exceed; `relearn` rows finetune the weights "
+                "on public labelled images without the forget set for that many steps:")
 CERTIFICATE_TEXT = ("The certificate and the hashes of the released weights are in the run's release/ folder "
                     "(`python -m ttp_lightning.verify`).")
 LIMITATIONS = (
     ("- Protection covers the listed forget images (matched by their pixels) and is measured on them; images "
      "that differ from them (other photos of the same person, crops, recompression) are not covered unless "
      "they were in the forget set."),
-    ("- Without a certificate (Alg 1) the guarantee is empirical: the numbers above and the attack table, not a "
-     "bound. Stronger attacks than those run here may do better."),
+    ("- The attack table is empirical: stronger attacks than those run here may do better. The certified bound is "
+     "a proof, but only for the L-inf ball of the stated radius around each forget image; beyond it nothing is "
+     "certified."),
     "- Accuracy elsewhere was measured on the test set named above only.",
     "- The forget images themselves are not in this release; only their fingerprint is.",
 )
@@ -186,25 +189,46 @@ def _metric(values: dict, key: str, percent: bool) -> str:
     return f"{100 * value:.2f} %" if percent else f"{value:.4f}"
 
 
+def _count(values: dict, key: str, percent: bool) -> str:
+    value = values.get(key)
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{100 * value:.0f} %" if percent else f"{value:d}"
+
+
 def model_card(results: dict, method_label: str, attack_table: str | None, certificate_line: str | None) -> str:
-    """MODEL_CARD.md: what was done and why, the settings, the measured effect and the limitations."""
-    config, data, metrics = results["config"], results["data"], results["metrics"]
+    """MODEL_CARD.md: whether the release gate passed, what was done and why, the settings, the measured
+    effect (per image too) and the limitations."""
+    config, data, metrics, gate = results["config"], results["data"], results["metrics"], results["release_gate"]
     method = results["method"]
     before, after = metrics.get("pretrain_original", metrics["pretrain"]), metrics[method]
     theta = config["method"].get("theta")
+    gamma, threshold = f"{gate['gamma']:g}/255", f"{gate['conf_dist_at_most']:g}"
     rows = [("retain accuracy", "retain_acc", True), ("test accuracy", "test_acc", True),
             ("forget accuracy", "forget_acc", True),
             ("forget confidence distance (0 = uniform softmax)", "forget_conf_dist", False),
             ("forget confidence distance under attack", "forget_robust_conf_dist", False),
-            ("test confidence distance", "test_conf_dist", False)]
-    table = "\n".join(f"| {label} | {_metric(before, key, pct)} | {_metric(after, key, pct)} |"
-                      for label, key, pct in rows)
+            ("test confidence distance", "test_conf_dist", False),
+            ("worst forget image's confidence distance", "forget_worst_conf_dist", False),
+            (f"worst forget image under attack ({gamma})", "forget_robust_worst_conf_dist", False),
+            (f"worst forget image, certified bound ({gamma})", "forget_certified_worst_conf_dist", False)]
+    counts = [(f"forget images with confidence distance > {threshold}", "forget_exposed", False),
+              (f"forget images with confidence distance > {threshold} under attack ({gamma})",
+               "forget_robust_exposed", False),
+              (f"forget images certified <= 0.05 within {gamma}", "forget_certified_share_05", True),
+              (f"forget images certified <= 0.1 within {gamma}", "forget_certified_share_10", True)]
+    table = "\n".join([f"| {label} | {_metric(before, key, pct)} | {_metric(after, key, pct)} |"
+                       for label, key, pct in rows] +
+                      [f"| {label} | {_count(before, key, pct)} | {_count(after, key, pct)} |"
+                       for label, key, pct in counts])
     source = config["model"].get("checkpoint")
     start = "the provider's checkpoint (model.checkpoint)" if source else "a model pretrained by ttp_lightning"
     what = (f"This model was rewritten with ttp_lightning ({method_label}) so that it is maximally uncertain (a "
             f"uniform softmax) on a protected forget set of {data['forget_size']} images while keeping its "
-            f"accuracy elsewhere (test-time privacy). It starts from {start}. Anyone who runs it on a protected "
-            "image gets no confident prediction for it.")
+            f"accuracy elsewhere (test-time privacy). It starts from {start}. ")
+    what += ("Every forget image passed the release gate (" + _gate_rule(gate) + "): anyone who runs it on a "
+             "protected image gets no confident prediction for it." if gate["passed"] else
+             "It did NOT pass the release gate (" + _gate_rule(gate) + "): do not publish it as protected.")
     settings = [
         f"- method: {method} ({method_label})" + (f", theta = {theta}" if theta is not None else ""),
         (f"- data: {config['data']['name']}; training set {data['train_size']} images, test set "
@@ -212,9 +236,15 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
         (f"- forget set: {data['forget_size']} images ({data.get('forget_from_test', 0)} from outside the "
          f"training data); SHA-256 fingerprint `{data['forget_fingerprint']}`"),
     ]
-    lines = [f"# Model card: {results['experiment']} ({method_label})", "", "## What was done and why", "", what,
-             "", "## Settings", "", *settings, "", "## Effect", "", "| measure | before | after |", "|---|---|---|",
-             table, ""]
+    title = f"# Model card: {results['experiment']} ({method_label})" + ("" if gate["passed"] else ": NOT PROTECTED")
+    lines = [title, ""]
+    if not gate["passed"]:
+        lines += ["## Not protected", "", *[f"- {reason}" for reason in gate["reasons"]], "",
+                  (f"{len(gate['failing_images'])} forget image(s) failed; the run's results.json lists them "
+                   "(`release_gate.failing_images`, `forget_per_image`)."), ""]
+    lines += ["## What was done and why", "", what,
+              "", "## Settings", "", *settings, "", "## Effect", "", "| measure | before | after |", "|---|---|---|",
+              table, "", PER_IMAGE_TEXT.format(gamma=gamma), ""]
     if attack_table:
         lines += ["## Attacks on the forget set", "", ATTACKS_TEXT, "", "```", attack_table, "```", ""]
     if certificate_line:
@@ -224,13 +254,32 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
     return "\n".join(lines)
 
 
+def _gate_rule(gate: dict) -> str:
+    return (f"every forget image's {' / '.join(gate['require'])} confidence distance at most "
+            f"{gate['conf_dist_at_most']:g}" + (f", within {gate['gamma']:g}/255" if len(gate["require"]) > 1 else ""))
+
+
+PER_IMAGE_TEXT = ("Per image: a release is judged by its worst protected image, not the mean. The certified bound is "
+                  "an upper bound on the confidence distance anywhere within {gamma} (L-inf, pixels in [0, 1]) of "
+                  "each forget image, computed from these weights alone by interval bound propagation; anyone "
+                  "holding the weights and the images can recompute it: `python -m ttp_lightning.verify robust "
+                  "RELEASE_DIR IMAGES_DIR`.")
+PER_IMAGE_KEYS = ("forget_worst_conf_dist", "forget_exposed", "forget_robust_worst_conf_dist", "forget_robust_exposed",
+                  "forget_certified_worst_conf_dist", "forget_certified_share_05", "forget_certified_share_10")
+
+
 def release_protection(results: dict, method_label: str) -> dict:
-    """config.json's `protection`: what was done (for people; never read by code)."""
-    config = results["config"]
+    """config.json's `protection`: what was done and whether the release gate passed (for people, and
+    `verify robust` compares its claims with what it recomputes; never used to build anything)."""
+    config, gate = results["config"], results["release_gate"]
     after = results["metrics"][results["method"]]
     return {"method": results["method"], "label": method_label, "theta": config["method"].get("theta"),
             "forget_size": results["data"]["forget_size"], "forget_fingerprint": results["data"]["forget_fingerprint"],
+            "forget_set_digest": results["data"].get("forget_set_digest"),
             "forget_conf_dist": after.get("forget_conf_dist"), "test_acc": after.get("test_acc"),
-            "certified": "certificate" in results, "experiment": results["experiment"]}
+            "certified": "certificate" in results, "experiment": results["experiment"],
+            "protected": gate["passed"],
+            "release_gate": {k: gate[k] for k in ("conf_dist_at_most", "require", "gamma", "reasons")},
+            "per_image": {"gamma": gate["gamma"], **{k: after.get(k) for k in PER_IMAGE_KEYS}}}
 
 

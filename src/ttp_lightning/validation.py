@@ -61,7 +61,7 @@ def validate_config(cfg: DictConfig) -> Method:
     _required(cfg)
     MainSchema(threads=cfg.get("threads", "auto"), progress_bar_refresh_rate=cfg.progress_bar_refresh_rate,
                checkpoint_every_n_epochs=cfg.get("checkpoint_every_n_epochs", 1))
-    for key in ("pretrain", "data", "method", "attacks", "performance"):  # the typed schemas' __post_init__
+    for key in ("pretrain", "data", "method", "attacks", "performance", "release_gate"):  # the typed schemas' __post_init__
         if key in cfg:
             typed(cfg[key], key)
     if cfg.data.forget.source != "train":

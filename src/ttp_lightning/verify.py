@@ -1,5 +1,6 @@
 """`python -m ttp_lightning.verify CERT [WEIGHTS ...] [--recompute] [--audit AUDIT] [data.KEY=VALUE ...]`:
-check a certified release.
+check a certified release. (`python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR --gamma 8` checks
+any release's certified uniformity around given images instead: verify_robust.py.)
 
 CERT is a release's certificate.json (or its folder); the weights are the files it names, next to it,
 unless given. The certificate is untrusted input: it is read as typed data against an allowlist (no
@@ -70,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["robust"]:
+        from ttp_lightning.verify_robust import main as verify_robust
+
+        return verify_robust(argv[1:])
     overrides = [a for a in argv if OVERRIDE.match(a)]
     args = _parser().parse_args([a for a in argv if a not in overrides])
 

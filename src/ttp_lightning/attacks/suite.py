@@ -72,7 +72,8 @@ def zero_gradient_mask(model: nn.Module, images: torch.Tensor, targets: torch.Te
 def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg, targets: torch.Tensor | None = None,
                      reference_conf_dist: float | None = None) -> dict:
     """{"scores": {attack: {gamma (/255): {forget_conf_dist, forget_acc}}} with "none" (clean) and "worst"
-    (per image the most confident of all attacks), "checks": {...}}. `targets`: the labels an adversary wants
+    (per image the most confident of all attacks), "checks": {...}, "worst_per_image": {gamma: [each image's
+    CD at its most confident point]}}. `targets`: the labels an adversary wants
     back (the pretrained model's predictions; default the true labels). `reference_conf_dist`: the forget CD
     the unbounded attack should restore (the pretrained model's)."""
     started = time.perf_counter()
@@ -101,7 +102,9 @@ def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg, targets: 
         checks["unbounded"] = _unbounded(per_image["unbounded"][UNBOUNDED], num_classes, reference_conf_dist)
     model.train(was_training)
     checks["wall_s"] = round(time.perf_counter() - started, 3)
-    return {"scores": scores, "checks": checks}
+    worst = {_key(g): (confidence.double() - 1.0 / num_classes).clamp(min=0).tolist()
+             for g, (confidence, _) in per_image[WORST].items()}
+    return {"scores": scores, "checks": checks, "worst_per_image": worst}
 
 
 def _attack_per_image(model, images, labels, targets, cfg, gammas, samples, chunk) -> dict:

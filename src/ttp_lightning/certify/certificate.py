@@ -66,11 +66,13 @@ def noise_free_key(index: int) -> str:
     return f"release_{index + 1}"
 
 
-def write_release(certificate: dict, states: list[dict], audit: dict, output_dir: str | Path) -> Path:
-    """Write release/ (weights, then the certificate naming their hashes) and private/ (start weights,
-    noise-free weights, the audit record naming every hash). Returns the certificate's path."""
+def write_release(certificate: dict, states: list[dict], audit: dict, output_dir: str | Path,
+                  folder: str = RELEASE_DIR) -> Path:
+    """Write `folder` (release/, or release_not_protected/ when the release gate failed: weights, then the
+    certificate naming their hashes) and private/ (start weights, noise-free weights, the audit record naming
+    every hash). Returns the certificate's path."""
     output_dir = Path(output_dir)
-    release_dir, private_dir = output_dir / RELEASE_DIR, output_dir / PRIVATE_DIR
+    release_dir, private_dir = output_dir / folder, output_dir / PRIVATE_DIR
     release_dir.mkdir(parents=True, exist_ok=True)
     private_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(private_dir, 0o700)

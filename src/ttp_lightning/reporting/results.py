@@ -22,7 +22,8 @@ WEIGHTS_FILE = "model.pt"
 
 
 def write_weights(net, output_dir: str | Path) -> Path:
-    """The released model's state_dict as model.pt (via a temporary file): what a provider publishes."""
+    """The released model's state_dict as model.pt in `output_dir` (created; via a temporary file)."""
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
     return atomic_write(Path(output_dir) / WEIGHTS_FILE, lambda tmp: torch.save(net.state_dict(), tmp))
 
 
@@ -88,8 +89,69 @@ def format_certificate_line(certificate: dict, vacuous_above: float) -> str:
     return line
 
 
-def format_attack_table(attacks: dict[str, dict]) -> str:
-    return _aligned(attack_rows(attacks))
+def format_attack_table(attacks: dict[str, dict], certified: dict[str, dict] | None = None,
+                        relearn: dict[str, dict] | None = None) -> str:
+    """The attack table; with `certified` ({stage: {gamma: summary}}), a `certified` row per radius: the mean of
+    each image's certified bound, which no attack in that ball can exceed (accuracy: -); with `relearn`
+    ({stage: {steps: scores}}), a `relearn` row per number of finetuning steps."""
+    rows = attack_rows(attacks)
+    stages = list(attacks)
+    for gamma in next(iter(attacks.values()))[WORST_ATTACK]:
+        if not certified or not all(gamma in certified.get(stage, {}) for stage in stages):
+            continue
+        rows.append(["certified", f"{gamma}/255"] + [cell for stage in stages for cell in
+                                                     (f"{certified[stage][gamma]['forget_certified_conf_dist']:.4f}", "-")])
+    for steps in (next(iter(relearn.values())) if relearn else {}):
+        rows.append(["relearn", f"{steps} step{'s' if steps != '1' else ''}"] + [
+            cell for stage in stages for cell in (f"{relearn[stage][steps]['forget_conf_dist']:.4f}",
+                                                  f"{relearn[stage][steps]['forget_acc']:.2%}")])
+    return _aligned(rows)
+
+
+WORST_ATTACK = "worst"
+PER_IMAGE_COLUMNS = [("forget_worst_conf_dist", "worst CD", "{:.4f}"), ("forget_exposed", "CD > {t}", "{:d}"),
+                     ("forget_robust_worst_conf_dist", "worst attacked", "{:.4f}"),
+                     ("forget_robust_exposed", "attacked > {t}", "{:d}"),
+                     ("forget_certified_worst_conf_dist", "worst certified", "{:.4f}"),
+                     ("forget_certified_share_05", "certified <= 0.05", "{:.0%}"),
+                     ("forget_certified_share_10", "certified <= 0.1", "{:.0%}")]
+
+
+def per_image_title(results: dict) -> str:
+    gate = results["release_gate"]
+    return (f"forget images one by one ({results['data']['forget_size']} images; attacked and certified within "
+            f"{gate['gamma']:g}/255; certified: a bound no attack can exceed)")
+
+
+def per_image_summary_rows(metrics: dict[str, dict], gate: dict) -> list[list[str]]:
+    """Header, then per stage: the worst forget image's clean, attacked and certified CD, how many images
+    exceed the gate's threshold, and the shares certified at most 0.05 and 0.1."""
+    threshold = f"{gate['conf_dist_at_most']:g}"
+    rows = [["stage"] + [title.format(t=threshold) for _, title, _ in PER_IMAGE_COLUMNS]]
+    for stage, values in metrics.items():
+        rows.append([stage] + ["-" if values.get(key) is None else fmt.format(values[key])
+                               for key, _, fmt in PER_IMAGE_COLUMNS])
+    return rows
+
+
+def forget_image_rows(per_image: list[dict]) -> list[list]:
+    """Header, then one row per forget image: its id and, per stage, its clean / attacked / certified CD."""
+    stages = [key for key in per_image[0] if key != "id"] if per_image else []
+    header = ["image"] + [f"{stage} {kind}" for stage in stages for kind in ("clean", "attacked", "certified")]
+    return [header] + [[row["id"]] + [row[stage][kind] for stage in stages for kind in ("clean", "attacked", "certified")]
+                       for row in per_image]
+
+
+def format_per_image_table(metrics: dict[str, dict], gate: dict) -> str:
+    return _aligned(per_image_summary_rows(metrics, gate))
+
+
+def gate_summary(gate: dict) -> str:
+    """The release gate's verdict under the tables."""
+    if gate["passed"]:
+        rule = f"every forget image's {' / '.join(gate['require'])} CD <= {gate['conf_dist_at_most']:g}"
+        return f"release gate: passed ({rule}) -> {gate['folder']}/"
+    return f"release gate: NOT PROTECTED: {'; '.join(gate['reasons'])} -> {gate['folder']}/"
 
 
 def _aligned(rows: list[list[str]]) -> str:

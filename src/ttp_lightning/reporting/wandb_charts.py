@@ -8,7 +8,12 @@ attack curves, also written to <run dir>/figures/) in its own wandb run. Sweep-l
 import os
 from pathlib import Path
 
-from ttp_lightning.reporting.results import attack_rows, metric_rows
+from ttp_lightning.reporting.results import (
+    attack_rows,
+    forget_image_rows,
+    metric_rows,
+    per_image_summary_rows,
+)
 
 
 def _payload(images: list[Path], tables: dict[str, tuple[list[str], list[list[str]]]]) -> dict:
@@ -23,6 +28,9 @@ def log_run_charts(run, results: dict, images: list[Path]) -> None:
     """Log one run's tables and its figures (`images`, drawn by the caller) to its wandb `run` (a
     WandbLogger's experiment)."""
     tables = {"metrics": metric_rows(results["metrics"])}
+    if "release_gate" in results:  # every forget image: the stages' worst and counts, then one row per image
+        tables["per_image"] = per_image_summary_rows(results["metrics"], results["release_gate"])
+        tables["forget_images"] = forget_image_rows(results["forget_per_image"])
     if "attacks" in results:
         tables["attacks"] = attack_rows(results["attacks"])
     run.log(_payload(images, {name: (rows[0], rows[1:]) for name, rows in tables.items()}))

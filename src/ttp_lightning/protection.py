@@ -1,0 +1,153 @@
+"""Every protected image: per-image accounting and the release gate.
+
+A release is judged by its worst protected image, not the mean. For each stage's model and each forget image
+this module records three confidence distances (CD):
+
+  clean      at the image itself;
+  attacked   the most confident point the attack evaluation found within `attacks.robust_gamma` / 255 (a lower
+             bound on what an adversary can reach);
+  certified  an upper bound on the CD anywhere in that ball, from the weights alone (interval bound
+             propagation, ttp_lightning.ibp): no attack can do better, and anyone holding the released weights
+             and the image can recompute it (`python -m ttp_lightning.verify robust`).
+
+The gate (`release_gate` in conf/main.yaml) then decides whether the method's model is released as protected:
+every forget image must have each CD named in `release_gate.require` at most `release_gate.conf_dist_at_most`,
+the method must have taken a training step when it trains (Alg 1), and its early-stopping rule must have been
+met. Otherwise the weights go to release_not_protected/, the model card says so and the command exits with
+EXIT_NOT_PROTECTED after one line naming how many images failed, which, and why.
+"""
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
+
+log = logging.getLogger(__name__)
+
+PROTECTED_DIR, NOT_PROTECTED_DIR = "release", "release_not_protected"
+KINDS = ("clean", "attacked", "certified")
+SHARES = (0.05, 0.1)  # certified shares reported beside the gate's threshold
+SHOWN_IDS = 10  # images named in the gate's line (all of them are in results.json)
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """`release_gate`: the per-image threshold and which CDs of every forget image must meet it."""
+
+    conf_dist_at_most: float = 0.1
+    require: tuple[str, ...] = ("clean",)
+
+    @classmethod
+    def from_config(cls, cfg) -> "GateSettings":
+        if cfg is None:
+            return cls()
+        return cls(float(cfg.conf_dist_at_most), tuple(str(kind) for kind in cfg.require))
+
+    def check(self, num_classes: int, attacks_enabled: bool) -> None:
+        """A threshold the CD cannot exceed (it is at most 1 - 1/K) would make a gate that cannot fail."""
+        ceiling = 1.0 - 1.0 / num_classes
+        if not 0.0 <= self.conf_dist_at_most < ceiling:
+            raise TTPUserError(f"release_gate.conf_dist_at_most={self.conf_dist_at_most:g} is not allowed; with "
+                               f"{num_classes} classes a CD is at most {ceiling:.4g}, so choose a value in "
+                               f"[0, {ceiling:.4g}) (a gate that cannot fail protects nobody)")
+        if "clean" not in self.require:
+            raise TTPUserError(f"release_gate.require={list(self.require)} is not allowed; it must include clean")
+        if "attacked" in self.require and not attacks_enabled:
+            raise TTPUserError("release_gate.require names attacked, which needs attacks.enabled=true")
+
+
+def clean_conf_dist(net: nn.Module, images: torch.Tensor, device, chunk_size: int = 1024) -> torch.Tensor:
+    """[N] float64: each image's CD under `net` (eval mode)."""
+    was_training = net.training
+    net.eval().to(device)
+    with torch.no_grad():
+        probs = torch.cat([net(images[i:i + chunk_size].to(device)).softmax(-1).double().cpu()
+                           for i in range(0, len(images), chunk_size)])
+    net.train(was_training)
+    return (probs.max(-1).values - 1.0 / probs.shape[-1]).clamp(min=0.0)
+
+
+def stage_summary(columns: dict[str, list | None], threshold: float) -> dict:
+    """A stage's per-image numbers for its metrics: the worst image and how many exceed `threshold`, per kind
+    (the clean ones come from the evaluation itself), and the certified shares at SHARES."""
+    out: dict = {}
+    attacked, certified = columns.get("attacked"), columns.get("certified")
+    if attacked is not None:
+        out["forget_robust_worst_conf_dist"] = round(max(attacked, default=0.0), 6)
+        out["forget_robust_exposed"] = sum(value > threshold for value in attacked)
+    if certified is not None:
+        count = max(len(certified), 1)
+        out["forget_certified_conf_dist"] = round(sum(certified) / count, 6)
+        out["forget_certified_worst_conf_dist"] = round(max(certified, default=0.0), 6)
+        for share in SHARES:
+            out[f"forget_certified_share_{round(share * 100):02d}"] = round(
+                sum(value <= share for value in certified) / count, 6)
+    return out
+
+
+def per_image_rows(ids: list[str], stages: dict[str, dict[str, list | None]]) -> list[dict]:
+    """results.json `forget_per_image`: one row per forget image, {id, <stage>: {clean, attacked, certified}}
+    (None where not measured)."""
+    rows = []
+    for i, image_id in enumerate(ids):
+        row: dict = {"id": image_id}
+        for stage, columns in stages.items():
+            row[stage] = {kind: (None if columns.get(kind) is None else round(float(columns[kind][i]), 6))
+                          for kind in KINDS}
+        rows.append(row)
+    return rows
+
+
+def judge(rows: list[dict], stage: str, metrics: dict, settings: GateSettings, gamma: float,
+          certify_note: str | None = None) -> dict:
+    """results.json `release_gate`: whether `stage`'s model is released as protected, and every reason it is not."""
+    reasons, failing = [], []
+    if metrics.get("train_steps") == 0:
+        reasons.append("the method took 0 training steps")
+    elif metrics.get("weights_changed") is False:
+        reasons.append("the method left every weight unchanged (is the learning rate too small to move them?)")
+    if metrics.get("constraint_met") is False:
+        rule = metrics.get("stopping_rule")
+        reasons.append("no epoch met the early-stopping rule" + (f" ({rule})" if rule else ""))
+    threshold = settings.conf_dist_at_most
+    for kind in settings.require:
+        values = [row[stage][kind] for row in rows]
+        if any(value is None for value in values):
+            why = certify_note if kind == "certified" and certify_note else "not measured"
+            reasons.append(f"the {kind} CD of the forget images could not be computed ({why})")
+            continue
+        bad = [row["id"] for row, value in zip(rows, values) if value > threshold]
+        if bad:
+            where = "" if kind == "clean" else f" at {gamma:g}/255"
+            reasons.append(f"{len(bad)} of {len(rows)} forget images keep {kind} CD > {threshold:g}{where}")
+            failing += [image for image in bad if image not in failing]
+    passed = not reasons
+    return {"passed": passed, "stage": stage, "folder": PROTECTED_DIR if passed else NOT_PROTECTED_DIR,
+            "conf_dist_at_most": threshold, "require": list(settings.require), "gamma": gamma,
+            "reasons": reasons, "failing_images": failing}
+
+
+def gate_line(record: dict) -> str:
+    """The one line a failed gate prints (every failing image is in results.json)."""
+    shown = record["failing_images"][:SHOWN_IDS]
+    more = len(record["failing_images"]) - len(shown)
+    images = f" ({', '.join(shown)}{f', and {more} more' if more > 0 else ''})" if shown else ""
+    return (f"not protected: {'; '.join(record['reasons'])}{images}; the weights are in {record['folder']}/, "
+            f"not released as protected (exit {EXIT_NOT_PROTECTED})")
+
+
+def certified_by_gamma(net: nn.Module, images: torch.Tensor, gammas: list[float], device
+                       ) -> tuple[dict[str, list[float]] | None, str | None]:
+    """{gamma: each image's certified CD bound} for every radius, or (None, why) when the network has a layer
+    interval propagation does not support (the certified column then reads "-")."""
+    from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
+
+    try:
+        return {f"{float(g):g}": certified_conf_dist(net, images, float(g), device=device).tolist()
+                for g in gammas}, None
+    except UnsupportedLayer as exc:
+        log.warning("no certified CD for this network: %s", exc)
+        return None, str(exc)

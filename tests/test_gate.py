@@ -1,0 +1,178 @@
+"""Issue 24: the release gate. A run releases as protected only when every forget image is; a model left
+confident, a method that took no step or changed nothing, or an early-stopping rule never met ends in exit 4,
+one line naming the images and the reasons, and a folder that says it is not protected."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from ttp_lightning.data.batching import ShardedBatchSampler
+from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
+from ttp_lightning.protection import NOT_PROTECTED_DIR, PROTECTED_DIR, GateSettings, judge, per_image_rows
+
+
+def _rows(clean, attacked=None, certified=None):
+    stage = {"clean": clean, "attacked": attacked, "certified": certified}
+    return per_image_rows([f"train:{i}" for i in range(len(clean))], {"pareto": stage})
+
+
+def test_the_gate_judges_every_image_and_names_the_failing_ones():
+    rows = _rows([0.01, 0.5, 0.02], attacked=[0.05, 0.9, 0.2], certified=[0.03, 0.9, 0.9])
+    passed = judge(_rows([0.01, 0.09]), "pareto", {"train_steps": 5, "constraint_met": True}, GateSettings(), 8)
+    assert passed["passed"] and passed["folder"] == PROTECTED_DIR and passed["reasons"] == []
+    clean_only = judge(rows, "pareto", {"train_steps": 5}, GateSettings(), 8)
+    assert not clean_only["passed"] and clean_only["folder"] == NOT_PROTECTED_DIR
+    assert clean_only["failing_images"] == ["train:1"] and clean_only["reasons"] == [
+        "1 of 3 forget images keep clean CD > 0.1"]
+    strict = judge(rows, "pareto", {}, GateSettings(0.1, ("clean", "attacked", "certified")), 8)
+    assert strict["failing_images"] == ["train:1", "train:2"]
+    assert "2 of 3 forget images keep attacked CD > 0.1 at 8/255" in strict["reasons"]
+    assert "2 of 3 forget images keep certified CD > 0.1 at 8/255" in strict["reasons"]
+
+
+def test_no_step_an_unchanged_model_or_an_unmet_rule_is_never_protected_even_when_images_look_uniform():
+    uniform = _rows([0.0, 0.0])
+    for metrics, reason in (({"train_steps": 0}, "0 training steps"),
+                            ({"train_steps": 3, "weights_changed": False}, "left every weight unchanged"),
+                            ({"constraint_met": False, "stopping_rule": "rule X"}, "early-stopping rule (rule X)")):
+        record = judge(uniform, "pareto", metrics, GateSettings(), 8)
+        assert not record["passed"] and any(reason in r for r in record["reasons"]), record
+
+
+def test_a_required_bound_that_cannot_be_computed_fails_the_gate():
+    record = judge(_rows([0.0]), "pareto", {}, GateSettings(0.1, ("clean", "certified")), 8, "LayerNorm")
+    assert not record["passed"] and "could not be computed (LayerNorm)" in record["reasons"][0]
+
+
+@pytest.mark.parametrize("threshold", [0.9, 0.95])
+def test_a_threshold_the_cd_cannot_exceed_is_refused(threshold):
+    with pytest.raises(TTPUserError, match="cannot fail"):
+        GateSettings(threshold).check(num_classes=10, attacks_enabled=True)  # a CD is at most 0.9 with K = 10
+    with pytest.raises(TTPUserError, match="attacks.enabled"):
+        GateSettings(0.1, ("clean", "attacked")).check(num_classes=10, attacks_enabled=False)
+
+
+def test_an_unchanged_model_ends_in_exit_4_with_a_folder_that_says_so(run_main, tmp_path):
+    code, out, err, results = run_main("method.lr=1e-320", "method.epochs=2", "attacks.enabled=false")
+    assert code == EXIT_NOT_PROTECTED
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "not protected" in lines[0] and "left every weight unchanged" in lines[0]
+    assert "20 of 20 forget images keep clean CD > 0.1" in lines[0] and "train:" in lines[0]
+    out_dir = tmp_path / "out"
+    assert not (out_dir / PROTECTED_DIR).exists() and not (out_dir / "model.pt").exists()
+    folder = out_dir / NOT_PROTECTED_DIR
+    assert {"model.safetensors", "config.json", "MODEL_CARD.md", "model.pt"} <= {p.name for p in folder.iterdir()}
+    card = (folder / "MODEL_CARD.md").read_text()
+    assert card.splitlines()[0].endswith("NOT PROTECTED") and "do not publish it as protected" in card
+    assert json.loads((folder / "config.json").read_text())["protection"]["protected"] is False
+    gate = results["release_gate"]
+    assert not gate["passed"] and len(gate["failing_images"]) == 20 and results["weights_file"] == \
+        f"{NOT_PROTECTED_DIR}/model.pt"
+    assert "release gate: NOT PROTECTED" in out
+    assert [row["id"] for row in results["forget_per_image"]] == [f"train:{i}" for i in results["data"]["forget_indices"]]
+
+
+def test_a_protected_run_records_every_image(run_main, tmp_path):
+    code, out, err, results = run_main("method.epochs=40", "attacks.gammas=[8]", "attacks.apgd_steps=20",
+                                       "attacks.restarts=1")
+    assert code == 0, err
+    gate, metrics = results["release_gate"], results["metrics"]["pareto"]
+    assert gate["passed"] and (tmp_path / "out" / PROTECTED_DIR / "model.safetensors").is_file()
+    rows = results["forget_per_image"]
+    assert len(rows) == 20 and all(row["pareto"]["clean"] <= 0.1 for row in rows)
+    assert metrics["forget_worst_conf_dist"] == pytest.approx(max(row["pareto"]["clean"] for row in rows), abs=1e-5)
+    assert metrics["forget_exposed"] == 0 and metrics["forget_conf_dist"] <= metrics["forget_worst_conf_dist"]
+    for row in rows:  # the certified bound is above every attack, and the attack above the clean image
+        for stage in ("pretrain", "pareto"):
+            values = row[stage]
+            assert values["clean"] - 1e-6 <= values["attacked"] <= values["certified"] + 1e-6
+    history = results["history"]["pareto"]
+    assert all("forget_worst_conf_dist" in row and "forget_exposed" in row for row in history)
+    assert "forget images one by one" in out and re.search(r"^certified +8/255 ", out, re.MULTILINE)
+
+
+def test_every_rank_sees_every_forget_image(monkeypatch):
+    """Five forget images over three ranks with a forget batch of 5: sharded, each rank would hold one or two
+    images and no full batch (Alg 1 would take no step); the forget loader is not sharded."""
+    from ttp_lightning.data import batching
+
+    monkeypatch.setattr(batching, "_rank_and_world", lambda: (2, 3))
+    sharded = ShardedBatchSampler(5, 5, shuffle=True, drop_last=True)
+    assert list(sharded) == []  # what a sharded forget loader gave before
+    from ttp_lightning.data.datamodule import TTPDataModule
+
+    datamodule = TTPDataModule("digits", split="paper", forget={"size": 5}, forget_batch_size=10)
+    datamodule.setup()
+    batches = list(datamodule.pareto_dataloader().iterables["forget"])
+    assert len(batches) == 1 and sorted(batches[0][1].tolist()) == sorted(datamodule.dataset("forget").labels.tolist())
+
+
+def test_alg1_under_two_processes_with_five_forget_images_takes_steps(run_cli):
+    proc, results = run_cli("trainer=ddp_sim", "data.forget.size=5", "method.epochs=30", "attacks.enabled=false")
+    assert proc.returncode in (0, EXIT_NOT_PROTECTED), proc.stderr
+    metrics = results["metrics"]
+    assert metrics["pareto"]["train_steps"] > 0
+    assert metrics["pareto"]["forget_conf_dist"] < metrics["pretrain"]["forget_conf_dist"] - 0.3
+    if proc.returncode == EXIT_NOT_PROTECTED:
+        assert not results["release_gate"]["passed"] and "not protected" in proc.stderr
+    else:
+        assert results["release_gate"]["passed"]
+
+
+def test_the_gate_threshold_must_be_able_to_fail(run_main):
+    code, _, err, results = run_main("release_gate.conf_dist_at_most=0.95")
+    assert code == 2 and results is None
+    assert "error: release_gate.conf_dist_at_most=0.95 is not allowed" in err and "cannot fail" in err
+
+
+def _write_pngs(folder, images) -> None:
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, image in enumerate(images):
+        Image.fromarray(np.asarray(image[0], dtype=np.uint8), mode="L").save(folder / f"{i:03d}.png")
+
+
+def test_verify_robust_rechecks_a_release_from_its_weights_and_the_images(run_main, tmp_path):
+    """A genuine release verifies; a weights file swapped without or with its hash rewritten, images that are
+    not the forget set, or images of the wrong shape do not."""
+    import hashlib
+
+    from safetensors.torch import load_file, save_file
+
+    from ttp_lightning.data.datamodule import TTPDataModule
+    from ttp_lightning.verify import main as verify
+
+    code, _, err, _ = run_main("method.epochs=40", "attacks.gammas=[2]", "attacks.robust_gamma=2",
+                                     "attacks.apgd_steps=10", "attacks.restarts=1", "attacks.relearn.enabled=false")
+    assert code == 0, err
+    release = tmp_path / "out" / PROTECTED_DIR
+    datamodule = TTPDataModule("digits", split="paper", forget={"size": 20})
+    datamodule.setup()
+    forget_dir, other_dir = tmp_path / "forget", tmp_path / "other"
+    _write_pngs(forget_dir / "any" / "sub", datamodule.train_images[datamodule.forget_indices])
+    _write_pngs(other_dir, datamodule.test_images[:10])
+    claimed = json.loads((release / "config.json").read_text())["protection"]["per_image"]
+    assert claimed["gamma"] == 2.0 and claimed["forget_certified_worst_conf_dist"] is not None
+
+    assert verify(["robust", str(release), str(forget_dir), "--gamma", "0"]) == 0  # the clean CDs, all <= 0.1
+    assert verify(["robust", str(release), str(forget_dir), "--at-most", "0.899"]) == 0  # the release's own gamma
+    assert verify(["robust", str(release), str(other_dir), "--gamma", "0"]) == 1  # confident on other images
+
+    weights = release / "model.safetensors"
+    state = load_file(str(weights))
+    last = max(state)
+    state[last] = state[last] * 3  # a sharper model
+    save_file(state, str(weights))
+    assert verify(["robust", str(release), str(forget_dir), "--at-most", "0.899"]) == 2  # hash differs: refused
+    config = json.loads((release / "config.json").read_text())
+    config["weights"]["sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    (release / "config.json").write_text(json.dumps(config))
+    assert verify(["robust", str(release), str(forget_dir), "--at-most", "0.899"]) == 1  # claims no longer hold
+
+    _write_pngs(tmp_path / "wrong", torch.zeros(2, 1, 9, 9, dtype=torch.uint8))
+    assert verify(["robust", str(release), str(tmp_path / "wrong")]) == 2
+    assert verify(["robust", str(tmp_path), str(forget_dir)]) == 2  # not a release folder

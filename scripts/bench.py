@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ttp_lightning.errors import EXIT_NOT_PROTECTED
+
 QUIET = ["logger=none", "trainer.enable_progress_bar=false"]
 
 
@@ -35,7 +37,7 @@ def finish_job(job: tuple, out: str, overrides: list[str]) -> dict:
     proc, start = job
     _, stderr = proc.communicate()
     wall = time.perf_counter() - start
-    if proc.returncode != 0:
+    if proc.returncode not in (0, EXIT_NOT_PROTECTED):  # 4: finished, not released as protected
         sys.exit(f"benchmark job failed ({' '.join(overrides)}):\n{stderr[-3000:]}")
     results = json.loads((Path(out) / "results.json").read_text())
     results["command_wall_s"] = round(wall, 2)

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from ttp_lightning.errors import EXIT_NOT_PROTECTED
+
 QUIET = ["logger=none", "trainer.enable_progress_bar=false"]
 
 
@@ -31,7 +33,7 @@ def run_job(overrides: list[str], out: Path) -> dict:
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "ttp_lightning", *QUIET, *overrides, f"hydra.run.dir={out}"],
                           env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
+    if proc.returncode not in (0, EXIT_NOT_PROTECTED):  # 4: finished, not released as protected
         sys.exit(f"benchmark job failed ({' '.join(overrides)}):\n{proc.stderr[-3000:]}")
     results = json.loads((out / "results.json").read_text())
     results["command_wall_s"] = round(time.perf_counter() - start, 2)

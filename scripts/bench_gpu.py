@@ -45,6 +45,7 @@ from omegaconf import OmegaConf
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten
 from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.data.sources import DatasetInfo
+from ttp_lightning.errors import EXIT_NOT_PROTECTED
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.objectives import UNIFORMITY_LOSSES, retain_loss
 
@@ -235,7 +236,7 @@ def pipeline_run(workdir: Path, data_root: Path, name: str, on_gpu: bool, tiny: 
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "ttp_lightning", *overrides], capture_output=True, text=True,
                           check=False, env={**os.environ, "WANDB_MODE": "disabled"})
-    if proc.returncode != 0:  # recorded, and the other settings and measurements still run
+    if proc.returncode not in (0, EXIT_NOT_PROTECTED):  # 4: finished, not released as protected; others: recorded, and the other settings and measurements still run
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         print(f"pipeline {name}: failed (exit {proc.returncode}): {last}", *proc.stderr.splitlines()[-12:-1],
               sep="\n  ", flush=True)

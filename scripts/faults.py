@@ -23,6 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ttp_lightning.errors import EXIT_NOT_PROTECTED
+
+FINISHED = (0, EXIT_NOT_PROTECTED)  # a run that went to its end (4: its release gate failed)
+
 REPO = Path(__file__).resolve().parents[1]
 MNIST_RAW = REPO.parent / "shared" / "data" / "MNIST" / "raw"
 BASE = ["logger=none", "trainer.enable_progress_bar=false", "data.forget.size=20", "attacks.enabled=false",
@@ -191,9 +195,9 @@ def case_collapse(work, reference):
     happened = (f"exit {job.proc.returncode}; constraint_met {metrics.get('constraint_met')}, kept epoch "
                 f"{metrics.get('best_epoch')} by '{metrics.get('selection_rule', '')[:40]}...', retain "
                 f"{metrics.get('retain_acc', float('nan')):.3f}") if metrics else job.last_line()
-    ok = job.proc.returncode == 0 and metrics.get("constraint_met") is False
+    ok = job.proc.returncode == EXIT_NOT_PROTECTED and metrics.get("constraint_met") is False  # the gate refuses it
     return {"exit": job.proc.returncode, "happened": happened,
-            "lost": "nothing: results.json says no epoch met the thresholds", "ok": ok}
+            "lost": "nothing: results.json says no epoch met the thresholds; not released as protected", "ok": ok}
 
 
 def copy_cache(work: Path, reference: Job, name: str) -> Path:
@@ -213,7 +217,7 @@ def case_truncated_cache(work, reference):
     return {"exit": job.proc.returncode,
             "happened": f"warning naming {entry.name}: {warned}; retrained (cached {pretrain.get('cached')})",
             "lost": "nothing: results equal the reference" if equal else "RESULTS DIFFER",
-            "ok": job.proc.returncode == 0 and warned and equal and pretrain.get("cached") is False}
+            "ok": job.proc.returncode in FINISHED and warned and equal and pretrain.get("cached") is False}
 
 
 def case_truncated_checkpoint(work, reference):
@@ -228,7 +232,7 @@ def case_truncated_checkpoint(work, reference):
     equal = same_results(reference.results, again.results)
     return {"exit": again.proc.returncode, "happened": f"warning naming last.ckpt: {warned}; Alg 1 started afresh",
             "lost": "the finished epochs (retrained); results equal the reference" if equal else "RESULTS DIFFER",
-            "ok": again.proc.returncode == 0 and warned and equal}
+            "ok": again.proc.returncode in FINISHED and warned and equal}
 
 
 def case_concurrent(work, reference):
@@ -375,7 +379,7 @@ def main(argv=None) -> int:
     rows = []
     try:
         reference = run(work, "reference", work / "cache_reference", BASE)
-        if reference.proc.returncode != 0:
+        if reference.proc.returncode not in FINISHED:
             print(reference.stderr[-3000:], file=sys.stderr)
             return 1
         for name, case in CASES.items():

@@ -67,12 +67,15 @@ def _run(compose_cfg, tmp_path, monkeypatch, method: str, *overrides: str) -> di
 
 def test_robust_alg1_keeps_uniformity_under_attack_and_stops_on_the_attacked_cd(compose_cfg, tmp_path, monkeypatch):
     plain = _run(compose_cfg, tmp_path, monkeypatch, "pareto")
-    robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust",
-                  "method.early_stopping.retain_acc_drop_at_most=0.05")  # robust Alg 1 costs digits' MLP 1-4 %
+    # 12 epochs from an 8-epoch pretrained MLP: robust Alg 1 is still recovering its accuracy and the worst image
+    # is near 0.1, so the rule is looser here (the test is about which qualifying epoch is kept, not the gate)
+    robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.early_stopping.conf_dist_below=0.3",
+                  "method.early_stopping.retain_acc_drop_at_most=0.15")
     history = robust["history"]["pareto_robust"]
     assert all("forget_robust_conf_dist" in row for row in history)
     best, threshold = (robust["metrics"]["pareto_robust"][k] for k in ("best_epoch", "retain_acc_threshold"))
-    qualifying = [row for row in history if row["retain_acc"] >= threshold]
+    qualifying = [row for row in history if row["retain_acc"] >= threshold and row["forget_worst_conf_dist"] < 0.3]
+    assert qualifying and robust["metrics"]["pareto_robust"]["constraint_met"]
     assert history[best - 1]["forget_robust_conf_dist"] == min(row["forget_robust_conf_dist"] for row in qualifying)
     attacked = {name: results["metrics"][name]["forget_robust_conf_dist"]
                 for name, results in (("pareto", plain), ("pareto_robust", robust))}

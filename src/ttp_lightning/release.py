@@ -175,6 +175,8 @@ LIMITATIONS = (
     ("- The attack table is empirical: stronger attacks than those run here may do better. The certified bound is "
      "a proof, but only for the L-inf ball of the stated radius around each forget image; beyond it nothing is "
      "certified."),
+    ("- Open weights can be finetuned: the `relearn` rows show how far a short finetune on public images brings "
+     "the forget images' predictions back; no change to the weights alone can rule that out."),
     "- Accuracy elsewhere was measured on the test set named above only.",
     "- The forget images themselves are not in this release; only their fingerprint is.",
 )

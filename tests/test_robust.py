@@ -134,3 +134,26 @@ def test_evaluating_restores_each_module_s_own_mode():
             assert not any(module.training for module in net.modules())
         assert [module.training for module in net.modules()] == [True, True, False, True]
     assert all(module.training for module in net.modules())
+
+
+def test_interval_term_bounds_the_ball_and_leaves_the_state_dict_alone():
+    """Certified training: the interval term is an upper bound on KL(u||p) over the whole ball, so it is at least
+    the clean KL(u||p); tracing the network for it must not add the traced graph's copy of every weight to the
+    module's state_dict (a state saved before the first training step, as LrBackoff keeps, must still load)."""
+    from ttp_lightning.objectives import PER_INSTANCE_LOSSES
+
+    torch.manual_seed(0)
+    retain, forget = tiny_sets(n_forget=8)
+    images, labels = forget.everything()
+    module = ParetoFinetuneModule(tiny_net(), 0.75, OPTIM, retain_data=retain, forget_data=forget,
+                                  uniformity="reverse_kl",
+                                  adversarial=AdversarialSettings(gamma=8, steps=0, interval_weight=1.0,
+                                                                  interval_ramp_epochs=0))
+    before = {key: value.clone() for key, value in module.state_dict().items()}
+    bound = module._interval_bound(images)
+    with torch.no_grad():
+        clean = PER_INSTANCE_LOSSES["reverse_kl"](module.net.eval()(images))
+    assert bound.shape == clean.shape and (bound >= clean - 1e-6).all() and (bound > clean + 1e-6).any()
+    module._forget_loss(images, labels)
+    assert set(module.state_dict()) == set(before)
+    module.load_state_dict(before)

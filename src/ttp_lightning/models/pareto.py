@@ -61,7 +61,10 @@ class ParetoFinetuneModule(PartsValidationMixin):
         self.uniformity_each = PER_INSTANCE_LOSSES[uniformity]
         self.forget_reduction, self.forget_cvar_fraction = forget_reduction, forget_cvar_fraction
         self.forget_batchnorm = forget_batchnorm
-        self._graph = None  # the network's traced graph, for the interval term
+        # the network's traced graph, for the interval term: kept in a list so that it is not registered as a
+        # submodule (its parameters would enter the state_dict a second time, and a state_dict saved before the
+        # first trace would no longer load: LrBackoff's restart did exactly that)
+        self._graph: list = []
         self.forget_temperature, self.gradient_surgery, self.chunk_size = forget_temperature, gradient_surgery, chunk_size
         self.retain_data, self.forget_data = retain_data, forget_data
         self.automatic_optimization = mode == "minibatch"
@@ -119,10 +122,10 @@ class ParetoFinetuneModule(PartsValidationMixin):
     def _interval_bound(self, images):
         """Each image's upper bound on KL(u || p) over its training ball, with BatchNorm's running statistics
         (the function the released model computes)."""
-        if self._graph is None:
-            self._graph = trace(self.net)
+        if not self._graph:
+            self._graph.append(trace(self.net))
         with evaluating(self.net):
-            return reverse_kl_upper_bound(self.net, images, self._interval_radius(), self._graph)
+            return reverse_kl_upper_bound(self.net, images, self._interval_radius(), self._graph[0])
 
     def _retain_loss(self, images, labels):
         return retain_loss(self(images), labels)

@@ -243,7 +243,9 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
     if not gate["passed"]:
         lines += ["## Not protected", "", *[f"- {reason}" for reason in gate["reasons"]], "",
                   (f"{len(gate['failing_images'])} forget image(s) failed; the run's results.json lists them "
-                   "(`release_gate.failing_images`, `forget_per_image`)."), ""]
+                   "(`release_gate.failing_images`, `forget_per_image`)." if gate["failing_images"] else
+                   "Every forget image met the per-image bound; the reasons above concern how the model was "
+                   "obtained, so it is not released as protected either."), ""]
     lines += ["## What was done and why", "", what,
               "", "## Settings", "", *settings, "", "## Effect", "", "| measure | before | after |", "|---|---|---|",
               table, "", PER_IMAGE_TEXT.format(gamma=gamma), ""]

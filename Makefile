@@ -69,7 +69,7 @@ bench-attacks: $(STAMP)  ## attack evaluation time, findings and torchattacks cr
 	$(BIN)/python scripts/bench_attacks.py --data-root $(DATA_ROOT) --method pareto
 	$(BIN)/python scripts/bench_attacks.py --data-root $(DATA_ROOT) --method pareto_robust --experiment mnist_mlp_robust
 
-bench-protection: $(STAMP)  ## per-image protection, certified shares, relearning: Alg 1 / robust / retrain into bench/protection.json (~1.5 h)
+bench-protection: $(STAMP)  ## per-image protection, certified shares, relearning: Alg 1 / robust / retrain into bench/protection.json (~45 min on 2 cores)
 	$(BIN)/python scripts/bench_protection.py --data-root $(DATA_ROOT) --out bench/protection.json $(ARGS)
 
 bench-certify: $(STAMP)  ## HVP cost and Alg 3 peak memory into bench/certify_<device>.json

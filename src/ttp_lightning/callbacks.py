@@ -14,6 +14,11 @@ from ttp_lightning.errors import TTPUserError
 log = logging.getLogger(__name__)
 
 
+def cpu_state(module: L.LightningModule) -> dict:
+    """A copy of the module's state_dict on the CPU (weights to restore later, unaffected by further training)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+
+
 class ConstrainedBestModel(Callback):
     """App. "Hyperparameter Details": an epoch qualifies when the forget confidence distance (`conf_dist_key`:
     the mean, or the worst image's) is below `conf_dist_below` and the retain accuracy is at least
@@ -72,10 +77,10 @@ class ConstrainedBestModel(Callback):
         if self.fallback == "pareto" and self.best_epoch is None and \
                 (self.fallback_score is None or score > self.fallback_score):
             self.fallback_score, self.fallback_epoch = score, self.last_epoch
-            self.fallback_state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
+            self.fallback_state = cpu_state(pl_module)
         if qualifies and (self.best_rank is None or rank < self.best_rank):
             self.best_rank, self.best_epoch = rank, self.last_epoch
-            self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
+            self.best_state = cpu_state(pl_module)
             self._stale_epochs = 0
         elif self.best_epoch is not None:
             self._stale_epochs += 1
@@ -124,7 +129,7 @@ class LrBackoff(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.start_state is None:  # a resumed fit keeps the state of its own start
-            self.start_state = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
+            self.start_state = cpu_state(pl_module)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         retain = trainer.callback_metrics.get("val/retain_acc")

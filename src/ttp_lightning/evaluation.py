@@ -6,6 +6,7 @@ from torch import nn
 
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.metrics import Accuracy, ConfidenceDistance, L2UniformDistance
+from ttp_lightning.nn_modes import evaluating
 
 LOCAL = {"sync_on_compute": False}  # one process evaluates everything; never wait for other ranks
 
@@ -41,6 +42,15 @@ def predictions(model: nn.Module, dataset, chunk_size: int = 1024, device: torch
                      for i in range(0, len(images), chunk_size)])
     model.train(was_training)
     return out
+
+
+@torch.no_grad()
+def probabilities(model: nn.Module, images: torch.Tensor, device, chunk_size: int = 1024) -> torch.Tensor:
+    """[N, K] float64 on the CPU: the model's softmax of every image (eval mode, moved to `device`, in chunks;
+    every module's own mode is restored afterwards)."""
+    with evaluating(model.to(device)):
+        return torch.cat([model(images[i:i + chunk_size].to(device)).softmax(-1).double().cpu()
+                          for i in range(0, len(images), chunk_size)])
 
 
 @torch.no_grad()

@@ -27,11 +27,16 @@ class _MeanOverInstances(Metric):
         return (self.total / self.count.clamp(min=1)).float()
 
 
+def conf_dist_of_probs(probs: torch.Tensor) -> torch.Tensor:
+    """Sec. 5's confidence distance of each softmax row: max(0, max_c p_c - 1/K); 0 means uniform."""
+    return (probs.max(dim=-1).values - 1.0 / probs.shape[-1]).clamp(min=0.0)
+
+
 class ConfidenceDistance(_MeanOverInstances):
     """Sec. 5: mean of max(0, max_c p_c - 1/K). 0 means a uniform softmax."""
 
     def per_instance(self, probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return (probs.max(dim=-1).values - 1.0 / probs.shape[-1]).clamp(min=0.0)
+        return conf_dist_of_probs(probs)
 
 
 class L2UniformDistance(_MeanOverInstances):
@@ -52,8 +57,7 @@ class Accuracy(_MeanOverInstances):
 
 def conf_dist_per_instance(logits: torch.Tensor) -> torch.Tensor:
     """max(0, max_c p_c - 1/K) of each instance."""
-    probs = torch.softmax(logits.detach().float(), dim=-1)
-    return (probs.max(dim=-1).values - 1.0 / probs.shape[-1]).clamp(min=0.0)
+    return conf_dist_of_probs(torch.softmax(logits.detach().float(), dim=-1))
 
 
 class WorstConfidenceDistance(Metric):

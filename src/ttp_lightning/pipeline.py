@@ -160,14 +160,14 @@ def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig) -> d
     return per_image
 
 
-def account_per_image(results: dict, models: dict, datamodule, cfg: DictConfig, attacked: dict) -> str | None:
+def account_per_image(results: dict, models: dict, datamodule, cfg: DictConfig, attacked: dict,
+                      threshold: float) -> str | None:
     """Every forget image, one by one: results["forget_per_image"] (clean, attacked and certified CD per image
     and stage), results["certified"] (the certified bound at every attack radius) and each stage's per-image
     summary in its metrics. Returns why no certified bound could be computed (None when it was)."""
     forget_images, _ = datamodule.dataset("forget").everything()
     gamma = float(cfg.attacks.robust_gamma)
     gammas = sorted({float(g) for g in cfg.attacks.gammas} | {gamma})
-    threshold = float(cfg.release_gate.conf_dist_at_most)
     device = eval_device()
     columns, results["certified"], note = {}, {}, None
     for stage, net in models.items():
@@ -217,7 +217,8 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     quiet_lightning()
     method = validate_config(cfg)  # builds the method from cfg.method._target_ and checks its settings
     datamodule = build_datamodule(cfg.data)
-    GateSettings.from_config(cfg.release_gate).check(datamodule.info.num_classes, bool(cfg.attacks.enabled))
+    gate = GateSettings.from_config(cfg.release_gate)
+    gate.check(datamodule.info.num_classes, bool(cfg.attacks.enabled))
 
     def make_net():
         L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -227,7 +228,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     ctx = RunContext.from_config(cfg, logger=build_logger(cfg, identity), output_dir=output_dir)
     ctx.identity = identity
     try:
-        return _stages(cfg, ctx, method, datamodule, make_net)
+        return _stages(cfg, ctx, method, datamodule, make_net, gate)
     except BaseException:
         abort_logger(ctx.logger)
         raise
@@ -240,7 +241,7 @@ def abort_logger(logger) -> None:
         end_logger(logger, "failed")
 
 
-def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> dict | None:
+def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net, gate: GateSettings) -> dict | None:
     """pretrain (cached) -> method -> evaluation, attacks -> results.json, release, table, logger."""
     output_dir = ctx.output_dir
     pretrained = make_net()
@@ -283,9 +284,9 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net) -> d
         log.info("attacking the forget set: %s at gamma %s/255", ", ".join(map(str, cfg.attacks.names)),
                  ", ".join(f"{float(g):g}" for g in cfg.attacks.gammas))
         attacked = attack_models(results, models, datamodule, cfg.attacks)
-    note = account_per_image(results, models, datamodule, cfg, attacked)
-    results["release_gate"] = judge(results["forget_per_image"], cfg.method.name, metrics[cfg.method.name],
-                                    GateSettings.from_config(cfg.release_gate), float(cfg.attacks.robust_gamma), note)
+    note = account_per_image(results, models, datamodule, cfg, attacked, gate.conf_dist_at_most)
+    results["release_gate"] = judge(results["forget_per_image"], cfg.method.name, metrics[cfg.method.name], gate,
+                                    float(cfg.attacks.robust_gamma), note)
     folder = results["release_gate"]["folder"]
     if output.release is not None:
         certificate = {**output.release.certificate, "experiment": cfg.experiment_name,

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
+from ttp_lightning.evaluation import probabilities
+from ttp_lightning.metrics import conf_dist_of_probs
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +61,9 @@ class GateSettings:
             raise TTPUserError("release_gate.require names attacked, which needs attacks.enabled=true")
 
 
-def clean_conf_dist(net: nn.Module, images: torch.Tensor, device, chunk_size: int = 1024) -> torch.Tensor:
+def clean_conf_dist(net: nn.Module, images: torch.Tensor, device) -> torch.Tensor:
     """[N] float64: each image's CD under `net` (eval mode)."""
-    was_training = net.training
-    net.eval().to(device)
-    with torch.no_grad():
-        probs = torch.cat([net(images[i:i + chunk_size].to(device)).softmax(-1).double().cpu()
-                           for i in range(0, len(images), chunk_size)])
-    net.train(was_training)
-    return (probs.max(-1).values - 1.0 / probs.shape[-1]).clamp(min=0.0)
+    return conf_dist_of_probs(probabilities(net, images, device))
 
 
 def stage_summary(columns: dict[str, list | None], threshold: float) -> dict:

@@ -95,6 +95,7 @@ def main(argv: list[str]) -> int:
     from ttp_lightning.data.forget import fingerprint, set_digest
     from ttp_lightning.errors import TTPUserError
     from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
+    from ttp_lightning.metrics import conf_dist_of_probs
     from ttp_lightning.protection import stage_summary
     from ttp_lightning.release import load_released, read_release_config
 
@@ -116,7 +117,7 @@ def main(argv: list[str]) -> int:
         bounds = certified_conf_dist(model, images, gamma)
         with torch.no_grad():
             probs = model(images).softmax(-1).double()
-        clean = (probs.max(-1).values - 1.0 / probs.shape[-1]).clamp(min=0)
+        clean = conf_dist_of_probs(probs)
     except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SchemaError,
             UnsupportedLayer) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

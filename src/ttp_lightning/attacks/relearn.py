@@ -11,17 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.evaluation import probabilities
+from ttp_lightning.metrics import conf_dist_of_probs
 
 
-def _forget_scores(net: nn.Module, images: torch.Tensor, labels: torch.Tensor, chunk: int = 1024) -> dict:
-    was_training = net.training
-    net.eval()
-    with torch.no_grad():
-        probs = torch.cat([net(images[i:i + chunk]).softmax(-1).double() for i in range(0, len(images), chunk)])
-    net.train(was_training)
-    conf_dist = (probs.max(-1).values - 1.0 / probs.shape[-1]).clamp(min=0)
+def _forget_scores(net: nn.Module, images: torch.Tensor, labels: torch.Tensor, device) -> dict:
+    probs = probabilities(net, images, device)
+    conf_dist = conf_dist_of_probs(probs)
     return {"forget_conf_dist": round(float(conf_dist.mean()), 6),
-            "forget_acc": round(float((probs.argmax(-1).cpu() == labels.cpu()).double().mean()), 6),
+            "forget_acc": round(float((probs.argmax(-1) == labels.cpu()).double().mean()), 6),
             "forget_worst_conf_dist": round(float(conf_dist.max()), 6)}
 
 
@@ -45,5 +43,5 @@ def relearn_attack(net: nn.Module, public: ImageBatchDataset, forget: ImageBatch
         F.cross_entropy(model(images.to(device)), labels.to(device)).backward()
         optimizer.step()
         if step in wanted:
-            out[str(step)] = _forget_scores(model, forget_images, forget_labels)
+            out[str(step)] = _forget_scores(model, forget_images, forget_labels, device)
     return out

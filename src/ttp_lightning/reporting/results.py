@@ -6,9 +6,11 @@ from pathlib import Path
 
 import torch
 
+from ttp_lightning.attacks.suite import WORST
 from ttp_lightning.certify.certificate import is_vacuous
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.files import atomic_text, atomic_write
+from ttp_lightning.protection import KINDS
 
 COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.2%}"),
            ("forget_acc", "forget acc", "{:.2%}"), ("forget_conf_dist", "forget CD", "{:.4f}"),
@@ -96,7 +98,7 @@ def format_attack_table(attacks: dict[str, dict], certified: dict[str, dict] | N
     ({stage: {steps: scores}}), a `relearn` row per number of finetuning steps."""
     rows = attack_rows(attacks)
     stages = list(attacks)
-    for gamma in next(iter(attacks.values()))[WORST_ATTACK]:
+    for gamma in next(iter(attacks.values()))[WORST]:
         if not certified or not all(gamma in certified.get(stage, {}) for stage in stages):
             continue
         rows.append(["certified", f"{gamma}/255"] + [cell for stage in stages for cell in
@@ -108,7 +110,6 @@ def format_attack_table(attacks: dict[str, dict], certified: dict[str, dict] | N
     return _aligned(rows)
 
 
-WORST_ATTACK = "worst"
 PER_IMAGE_COLUMNS = [("forget_worst_conf_dist", "worst CD", "{:.4f}"), ("forget_exposed", "CD > {t}", "{:d}"),
                      ("forget_robust_worst_conf_dist", "worst attacked", "{:.4f}"),
                      ("forget_robust_exposed", "attacked > {t}", "{:d}"),
@@ -137,9 +138,8 @@ def per_image_summary_rows(metrics: dict[str, dict], gate: dict) -> list[list[st
 def forget_image_rows(per_image: list[dict]) -> list[list]:
     """Header, then one row per forget image: its id and, per stage, its clean / attacked / certified CD."""
     stages = [key for key in per_image[0] if key != "id"] if per_image else []
-    header = ["image"] + [f"{stage} {kind}" for stage in stages for kind in ("clean", "attacked", "certified")]
-    return [header] + [[row["id"]] + [row[stage][kind] for stage in stages for kind in ("clean", "attacked", "certified")]
-                       for row in per_image]
+    header = ["image"] + [f"{stage} {kind}" for stage in stages for kind in KINDS]
+    return [header] + [[row["id"]] + [row[stage][kind] for stage in stages for kind in KINDS] for row in per_image]
 
 
 def format_per_image_table(metrics: dict[str, dict], gate: dict) -> str:

@@ -225,10 +225,25 @@ def test_verify_fails_tampered_and_forged_releases(released, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("changes", [{"theta": 1.0}, {"lam": 0.1, "lam_min": -0.1}, {"sigma": 0.0},
-                                     {"num_params": 0}, {"steps": []}, {"delta": 1.5}])
+                                     {"num_params": 0}, {"steps": []}, {"delta": 1.5}, {"lam": -1.0},
+                                     {"grad_lipschitz_forget": -2.0}, {"hessian_norm": -1.0}])
 def test_values_outside_the_bounds_domain_fail_without_a_traceback(released, tmp_path, capsys, changes):
     code, text, err = verify(capsys, edited(release_of(released("certified_lissa")), tmp_path, **changes))
     assert code == 1 and text.startswith("FAIL: ") and err == ""
+
+
+def test_impossible_constants_that_shrink_delta_fail_before_any_arithmetic(released, tmp_path, capsys):
+    """Negative Hessian-Lipschitz constants F_K = F_A made the paper's Delta 125x smaller (105.6 -> 0.845) and were
+    verified; every stated constant is now range-checked first, and the failure names it."""
+    release = release_of(released("certified_exact"))
+    code, text, _ = verify(capsys, edited(release, tmp_path, hessian_lipschitz_forget=-0.24,
+                                          hessian_lipschitz_retain=-0.24))
+    assert code == 1 and "FAIL: hessian_lipschitz_forget=-0.24 is outside [0.0, inf)" in text
+    assert "FAIL: hessian_lipschitz_retain=-0.24" in text and "verified" not in text
+    cert = json.loads((release / "certificate.json").read_text())
+    steps = [dict(cert["steps"][0], residual=-1e-3)]
+    code, text, _ = verify(capsys, edited(release, tmp_path, steps=steps))
+    assert code == 1 and "FAIL: step 1: residual=-0.001 is outside [0.0, inf)" in text
 
 
 def test_deeply_nested_json_is_one_error_line(tmp_path, capsys):

@@ -123,6 +123,57 @@ def test_forget_batchnorm_eval_uses_and_keeps_the_running_statistics():
                 assert torch.allclose(loss, kl_to_uniform(module.net(images)), atol=1e-6)  # the released function
 
 
+def test_retain_batchnorm_eval_trains_the_released_function_of_the_retain_batch():
+    """retain_batchnorm=eval: the retain batch too goes through the running statistics and leaves them alone, so
+    both terms see the function that is released (with only the forget images in eval mode a layer rescaled
+    before BatchNorm is invisible to the retain term and not to the released model)."""
+    from torch import nn
+
+    from ttp_lightning.models.components.classifier import Classifier
+    from ttp_lightning.objectives import retain_loss
+
+    torch.manual_seed(0)
+    retain, forget = tiny_sets(n_forget=5)
+    images, labels = retain.everything()
+    for mode, moves in (("eval", False), ("train", True)):
+        torch.manual_seed(1)
+        backbone = nn.Sequential(nn.Flatten(), nn.Linear(images[0].numel(), 8), nn.BatchNorm1d(8), nn.ReLU(),
+                                 nn.Linear(8, 3))
+        module = ParetoFinetuneModule(Classifier(backbone, (0.0,), (1.0,)).train(), 0.75, OPTIM, retain_data=retain,
+                                      forget_data=forget, forget_batchnorm="eval", retain_batchnorm=mode)
+        before = backbone[2].running_mean.clone()
+        loss = module._retain_loss(images[:32], labels[:32])
+        assert (not torch.equal(before, backbone[2].running_mean)) == moves and backbone[2].training
+        module.net.eval()
+        with torch.no_grad():
+            released = retain_loss(module.net(images[:32]), labels[:32])
+        assert torch.allclose(loss, released, atol=1e-6) == (mode == "eval")
+
+
+def test_training_radius_follows_the_retain_rule():
+    """radius_rule=retain: one rung down after an epoch below tau_r, one up after an epoch at or above it, never
+    past either end; a radius of 0 trains on the clean images."""
+    from types import SimpleNamespace
+
+    from ttp_lightning.attacks.robust import RADIUS_RUNGS
+    from ttp_lightning.callbacks import RadiusFromRetainRule
+
+    rule, module = RadiusFromRetainRule(0.9, RADIUS_RUNGS), SimpleNamespace(radius_scale=None)
+    rule.on_train_start(None, module)
+    scales = [module.radius_scale]
+    for retain in (0.5, 0.8, 0.95, 0.1, 0.1, 0.1, 0.1, 0.1, 0.92, 0.92, 0.92, 0.92, 0.92, 0.92):
+        trainer = SimpleNamespace(sanity_checking=False, callback_metrics={"val/retain_acc": torch.tensor(retain)})
+        rule.on_validation_end(trainer, module)
+        scales.append(module.radius_scale)
+    assert scales == [1.0, 0.5, 0.25, 0.5, 0.25, 0.125, 0.0, 0.0, 0.0, 0.125, 0.25, 0.5, 1.0, 1.0, 1.0]
+    resumed = RadiusFromRetainRule(0.9, RADIUS_RUNGS)
+    resumed.load_state_dict(RadiusFromRetainRule(0.9, RADIUS_RUNGS).state_dict() | {"rung": 3})
+    resumed.on_train_start(None, module)
+    assert module.radius_scale == 0.125
+    images = torch.rand(4, 1, 4, 4)
+    assert torch.equal(worst_forget_images(tiny_net(), images, SETTINGS, radius=0.0), images)
+
+
 def test_evaluating_restores_each_module_s_own_mode():
     from torch import nn
 

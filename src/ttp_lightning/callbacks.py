@@ -154,6 +154,36 @@ class LrBackoff(Callback):
                         float(retain), self.floor, new_lr)
 
 
+class RadiusFromRetainRule(Callback):
+    """Robust Alg 1's training radius chosen by the retain rule (adversarial.radius_rule=retain): after an epoch
+    whose retain accuracy is below `threshold` (tau_r, the early-stopping rule) the inner attack's radius steps
+    down one rung of `rungs` (fractions of train_gamma, largest first), after one that keeps it, up one. The
+    radius is then the largest the model can be made uniform at without breaking the retain rule: on an MLP
+    that is train_gamma; a BatchNorm ResNet that cannot keep its accuracy with a uniform ball around each image
+    goes down to the clean images (radius 0), where the retain rule can hold, instead of ending without a
+    qualifying epoch. `rung` is saved in checkpoints."""
+
+    def __init__(self, threshold: float, rungs: tuple[float, ...]):
+        self.threshold, self.rungs, self.rung = threshold, tuple(rungs), 0
+
+    def state_dict(self) -> dict:
+        return {"rung": self.rung}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.rung = int(state_dict["rung"])
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.radius_scale = self.rungs[self.rung]
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        retain = trainer.callback_metrics.get("val/retain_acc")
+        if trainer.sanity_checking or retain is None:
+            return
+        step = 1 if float(retain) < self.threshold else -1
+        self.rung = min(max(self.rung + step, 0), len(self.rungs) - 1)
+        pl_module.radius_scale = self.rungs[self.rung]
+
+
 class EpochHistory(Callback):
     """Records every validation epoch's val/* metrics with the wall time since fit start."""
 

@@ -230,6 +230,7 @@ class MethodSchema:
     forget_reduction: Reduction | None = None
     forget_cvar_fraction: float | None = None
     forget_batchnorm: BatchNormMode | None = None
+    retain_batchnorm: BatchNormMode | None = None
     lr_backoffs: int | None = None
     early_stopping: Any = None
     optimizer: Any = None
@@ -275,6 +276,7 @@ class ParetoSchema(MethodSchema, TrainingSchema):
     forget_reduction: Reduction = Reduction["mean"]
     forget_cvar_fraction: float = 0.2
     forget_batchnorm: BatchNormMode = BatchNormMode["train"]
+    retain_batchnorm: BatchNormMode = BatchNormMode["train"]
     lr_backoffs: int = 2
     early_stopping: EarlyStoppingSchema = field(default_factory=EarlyStoppingSchema)
     adversarial: Any = None

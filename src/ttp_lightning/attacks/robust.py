@@ -36,6 +36,8 @@ class AdversarialSettings:
     clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked) + interval_weight B(clean)
     interval_weight: float = 0.0       # B: the interval bound on KL(u || p) over the training ball
     interval_ramp_epochs: int = 10     # B's radius grows linearly to the training radius over these epochs
+    radius_rule: str = "fixed"         # retain: the training radius steps down a rung of RADIUS_RUNGS after an
+                                       # epoch that breaks the retain rule and up one after an epoch that keeps it
     eval_steps: int = 20
     eval_restarts: int = 1
     eval_objectives: tuple[str, ...] = field(default=("max_softmax", "ce_pretrained"))
@@ -60,12 +62,19 @@ class AdversarialSettings:
         return cls(**values)
 
 
-def worst_forget_images(net: nn.Module, images: torch.Tensor, settings: AdversarialSettings) -> torch.Tensor:
-    """Per image, the most confident point the inner attack finds in the gamma ball (detached); the images
-    themselves with `steps` = 0 (no inner attack: the interval term alone makes the uniformity robust)."""
-    if settings.steps == 0:
+# radius_rule=retain: the training radius is train_gamma times one of these (the first is the start)
+RADIUS_RUNGS = (1.0, 0.5, 0.25, 0.125, 0.0)
+
+
+def worst_forget_images(net: nn.Module, images: torch.Tensor, settings: AdversarialSettings,
+                        radius: float | None = None) -> torch.Tensor:
+    """Per image, the most confident point the inner attack finds in the ball of `radius` (in [0, 1] pixels;
+    None: the training radius) (detached); the images themselves with `steps` = 0 (no inner attack: the
+    interval term alone makes the uniformity robust) or a radius of 0."""
+    radius = settings.train_radius if radius is None else radius
+    if settings.steps == 0 or radius == 0:
         return images.detach()
-    radius, objective = settings.train_radius, OBJECTIVES[settings.objective]
+    objective = OBJECTIVES[settings.objective]
     lower, upper = (images - radius).clamp(0, 1), (images + radius).clamp(0, 1)
     x = (images + (torch.rand_like(images) * 2 - 1) * radius).clamp(0, 1)
     beta = settings.surrogate_betas[int(torch.randint(len(settings.surrogate_betas), ()))]

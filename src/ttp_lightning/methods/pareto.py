@@ -10,8 +10,8 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning import checks
-from ttp_lightning.attacks.robust import AdversarialSettings
-from ttp_lightning.callbacks import LrBackoff, check_method_callbacks, method_callbacks
+from ttp_lightning.attacks.robust import RADIUS_RUNGS, AdversarialSettings
+from ttp_lightning.callbacks import LrBackoff, RadiusFromRetainRule, check_method_callbacks, method_callbacks
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.base import Method
@@ -31,13 +31,19 @@ class Pareto(Method):
         """What the typed schema (config_schema.ParetoSchema: types, choices, ranges) cannot say: the callbacks
         Alg 1 reads back, and robust Alg 1's attack settings."""
         check_method_callbacks(cfg.get("callbacks"))
+        batchnorm = {key: self.settings.get(key) or "train" for key in ("forget_batchnorm", "retain_batchnorm")}
         if self.settings.get("joint_forward") and (self.settings.get("adversarial") or self.settings.mode != "minibatch"
-                                                   or self.settings.get("forget_batchnorm") == "eval"):
+                                                   or "eval" in batchnorm.values()):
             raise TTPUserError(f"method.joint_forward=true is not allowed with method={self.settings.name} "
-                               f"mode={self.settings.mode} forget_batchnorm={self.settings.get('forget_batchnorm')}; "
-                               "it joins plain Alg 1's minibatch forward passes (forget_batchnorm=train) only")
+                               f"mode={self.settings.mode} forget_batchnorm={batchnorm['forget_batchnorm']} "
+                               f"retain_batchnorm={batchnorm['retain_batchnorm']}; it joins plain Alg 1's minibatch "
+                               "forward passes (both batchnorm settings train) only")
         if self.settings.get("adversarial"):
             check_adversarial(self.settings.adversarial)
+            if self.settings.adversarial.get("radius_rule") == "retain" and not self.settings.early_stopping.enabled:
+                raise TTPUserError("method.adversarial.radius_rule=retain is not allowed with "
+                                   "method.early_stopping.enabled=false; the radius follows the early-stopping retain "
+                                   "rule (choose radius_rule=fixed)")
         stopping = self.settings.get("early_stopping") or {}
         attacked = [f"early_stopping.{key}={stopping.get(key)}" for key in ("criterion", "select")
                     if "attacked" in str(stopping.get(key)) or str(stopping.get(key)) == "robust_conf_dist"]
@@ -64,6 +70,7 @@ def check_adversarial(adversarial: DictConfig) -> None:
         checks.positive_int(adversarial.interval_ramp_epochs, "method.adversarial.interval_ramp_epochs")
     checks.positive(adversarial.step_size, "method.adversarial.step_size")
     checks.choice(adversarial.objective, "method.adversarial.objective", list(OBJECTIVES))
+    checks.choice(adversarial.get("radius_rule", "fixed"), "method.adversarial.radius_rule", ["fixed", "retain"])
     if not adversarial.surrogate_betas:
         raise TTPUserError("method.adversarial.surrogate_betas=[] is not allowed; list at least one beta > 0 or null")
     for key in ("surrogate_betas", "eval_surrogate_betas"):
@@ -118,6 +125,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         forget_reduction=str(cfg.get("forget_reduction") or "mean"),  # unset (null) for the certified warm-up
         forget_cvar_fraction=float(cfg.get("forget_cvar_fraction") or 0.2),
         forget_batchnorm=str(cfg.get("forget_batchnorm") or "train"),
+        retain_batchnorm=str(cfg.get("retain_batchnorm") or "train"),
     )
     made = method_callbacks(ctx.callbacks)
     history, timer = made["history"], made["timer"]
@@ -132,7 +140,10 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
         mean_conf_dist_key=SELECTIONS["robust_conf_dist" if adversarial else "conf_dist"],
     )
     backoff = LrBackoff((start_retain_acc + 1 / datamodule.info.num_classes) / 2, backoffs) if backoffs else None
-    callbacks = [history, timer] + ([backoff] if backoff else []) + ([best] if best else [])
+    radius = RadiusFromRetainRule(best.retain_acc_at_least, RADIUS_RUNGS) \
+        if best is not None and adversarial is not None and adversarial.radius_rule == "retain" else None
+    callbacks = [history, timer] + ([backoff] if backoff else []) + ([best] if best else []) \
+        + ([radius] if radius else [])
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:
@@ -150,6 +161,8 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
                         "kept epoch %d: %s", best.conf_dist_key.removeprefix("val/"), best.conf_dist_below,
                         best.retain_acc_at_least, summary["best_epoch"], summary["selection_rule"])
     best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
+    if adversarial is not None and "train_gamma" in best_row:
+        summary["train_gamma_kept"] = round(float(best_row["train_gamma"]), 4)  # the kept epoch's radius
     metrics = {
         **summary,
         "epochs_run": len(history.rows),

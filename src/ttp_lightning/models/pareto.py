@@ -37,6 +37,11 @@ class ParetoFinetuneModule(PartsValidationMixin):
     forget images through BatchNorm with its running statistics, the function the released model computes
     (in training mode a forget batch of a few images is normalised by its own statistics, so a model made
     uniform there need not be uniform at test time; the paper's two forward passes use "train").
+    `retain_batchnorm="eval"` does the same for the retain batch: the step then sees, for both terms, the
+    function that is released. With the forget images in eval mode and the retain batch in training mode, the
+    optimiser can rescale a layer before a BatchNorm: the retain batch normalises the scale away, the
+    released (running-statistics) function does not, so it becomes uncertain on everything (a timm
+    resnet10t fell from 100 to 90 % retain accuracy while its forget images became uniform).
 
     With `adversarial` settings (robust Alg 1), each forget image's L_K is
     clean_weight * L_K(x) + (1 - clean_weight) * L_K(x*) + interval_weight * B(x), x* from an inner attack
@@ -44,7 +49,8 @@ class ParetoFinetuneModule(PartsValidationMixin):
     upper bound on KL(u || p) over the whole ball (interval bound propagation with BatchNorm's running
     statistics, ibp/uniformity.py; certified training as GOOD); the retain term is unchanged. Every
     validation epoch also logs val/forget_robust_conf_dist (and the worst image's), the forget CD under a
-    stronger attack, which the early-stopping callback then watches.
+    stronger attack, which the early-stopping callback then watches. `radius_scale` multiplies the training
+    radius (callbacks.RadiusFromRetainRule sets it each epoch under adversarial.radius_rule=retain).
     """
 
     def __init__(self, net: nn.Module, theta: float, optim: dict, mode: str = "minibatch", uniformity: str = "kl",
@@ -52,7 +58,8 @@ class ParetoFinetuneModule(PartsValidationMixin):
                  retain_data: ImageBatchDataset | None = None, forget_data: ImageBatchDataset | None = None,
                  eval_parts: tuple[str, ...] = (), adversarial: AdversarialSettings | None = None,
                  joint_forward: bool = False, exposed_above: float | None = None, forget_reduction: str = "mean",
-                 forget_cvar_fraction: float = 0.2, forget_batchnorm: str = "train"):
+                 forget_cvar_fraction: float = 0.2, forget_batchnorm: str = "train",
+                 retain_batchnorm: str = "train"):
         super().__init__()
         self.joint_forward = joint_forward
         self.adversarial = adversarial
@@ -60,7 +67,8 @@ class ParetoFinetuneModule(PartsValidationMixin):
         self.net, self.theta, self.optim, self.mode = net, theta, dict(optim), mode
         self.uniformity_each = PER_INSTANCE_LOSSES[uniformity]
         self.forget_reduction, self.forget_cvar_fraction = forget_reduction, forget_cvar_fraction
-        self.forget_batchnorm = forget_batchnorm
+        self.forget_batchnorm, self.retain_batchnorm = forget_batchnorm, retain_batchnorm
+        self.radius_scale = 1.0
         # the network's traced graph, for the interval term: kept in a list so that it is not registered as a
         # submodule (its parameters would enter the state_dict a second time, and a state_dict saved before the
         # first trace would no longer load: LrBackoff's restart did exactly that)
@@ -81,10 +89,12 @@ class ParetoFinetuneModule(PartsValidationMixin):
             if self.joint_forward:  # one forward pass for both batches (BatchNorm then normalises them together)
                 logits = self(torch.cat([retain_images, forget_images]))
                 retain_logits, forget_logits = logits.split([len(retain_images), len(forget_images)])
+                retain_term = retain_loss(retain_logits, retain_labels)
                 forget_term = self._reduce(self._uniformity(forget_logits))
             else:
-                retain_logits, forget_term = self(retain_images), self._forget_loss(forget_images, forget_labels)
-            loss = self.theta * forget_term + (1 - self.theta) * retain_loss(retain_logits, retain_labels)
+                retain_term = self._retain_loss(retain_images, retain_labels)
+                forget_term = self._forget_loss(forget_images, forget_labels)
+            loss = self.theta * forget_term + (1 - self.theta) * retain_term
             self.log("train/pareto_loss", loss, prog_bar=True)
             return loss
         self._fullbatch_step()
@@ -105,11 +115,15 @@ class ParetoFinetuneModule(PartsValidationMixin):
             settings = self.adversarial
             if settings is None:
                 return self._reduce(losses)
-            attacked = worst_forget_images(self.net, images, settings)
+            attacked = worst_forget_images(self.net, images, settings, self.train_radius())
             losses = settings.clean_weight * losses + (1 - settings.clean_weight) * self._uniformity(self(attacked))
         if settings.interval_weight:
             losses = losses + settings.interval_weight * self._interval_bound(images)
         return self._reduce(losses)
+
+    def train_radius(self) -> float:
+        """The inner attack's radius this epoch, in [0, 1] pixels: train_gamma / 255 times `radius_scale`."""
+        return self.adversarial.train_radius * self.radius_scale
 
     def _interval_radius(self) -> float:
         """The interval term's radius: grown linearly over the first `interval_ramp_epochs` epochs to the
@@ -117,7 +131,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         its gradient alone would wreck the model's accuracy in the first epoch)."""
         ramp = self.adversarial.interval_ramp_epochs
         fraction = 1.0 if not ramp or self._trainer is None else min(1.0, (self.current_epoch + 1) / ramp)
-        return self.adversarial.train_radius * fraction
+        return self.train_radius() * fraction
 
     def _interval_bound(self, images):
         """Each image's upper bound on KL(u || p) over its training ball, with BatchNorm's running statistics
@@ -128,7 +142,8 @@ class ParetoFinetuneModule(PartsValidationMixin):
             return reverse_kl_upper_bound(self.net, images, self._interval_radius(), self._graph[0])
 
     def _retain_loss(self, images, labels):
-        return retain_loss(self(images), labels)
+        with batchnorm_in_eval_mode(self.net, self.retain_batchnorm == "eval"):
+            return retain_loss(self(images), labels)
 
     # ------------------------------------------------------ robust validation
     def on_fit_start(self) -> None:
@@ -138,6 +153,8 @@ class ParetoFinetuneModule(PartsValidationMixin):
     def on_validation_epoch_end(self) -> None:
         if self.adversarial is None or self.trainer.sanity_checking:
             return
+        # the radius this epoch trained at, in units of 1/255 (it moves under adversarial.radius_rule=retain)
+        self.log("val/train_gamma", self.train_radius() * 255.0, on_epoch=True, sync_dist=False)
         per_image = robust_conf_dist(self.net, self.forget_data, self._attack_targets, self.adversarial, self.device)
         # Every rank attacks the whole (small) forget set with the same seed: the values are identical.
         self.log("val/forget_robust_conf_dist", per_image.mean().item(), on_epoch=True, sync_dist=False)

@@ -367,4 +367,21 @@ def guarantee_lines(cert: dict) -> list[str]:
                 f"{min(s['lam_min_measured'] for s in cert['steps']):.6g} ({cert['steps'][0]['spectrum_method']}), "
                 f"||H||={cert['hessian_norm']:.6g}, G={cert['gradient_bound']:.6g}, "
                 f"residual={max(s['residual'] for s in cert['steps']):.3g}")
-    return [guarantee, assumed, measured]
+    return [guarantee, assumed, measured] + condition_lines(cert)
+
+
+def condition_lines(cert: dict) -> list[str]:
+    """What the guarantee is conditional on beyond the stated constants: the measured quantities that are
+    estimates, not bounds (a Lanczos lambda_min lies above the true one; the estimator's concentration term
+    needs every sampled Hessian's spectrum inside [zeta_min, J], which no one checks)."""
+    lines = []
+    lanczos = [i for i, step in enumerate(cert["steps"], 1) if step["spectrum_method"] == "lanczos"]
+    if lanczos:
+        lines.append(f"conditional on: lambda_min(H) at step(s) {', '.join(map(str, lanczos[:10]))} being at least "
+                     f"the Lanczos estimate minus its margin: Ritz values lie above the true minimum, so a lower "
+                     f"true lambda_min makes Delta too small and the guarantee void")
+    if cert["estimator"] is not None:
+        lines.append(f"conditional on: every sampled Hessian having its eigenvalues in [zeta_min="
+                     f"{cert['estimator']['zeta_min']:.6g}, J] (the estimator's concentration bound; measured for the "
+                     f"full Hessian only, not for each sample)")
+    return lines

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     selected = set(args.only or [])
     provider = write_provider(work / "provider") if not selected or "provider_resnet10t" in selected else ""
     for name, overrides in runs(str(Path(args.data_root).resolve()), str(heldout), provider).items():
-        if args.only and name not in args.only:
+        if selected and name not in selected:
             continue
         report["runs"][name] = {"overrides": overrides, **run(name, overrides, work)}
         args.out.write_text(json.dumps(report, indent=2))  # after every run: a stopped bench keeps what it measured

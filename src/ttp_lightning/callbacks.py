@@ -156,8 +156,9 @@ class LrBackoff(Callback):
 
 class RadiusFromRetainRule(Callback):
     """Robust Alg 1's training radius chosen by the retain rule (adversarial.radius_rule=retain): after an epoch
-    whose retain accuracy is below `threshold` (tau_r, the early-stopping rule) the inner attack's radius steps
-    down one rung of `rungs` (fractions of train_gamma, largest first), after one that keeps it, up one. The
+    whose retain accuracy is below `threshold` (tau_r, the early-stopping rule) the training radius (the inner
+    attack's, and the interval term's before its ramp) steps down one rung of `rungs` (fractions of train_gamma,
+    largest first), after one that keeps it, up one. The
     radius is then the largest the model can be made uniform at without breaking the retain rule: on an MLP
     that is train_gamma; a BatchNorm ResNet that cannot keep its accuracy with a uniform ball around each image
     goes down to the clean images (radius 0), where the retain rule can hold, instead of ending without a

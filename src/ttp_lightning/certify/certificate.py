@@ -194,8 +194,6 @@ def _outside(values: dict, ranges: dict, prefix: str = "") -> list[str]:
     failures = []
     for key, (low, high, closed) in ranges.items():
         value = values[key]
-        if value is None:
-            continue
         if not ((low <= value if closed else low < value) and value < high):
             failures.append(f"{prefix}{key}={value} is outside {'[' if closed else '('}{low}, {high})")
     return failures

@@ -20,18 +20,22 @@ from ttp_lightning import verify as verify_module
 LOGREG = ["model=logreg", "pretrain.norm_bound=10", "method.lam=auto", "method.grad_lipschitz_forget=2",
           "method.grad_lipschitz_retain=2", "attacks.enabled=false"]
 ESTIMATOR = ["method.depth=100", "method.repeats=30", "method.sample_size=32"]
+PAPER = ["method.bound=paper", "method.uniformity=square"]  # the paper's Newton step and bound
+RESIDUAL = ["model=logreg", "pretrain.norm_bound=10", "attacks.enabled=false"]  # the defaults: residual, reverse KL
 RELEASES = {
-    # epsilon 1 from the budget: a meaningful certificate (and a model the noise destroys)
-    "certified_exact": LOGREG + ["method=certified_exact", "method.warmup_epochs=5", "method.epsilon=1"],
+    # the residual bound (default): M_theta(D) + noise at epsilon 0.01, a meaningful model
+    "certified_exact": RESIDUAL + ["method=certified_exact", "method.epsilon=0.01"],
+    # the paper's bound at epsilon 1: capped at 2C, a model the noise destroys
+    "certified_exact_paper": LOGREG + PAPER + ["method=certified_exact", "method.warmup_epochs=5", "method.epsilon=1"],
     # the paper's sigma = 1e-3: vacuous
-    "certified_lissa": LOGREG + ESTIMATOR + ["method=certified_lissa", "method.warmup_epochs=5",
-                                             "method.compare_exact=true", "method.sigma=0.001"],
-    # n = auto: each step's depth comes from the lambda_min measured at its own start
-    "certified_online": LOGREG + ["method.depth=auto", "method.repeats=30", "method.sample_size=32",
-                                  "method=certified_online", "data.forget.requests=[8,12]", "method.epsilon=1"],
+    "certified_lissa": LOGREG + PAPER + ESTIMATOR + ["method=certified_lissa", "method.warmup_epochs=5",
+                                                     "method.compare_exact=true", "method.sigma=0.001"],
+    # two requests, each solved to stationarity and certified by its residual
+    "certified_online": RESIDUAL + ["method=certified_online", "data.forget.requests=[8,12]", "method.epsilon=1"],
 }
-ALGORITHMS = {"certified_exact": "alg2_exact_newton", "certified_lissa": "alg3_hessian_estimator",
-              "certified_online": "alg4_online"}
+ALGORITHMS = {"certified_exact": "alg2_exact_newton", "certified_exact_paper": "alg2_exact_newton",
+              "certified_lissa": "alg3_hessian_estimator", "certified_online": "alg4_online"}
+EPSILON = {"certified_exact": 0.01, "certified_exact_paper": 1.0, "certified_online": 1.0}
 
 
 def run_release(out, cache, *overrides):
@@ -95,44 +99,117 @@ def test_release_is_public_weights_and_certificate_and_the_seed_stays_private(re
             assert seed not in path.read_bytes().decode("latin-1"), path
     assert "noise_seed" not in json.dumps(results["config"]) and "noise_seed" not in json.dumps(cert)
     assert "_target_" not in json.dumps(cert)
-    metrics = results["metrics"][method]
+    metrics = results["metrics"][results["method"]]
     assert metrics["vacuous"] == (method == "certified_lissa") and metrics["epsilon"] == cert["epsilon"]
     console = (out / "console.txt").read_text()
     assert "certificate: epsilon=" in console and ("VACUOUS: epsilon > 10" in console) == metrics["vacuous"]
     if method == "certified_lissa":
-        assert cert["sigma"] == 0.001 and cert["sigma_source"] == "config" and cert["epsilon"] > 1e9
+        assert cert["sigma"] == 0.001 and cert["sigma_source"] == "config" and cert["epsilon"] > 1e8  # Delta = 2C
         assert metrics["forget_conf_dist"] < results["metrics"]["pretrain"]["forget_conf_dist"]
         assert metrics["direction_vs_exact"] < 0.15
     else:
-        assert cert["epsilon"] == 1.0 and cert["sigma_source"] == "budget"
+        assert cert["epsilon"] == EPSILON[method] and cert["sigma_source"] == "budget"
     assert cert["releases"] == (2 if method == "certified_online" else 1)
 
 
-@pytest.mark.parametrize("method", list(RELEASES))
-def test_certificate_states_measured_spectrum_and_checked_hypotheses(released, method):
+@pytest.mark.parametrize("method", ["certified_exact_paper", "certified_lissa"])
+def test_paper_certificate_states_measured_spectrum_and_checked_hypotheses(released, method):
     from ttp_lightning.certify.certificate import recomputed_sensitivity, required_depth, scale_b
 
     cert = json.loads((release_of(released(method)) / "certificate.json").read_text())
     steps = cert["steps"]
-    assert len(steps) == (2 if method == "certified_online" else 1)
+    assert len(steps) == 1 and cert["bound"] == "paper" and cert["mu"] is None
     measured = min(s["lam_min_measured"] for s in steps)
     assert measured < 0  # the square loss is not convex in LogReg weights: lambda_min = 0 would be false
     assert cert["lam_min"] == min(0.0, measured) and cert["lam"] == 2.0 > cert["hessian_norm"]
-    assert cert["sensitivity"] == pytest.approx(recomputed_sensitivity(cert))
-    if method == "certified_exact":
+    assert (cert["sensitivity"], cert["sensitivity_formula"]) == pytest.approx(recomputed_sensitivity(cert))
+    assert cert["sensitivity"] == min(cert["sensitivity_formula"], 2 * 10)  # capped at the ball's diameter
+    if method == "certified_exact_paper":
         assert steps[0]["spectrum_method"] == "exact_eigvalsh" and steps[0]["residual"] < 1e-8
-        assert cert["sensitivity"] == pytest.approx(2 * 10 * (10 + 2) / (2 + measured))
+        assert cert["sensitivity_formula"] == pytest.approx(2 * 10 * (10 + 2) / (2 + measured))
     else:
         assert all(s["spectrum_method"] == "lanczos" and s["depth"] >= required_depth(cert, s) > 1 for s in steps)
         assert all(s["scale"] >= scale_b(cert) for s in steps)
+        # the estimator's share is the measured residual's, deterministic: no rho in the certificate
+        exact = 2 * 10 * (10 + 2) / (2 + measured)
+        share = steps[0]["residual"] * steps[0]["gradient_norm"] / (2 + measured)
+        assert cert["sensitivity_formula"] == pytest.approx(exact + share) and "rho" not in cert["estimator"]
+
+
+@pytest.mark.parametrize("method", ["certified_exact", "certified_online"])
+def test_residual_certificate_states_the_stationarity_it_rests_on(released, method):
+    from ttp_lightning.certify.certificate import recomputed_sensitivity
+
+    out = released(method)
+    results = json.loads((out / "results.json").read_text())
+    cert = results["certificate"]
+    steps = cert["steps"]
+    assert cert["bound"] == "residual" and cert["mu"] == cert["lam"] == 1e-4
+    assert cert["mu_rule"] == "convex_losses_linear_logits" and cert["lam_min"] is cert["hessian_norm"] is None
+    assert all(s["stationarity"] < 1e-9 and s["weights_norm"] <= 10 for s in steps)
+    assert cert["sensitivity"] == pytest.approx(recomputed_sensitivity(cert)[0]) and cert["sensitivity"] < 1e-3
+    assert cert["parameter_names"] == ["head.weight", "head.bias"] or len(cert["parameter_names"]) == 2
     if method == "certified_online":
         assert [s["forget_size"] for s in steps] == [8, 20] and steps[0]["retain_size"] - steps[1]["retain_size"] == 12
+    # the noise is negligible: the release scores what the noise-free optimum scores
+    noise_free, released_scores = results["noise_free"], results["metrics"][results["method"]]
+    assert abs(noise_free["test_acc"] - released_scores["test_acc"]) < 0.01
+    assert released_scores["test_acc"] > 0.7 and released_scores["test_conf_dist"] > 0.3
+    assert "noise-free model (private, for comparison" in (out / "console.txt").read_text()
+    assert "noise-free" not in (release_of(out) / "MODEL_CARD.md").read_text()  # private scores stay private
+
+
+def test_a_residual_certificate_that_understates_the_residual_fails_the_audit(released, tmp_path, capsys):
+    """A provider (or an edit) that states a smaller residual, with Delta, sigma and epsilon recomputed to match:
+    every public check passes, the audit remeasures the residual at the private noise-free weights and fails."""
+    from ttp_lightning.certify.certificate import recomputed_sensitivity, sha256_of
+    from ttp_lightning.certify.mechanism import implied_epsilon
+
+    out = released("certified_exact")
+    release = release_of(out)
+    cert = json.loads((release / "certificate.json").read_text())
+    step = cert["steps"][0]
+    # keep the point on the sphere's inside so the multiplier term vanishes, and claim a 1000x smaller residual
+    smaller = dict(step, stationarity=step["stationarity"] / 1000, rounding_floor=step["rounding_floor"] / 1000,
+                   multiplier=0.0)
+    forged = {**cert, "steps": [smaller]}
+    smaller["distance_bound"] = recomputed_sensitivity(forged)[0]
+    forged["sensitivity"] = smaller["distance_bound"]
+    forged["epsilon"], forged["mechanism"] = implied_epsilon(forged["sensitivity"], cert["sigma"], cert["delta"])
+    folder = edited(release, tmp_path, **forged)
+    code, text, _ = verify(capsys, folder)
+    assert code == 0, text  # self-consistent
+    audit = json.loads((out / "private" / "audit.json").read_text())
+    audit["certificate_sha256"] = sha256_of(folder / "certificate.json")
+    (folder / "audit.json").write_text(json.dumps(audit))
+    for name in ("start.safetensors", "noise_free.safetensors"):
+        (folder / name).write_bytes((out / "private" / name).read_bytes())
+    code, text, _ = verify(capsys, folder, "--audit", folder / "audit.json")
+    assert code == 1 and "below the" in text and "remeasured at the noise-free weights" in text, text
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"mu": -1e-4}, "mu=-0.0001 is outside (0.0, inf)"),
+    ({"mu": 0.5}, "mu=0.5 (convex_losses_linear_logits) is not what"),
+    ({"mu_rule": "assumption_1"}, "is not what uniformity=reverse_kl"),
+    ({"uniformity": "square"}, "is not what uniformity=square"),
+    ({"lam": -1.0}, "lam=-1.0 is outside"),
+    ({"grad_lipschitz_forget": -2.0}, "grad_lipschitz_forget=-2.0 is outside"),
+    ({"hessian_lipschitz_forget": -0.24}, "hessian_lipschitz_forget=-0.24 is outside"),
+    ({"lam_min": 0.0}, "bound=residual states lam_min, which only the other bound uses"),
+])
+def test_a_residual_certificate_with_impossible_or_edited_constants_fails(released, tmp_path, capsys, changes, message):
+    code, text, err = verify(capsys, edited(release_of(released("certified_exact")), tmp_path, **changes))
+    assert code == 1 and message in text and err == "", text + err
 
 
 def test_verify_verdicts_on_genuine_releases(released, capsys):
-    exact, lissa, online = (release_of(released(m)) for m in RELEASES)
+    exact, paper, lissa, online = (release_of(released(m)) for m in RELEASES)
     code, out, _ = verify(capsys, exact)
     assert code == 0 and out.startswith("verified: alg2_exact_newton") and "guarantee:" in out
+    assert "nothing assumed" in out and "residual bound" in out and "lambda_min(H)=" not in out
+    code, out, _ = verify(capsys, paper)
+    assert code == 0 and "the paper's bound for the exact Newton step (Alg 2)" in out and "capped at 2C = 20" in out
     assert "assumed, not measured" in out and "lambda_min(H)=" in out and "conditional on" not in out
     code, out, _ = verify(capsys, lissa / "certificate.json")
     assert code == 3 and "VACUOUS: epsilon=" in out  # sigma = 1e-3, the paper's: epsilon ~ 1e12
@@ -141,23 +218,25 @@ def test_verify_verdicts_on_genuine_releases(released, capsys):
 
 
 def test_guarantee_states_what_it_is_conditional_on(released):
-    """A Lanczos lambda_min is an estimate above the true one, and the estimator's concentration term needs every
-    sampled Hessian inside [zeta_min, J]: the guarantee says so instead of stating (epsilon, delta) outright."""
+    """A Lanczos lambda_min is an estimate above the true one: the guarantee says so instead of stating
+    (epsilon, delta) outright. The estimator's share of Delta is deterministic (its measured residual), so no
+    condition on the sampled Hessians and no rho remain."""
     from ttp_lightning.certify.certificate import guarantee_lines
 
-    exact = json.loads((release_of(released("certified_exact")) / "certificate.json").read_text())
+    exact = json.loads((release_of(released("certified_exact_paper")) / "certificate.json").read_text())
     assert not any(line.startswith("conditional on") for line in guarantee_lines(exact))
     lanczos = dict(exact, steps=[dict(exact["steps"][0], spectrum_method="lanczos")])
     assert any(line.startswith("conditional on: lambda_min(H) at step(s) 1") for line in guarantee_lines(lanczos))
     lissa = json.loads((release_of(released("certified_lissa")) / "certificate.json").read_text())
-    assert any("every sampled Hessian" in line for line in guarantee_lines(lissa))
+    lines = guarantee_lines(lissa)
+    assert not any("sampled Hessian" in line or "rho" in line for line in lines)
 
 
-@pytest.mark.parametrize("method", ["certified_exact", "certified_lissa"])
+@pytest.mark.parametrize("method", ["certified_exact", "certified_exact_paper", "certified_lissa"])
 def test_verify_audit_reproduces_the_release_from_the_private_record(released, capsys, method):
     out = released(method)
     code, text, err = verify(capsys, release_of(out), "--recompute", "--audit", out / "private" / "audit.json")
-    assert code == (0 if method == "certified_exact" else 3), text + err
+    assert code == (3 if method == "certified_lissa" else 0), text + err
     assert "release reproduced from the audit record" in text
 
 
@@ -212,7 +291,7 @@ def edited(release, tmp_path, **changes):
 
 def test_verify_fails_tampered_and_forged_releases(released, tmp_path, capsys):
 
-    out = released("certified_exact")
+    out = released("certified_exact_paper")
     release = release_of(out)
     cert = json.loads((release / "certificate.json").read_text())
     # one flipped byte in the weights
@@ -248,7 +327,7 @@ def test_values_outside_the_bounds_domain_fail_without_a_traceback(released, tmp
 def test_impossible_constants_that_shrink_delta_fail_before_any_arithmetic(released, tmp_path, capsys):
     """Negative Hessian-Lipschitz constants F_K = F_A made the paper's Delta 125x smaller (105.6 -> 0.845) and were
     verified; every stated constant is now range-checked first, and the failure names it."""
-    release = release_of(released("certified_exact"))
+    release = release_of(released("certified_exact_paper"))
     code, text, _ = verify(capsys, edited(release, tmp_path, hessian_lipschitz_forget=-0.24,
                                           hessian_lipschitz_retain=-0.24))
     assert code == 1 and "FAIL: hessian_lipschitz_forget=-0.24 is outside [0.0, inf)" in text
@@ -275,7 +354,7 @@ def test_a_forged_norm_bound_is_exposed_by_the_weights_norm(released, tmp_path, 
     release = release_of(released("certified_lissa"))
     cert = json.loads((release / "certificate.json").read_text())
     forged = {**cert, "norm_bound": 0.01, "norm_bound_config": 0.01}
-    forged["sensitivity"] = recomputed_sensitivity(forged)
+    forged["sensitivity"], forged["sensitivity_formula"] = recomputed_sensitivity(forged)
     forged["epsilon"], forged["mechanism"] = implied_epsilon(forged["sensitivity"], cert["sigma"], cert["delta"])
     code, text, _ = verify(capsys, edited(release, tmp_path, **forged))
     assert code == 1 and "exceeds C + the noise's norm bound" in text and text.count("FAIL") == 1
@@ -375,7 +454,7 @@ def test_verify_cli_contract(released):
 
 def test_certified_run_stops_when_the_hypotheses_fail(run_job):
     proc, results = run_job(*TINY_WITHOUT_METHOD, "model=logreg", "method=certified_exact", "pretrain.norm_bound=10",
-                            "method.lam=0.05", "method.grad_lipschitz_forget=2", "method.grad_lipschitz_retain=2",
+                            "method.bound=paper", "method.uniformity=square", "method.lam=0.05", "method.grad_lipschitz_forget=2", "method.grad_lipschitz_retain=2",
                             "attacks.enabled=false", tiny=False)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and results is None and len(errors) == 1
@@ -389,15 +468,21 @@ def test_certified_bad_input(run_job):
                       tiny=False)
     assert proc.returncode == 2 and "choose a value in (0, 1)" in proc.stderr
     proc, _ = run_job("model=resnet18", "method=certified_exact", "pretrain.norm_bound=10", "pretrain.epochs=1",
-                      "data.max_train_size=200", tiny=False)
+                      "data.max_train_size=200", "method.bound=paper", tiny=False)
     assert proc.returncode == 2 and "more than method.max_exact_params=20,000" in proc.stderr
+    # the residual bound needs logits linear in the certified weights: a network is refused, with the fix
+    proc, _ = run_job("model=mlp", "method=certified_exact", "pretrain.norm_bound=10", "pretrain.epochs=1",
+                      "data.max_train_size=200", tiny=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "method.layers=last" in errors[0]
 
 
 @pytest.mark.parametrize("overrides, message", [
     (["method=certified_online"], "needs data.forget.requests"),
     (["method=certified_online", "data.forget.requests=[5]", "method.warmup_epochs=3"], r"starts from A\(D\)"),
     (["method=certified_lissa", "method.depth=0"], "method.depth=0 is not allowed"),
-    (["method=certified_lissa", "method.rho=1.5"], r"method.rho=1.5 is not allowed; choose a value in \(0, 1\)"),
+    (["method=certified_lissa", "method.max_cg=0"], "method.max_cg=0 is not allowed"),
+    (["method=certified_exact", "method.solver_tolerance=0"], "method.solver_tolerance=0.0 is not allowed"),
     (["method=certified_lissa", "method.lam=-1"], "method.lam=-1 is not allowed"),
     (["method=certified_lissa", "method.lam=0.1", "method.lam_min=-0.2"], r"lambda \+ lambda_min must be > 0"),
     (["method=certified_exact", "method.lanczos_iterations=0"], "method.lanczos_iterations=0"),

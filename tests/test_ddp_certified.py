@@ -1,4 +1,4 @@
-"""The certified step under `trainer=ddp_sim` (two gloo processes): each rank runs half of the curvature
+"""The paper-bound certified step under `trainer=ddp_sim` (two gloo processes): each rank runs half of the curvature
 work, and the noise-free weights and the certificate's measured constants are those of one process; so
 are the final metrics, which the two ranks evaluate on their own shares."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import TINY_WITHOUT_METHOD, finished, release_of
-from test_certified_cli import LOGREG
+from test_certified_cli import LOGREG, PAPER
 from ttp_lightning.certify.certificate import load_weights, noise_free_key
 from ttp_lightning.methods.certified.audit import method_config, rebuild_model
 from ttp_lightning.methods.certified.common import KINDS, request_parts
@@ -22,8 +22,8 @@ from ttp_lightning.methods.certified.newton import (
 from ttp_lightning.models.evaluation import evaluate
 
 CASES = {
-    "alg2_digits_logreg": LOGREG + ["method=certified_exact", "method.warmup_epochs=0"],
-    "alg3_digits_mlp": ["pretrain.norm_bound=10", "method.lam=auto", "method.grad_lipschitz_forget=20",
+    "alg2_digits_logreg": LOGREG + PAPER + ["method=certified_exact", "method.warmup_epochs=0"],
+    "alg3_digits_mlp": PAPER + ["pretrain.norm_bound=10", "method.lam=auto", "method.grad_lipschitz_forget=20",
                         "method.grad_lipschitz_retain=20", "attacks.enabled=false", "method=certified_lissa",
                         "method.warmup_epochs=0", "method.depth=auto", "method.repeats=4", "method.sample_size=16",
                         "method.max_residual=10"],

@@ -86,10 +86,11 @@ def test_calibration_in_a_certificate_counts_the_releases_that_compose():
 
     from ttp_lightning.methods.certified.common import calibrate_noise
 
-    cert = {"algorithm": "alg4_online", "theta": 0.75, "lam": 2.0, "lam_min": -0.1, "norm_bound": 10.0,
-            "hessian_lipschitz_forget": 1.0, "hessian_lipschitz_retain": 1.0, "grad_lipschitz_forget": 2.0,
-            "grad_lipschitz_retain": 2.0, "gradient_bound": 0.2, "num_params": 650,
-            "estimator": {"repeats": 4, "zeta_min": 1.9, "rho": 1e-5}, "steps": [{}, {}]}
+    step = {"lam_min_measured": -0.1, "residual": 0.01, "gradient_norm": 0.2}
+    cert = {"algorithm": "alg4_online", "bound": "paper", "theta": 0.75, "lam": 2.0, "lam_min": -0.1,
+            "lam_min_stated": 0.0, "norm_bound": 100.0, "hessian_lipschitz_forget": 1.0,
+            "hessian_lipschitz_retain": 1.0, "grad_lipschitz_forget": 2.0, "grad_lipschitz_retain": 2.0,
+            "gradient_bound": 0.2, "num_params": 650, "estimator": {"repeats": 4}, "steps": [step, step]}
     budget = OmegaConf.create({"sigma": None, "epsilon": 1.0, "delta": 1e-5})
     each = calibrate_noise(budget, {**cert, "release_model": "each"})
     final = calibrate_noise(budget, {**cert, "release_model": "final"})

@@ -31,6 +31,8 @@ Split = StrEnum("Split", [("official", "official"), ("paper", "paper")])
 ForgetSource = StrEnum("ForgetSource", [("train", "train"), ("test", "test"), ("mixed", "mixed")])
 Augment = StrEnum("Augment", [("none", "none"), ("crop_flip", "crop_flip")])
 Release = StrEnum("Release", [("each", "each"), ("final", "final")])
+Bound = StrEnum("Bound", [(n, n) for n in ("residual", "paper")])
+Layers = StrEnum("Layers", [(n, n) for n in ("all", "last")])
 AttackName = StrEnum("AttackName", [(n, n) for n in ("gaussian", "fgsm", "pgd", "apgd")])
 GateKind = StrEnum("GateKind", [(n, n) for n in ("clean", "attacked", "certified")])
 AttackObjective = StrEnum("AttackObjective", [(n, n) for n in ("logsumexp", "max_softmax", "ce_pretrained")])
@@ -297,8 +299,13 @@ class ParetoSchema(MethodSchema, TrainingSchema):
 class CertifiedSchema(MethodSchema, TrainingSchema):
     """Algs 2-4 (conf/certified_defaults.yaml and certified_*.yaml); the estimator's settings for Algs 3-4."""
 
+    bound: Bound = Bound["residual"]
+    layers: Layers = Layers["all"]
+    solver_tolerance: float = 1.0e-10
+    max_newton: int = 100
+    max_cg: int = 2000
     theta: float = 0.75
-    uniformity: Uniformity = Uniformity["square"]
+    uniformity: Uniformity = Uniformity["reverse_kl"]
     forget_temperature: float = 1.0
     lam: Any = 1.0e-4
     lam_min: float = 0.0
@@ -322,8 +329,6 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
     depth: Any = "auto"
     repeats: int = 1
     sample_size: int = 1
-    rho: float = 1.0e-5
-    zeta_min: Any = "auto"
     estimator_seed: int = 0
     max_residual: float = 0.5
     compare_exact: bool = False
@@ -333,21 +338,21 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
         TrainingSchema.__post_init__(self)
         _in_unit_interval(checks.number(self.theta, "method.theta"), "method.theta", closed=False)
         for key in ("epsilon", "hessian_lipschitz_forget", "hessian_lipschitz_retain", "grad_lipschitz_forget",
-                    "grad_lipschitz_retain", "vacuous_above", "forget_temperature", "scale_margin", "max_residual"):
+                    "grad_lipschitz_retain", "vacuous_above", "forget_temperature", "scale_margin", "max_residual",
+                    "solver_tolerance"):
             checks.positive(getattr(self, key), f"method.{key}")
         checks.auto_or(self.lam, "method.lam", checks.positive)
         checks.fraction(self.delta, "method.delta")
-        checks.fraction(self.rho, "method.rho")
         if self.sigma is not None:
             checks.positive(self.sigma, "method.sigma")
         if self.scale is not None:
             checks.positive(self.scale, "method.scale")
-        for key in ("lanczos_iterations", "max_exact_params", "chunk_size", "repeats", "sample_size"):
+        for key in ("lanczos_iterations", "max_exact_params", "chunk_size", "repeats", "sample_size", "max_newton",
+                    "max_cg"):
             checks.positive_int(getattr(self, key), f"method.{key}")
         _at_least_zero(self.spectrum_margin, "method.spectrum_margin")
         _at_least_zero(self.warmup_epochs, "method.warmup_epochs")
         checks.auto_or(self.depth, "method.depth", checks.positive_int)
-        checks.auto_or(self.zeta_min, "method.zeta_min", checks.positive)
 
 
 @dataclass

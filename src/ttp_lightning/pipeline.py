@@ -43,6 +43,7 @@ from ttp_lightning.release import (
 from ttp_lightning.reporting.results import (
     format_attack_table,
     format_certificate_line,
+    format_noise_free_line,
     format_per_image_table,
     format_table,
     gate_summary,
@@ -295,6 +296,7 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net, gate
         results["certificate"] = json.loads(cert_path.read_text())
         results["weights_file"] = f"{folder}/{results['certificate']['weights'][-1]['file']}"
         results["audit_file"] = f"{PRIVATE_DIR}/{AUDIT_FILE}"
+        results["noise_free"] = output.release.noise_free
     else:
         weights = write_weights(output.net, Path(output_dir) / ("" if results["release_gate"]["passed"] else folder))
         results["weights_file"] = str(weights.relative_to(output_dir))
@@ -305,7 +307,7 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net, gate
     results["release"] = publish(results, output.net, cfg, datamodule, attack_table, certificate_line, output_dir)
     path = write_results(results, output_dir)
     attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
-    certified = f"\n{certificate_line}" if certificate_line else ""
+    certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
     per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
     print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
           f"{gate_summary(results['release_gate'])}\nresults: {path}", flush=True)

@@ -55,18 +55,6 @@ def estimator_depth(scale_b: float, lam: float, lam_min: float, repeats: int) ->
     return max(1, math.ceil(2.0 * ratio * math.log(max(ratio * repeats, 1.0 + 1e-12))))
 
 
-def estimator_sensitivity(norm_bound: float, theta: float, hessian_lipschitz_forget: float,
-                          hessian_lipschitz_retain: float, grad_lipschitz_forget: float,
-                          grad_lipschitz_retain: float, lam: float, lam_min: float, grad_norm: float,
-                          scale_b: float, zeta_min: float, dimension: int, rho: float, repeats: int) -> float:
-    """Eq. `hessian_estimator_bound` (Algs 3, 4), holding with probability at least 1 - rho."""
-    mixed_f = theta * hessian_lipschitz_forget + (1.0 - theta) * hessian_lipschitz_retain
-    mixed_p = theta * grad_lipschitz_forget + (1.0 - theta) * grad_lipschitz_retain
-    newton = (2.0 * norm_bound * (mixed_f * norm_bound + lam) + grad_norm) / (lam + lam_min)
-    concentration = 16.0 * scale_b / zeta_min * math.sqrt(math.log(dimension / rho) / repeats) + 1.0 / 16.0
-    return newton + concentration * (2.0 * norm_bound * mixed_p + grad_norm)
-
-
 def hypothesis_violations(theta: float, lam: float, lam_min: float, hessian_norm: float,
                           grad_lipschitz_forget: float, grad_lipschitz_retain: float) -> list[str]:
     """What fails of the theorems' hypotheses for the measured lambda_min(H) (already min(stated, measured))

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ttp_lightning.cli_checks import CONF_DIR
 from ttp_lightning.errors import TTPUserError
 
-CERTIFICATE_FORMAT = "ttp_lightning.certificate/2"
+CERTIFICATE_FORMAT = "ttp_lightning.certificate/3"
 AUDIT_FORMAT = "ttp_lightning.audit/1"
 ALGORITHMS = ("alg2_exact_newton", "alg3_hessian_estimator", "alg4_online")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
@@ -296,9 +296,26 @@ STEP_FIELDS: dict[str, Check] = {
     "spectrum_margin": number, "scale": optional(number), "depth": optional(integer),
     "step_norm": number, "norm_before_projection": number,
 }
+RESIDUAL_STEP_FIELDS: dict[str, Check] = {
+    "forget_size": integer, "retain_size": integer, "gradient_norm": number, "multiplier": number,
+    "stationarity": number, "rounding_floor": number, "weights_norm": number, "distance_bound": number,
+    "newton_iterations": integer, "hessian_products": integer, "step_norm": number,
+}
+
+
+def step_record(value, key):
+    """A bound=paper step (Newton step, spectrum) or a bound=residual one (stationarity at the solution)."""
+    fields = RESIDUAL_STEP_FIELDS if isinstance(value, dict) and "stationarity" in value else STEP_FIELDS
+    return record(fields)(value, key)
+
+
 CERTIFICATE_FIELDS: dict[str, Check] = {
     "format": one_of(CERTIFICATE_FORMAT), "algorithm": one_of(*ALGORITHMS), "experiment": name,
-    "theta": number, "lam": number, "lam_min_stated": number, "lam_min": number, "hessian_norm": number,
+    "bound": one_of("residual", "paper"), "layers": one_of("all", "last"), "mu": optional(number),
+    "mu_rule": optional(one_of("convex_losses_linear_logits", "assumption_1")),
+    "sensitivity_formula": optional(number),
+    "theta": number, "lam": number, "lam_min_stated": number, "lam_min": optional(number),
+    "hessian_norm": optional(number),
     "gradient_bound": number, "uniformity": one_of("kl", "reverse_kl", "square"), "forget_temperature": number,
     "hessian_lipschitz_forget": number, "hessian_lipschitz_retain": number,
     "grad_lipschitz_forget": number, "grad_lipschitz_retain": number,
@@ -311,9 +328,8 @@ CERTIFICATE_FIELDS: dict[str, Check] = {
     "chunk_size": integer, "max_exact_params": integer, "lanczos_iterations": integer, "spectrum_margin": number,
     "estimator": optional(record({
         "scale_config": optional(number), "scale_margin": number, "depth_config": optional(integer),
-        "repeats": integer, "sample_size": integer, "rho": number, "zeta_min": number,
-        "zeta_min_config": optional(number), "estimator_seed": integer, "max_residual": number})),
-    "steps": list_of(record(STEP_FIELDS), 10_000),
+        "repeats": integer, "sample_size": integer, "estimator_seed": integer, "max_residual": number})),
+    "steps": list_of(step_record, 10_000),
     "weights": list_of(record({"file": weights_file, "sha256": hex64}), 10_000),
     "data": check_data_spec, "model": check_model_spec,
     "forget_fingerprint": hex64, "forget_size": integer, "metrics": metrics_map,

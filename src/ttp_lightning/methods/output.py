@@ -12,6 +12,7 @@ class CertifiedRelease:
     certificate: dict   # the public statement: constants, measured values, noise; the pipeline adds identity
     states: list[dict]  # the released state_dicts, in request order (the last is the final model)
     audit: dict         # private: the secret noise seed, the start weights, the noise-free weights
+    noise_free: dict = field(default_factory=dict)  # private: the last noise-free model's scores (results.json)
 
 
 @dataclass

@@ -25,13 +25,16 @@ from ttp_lightning.methods.certified.newton import (
     NewtonPath,
     curvature,
     newton_step,
+    resolve_lam,
     step_dtype,
     step_generator,
 )
+from ttp_lightning.methods.certified.residual_step import residual_step
 
 
 class CertifiedStepModule(L.LightningModule):
-    """The Newton step(s) of a certified learner; `kind` is newton.EXACT (Cholesky on the explicit Hessian,
+    """The Newton step(s) of a certified learner; with `settings.bound=residual` each step solves the head to
+    stationarity instead (residual_step.py, the same on every rank); otherwise `kind` is newton.EXACT (Cholesky on the explicit Hessian,
     Alg 2) or newton.ESTIMATED (the stochastic inverse-Hessian estimator, Algs 3-4). After the fit, `path`
     holds the noise-free weights and the certificate record of every step, `noise_seed` the release's
     secret seed and `instances` the images this process ran through the curvature (its share of the work)."""
@@ -60,6 +63,17 @@ class CertifiedStepModule(L.LightningModule):
 
     def training_step(self, request, batch_idx) -> None:
         retain, forget = self.parts[int(request)]
+        if self.settings.bound == "residual":
+            weights, record = residual_step(self.net, self.settings, resolve_lam(self.settings), retain, forget,
+                                            self.norm_bound)
+            self.path.noise_free.append(weights)
+            self.path.steps.append(record)
+            self.path.extras.append({})
+            self.instances += len(retain) + len(forget)
+            self.log_dict({"certified/stationarity": record["stationarity"],
+                           "certified/distance_bound": record["distance_bound"]},
+                          on_step=True, on_epoch=False, sync_dist=False, batch_size=1)
+            return
         with torch.autocast(self.device.type, enabled=False):
             curv = curvature(self.net, self.settings, retain, forget, dtype=step_dtype(self.kind), sharded=True)
             newton_step(curv, self.settings, self.kind, self._generator, self.norm_bound, self.projection, self.path)

@@ -83,12 +83,25 @@ def attack_rows(attacks: dict[str, dict]) -> list[list[str]]:
 
 def format_certificate_line(certificate: dict, vacuous_above: float) -> str:
     """One line under the tables of a certified run: the budget, and whether it means anything."""
+    steps = certificate["steps"]
     line = (f"certificate: epsilon={certificate['epsilon']:.4g}, delta={certificate['delta']:.3g}, "
-            f"sigma={certificate['sigma']:.4g}, Delta={certificate['sensitivity']:.4g}, lambda_min(H) measured "
-            f"{min(s['lam_min_measured'] for s in certificate['steps']):.4g}, ||H||={certificate['hessian_norm']:.4g}")
+            f"sigma={certificate['sigma']:.4g}, Delta={certificate['sensitivity']:.4g}")
+    if certificate["bound"] == "residual":
+        line += (f" (residual bound: mu={certificate['mu']:.4g}, ||r||={max(s['stationarity'] for s in steps):.3g}, "
+                 f"nu={steps[-1]['multiplier']:.4g}; release = M_theta(D) + noise)")
+    else:
+        line += (f" (the paper's bound {certificate['sensitivity_formula']:.4g}, capped at 2C; lambda_min(H) "
+                 f"measured {min(s['lam_min_measured'] for s in steps):.4g}, ||H||={certificate['hessian_norm']:.4g})")
     if is_vacuous(certificate["epsilon"], vacuous_above):
         line += f"\n  VACUOUS: epsilon > {vacuous_above:g}, so this certificate guarantees nothing meaningful"
     return line
+
+
+def format_noise_free_line(noise_free: dict) -> str:
+    """The noise-free model's scores for the provider's console and results.json only: they are computed from
+    private weights without noise, so they never go into release/ (model card, certificate)."""
+    return (f"  noise-free model (private, for comparison; not published): test acc {noise_free['test_acc']:.2%}, "
+            f"test CD {noise_free['test_conf_dist']:.4f}, forget CD {noise_free['forget_conf_dist']:.4f}")
 
 
 def format_attack_table(attacks: dict[str, dict], certified: dict[str, dict] | None = None,

@@ -23,6 +23,13 @@ from ttp_lightning.data import build_datamodule
 from ttp_lightning.evaluation import eval_device
 from ttp_lightning.methods.certified.common import KINDS, request_parts
 from ttp_lightning.methods.certified.newton import newton_path, noised_states
+from ttp_lightning.methods.certified.residual_step import (
+    final_linear,
+    head_objective,
+    mu_of,
+    select_certified_layers,
+    stationarity_record,
+)
 from ttp_lightning.models.components import build_classifier
 
 STEP_KEYS = ("gradient_norm", "lam_min_measured", "hessian_norm_measured", "residual", "step_norm", "scale")
@@ -31,7 +38,7 @@ STEP_KEYS = ("gradient_norm", "lam_min_measured", "hessian_norm_measured", "resi
 def method_config(cert: dict) -> DictConfig:
     """The method settings of the original run, from the certificate's typed fields."""
     settings = {key: cert[key] for key in (
-        "theta", "lam", "uniformity", "forget_temperature", "grad_lipschitz_forget", "grad_lipschitz_retain",
+        "bound", "layers", "theta", "lam", "uniformity", "forget_temperature", "grad_lipschitz_forget", "grad_lipschitz_retain",
         "hessian_lipschitz_forget", "hessian_lipschitz_retain", "chunk_size", "max_exact_params",
         "lanczos_iterations", "spectrum_margin")}
     settings["lam_min"] = cert["lam_min_stated"]
@@ -80,6 +87,55 @@ def rebuild_model(cert: dict, weights: Path, overrides: list[str]):
     return datamodule, net
 
 
+def remeasured_failures(cert: dict, net, parts: list, noise_free: list[torch.Tensor], tolerance: float) -> list[str]:
+    """bound=residual: remeasure, with this code's own rules (mu, the rounding floor), the distance bound at
+    each recorded noise-free point on the rebuilt data; fail where the certificate's bound is smaller."""
+    settings = method_config(cert)
+    mu, _ = mu_of(settings, cert["lam"])
+    head = final_linear(net)
+    failures = []
+    steps = cert["steps"] if len(noise_free) == len(cert["steps"]) else cert["steps"][-1:]
+    for i, (weights, (retain, forget), stated) in enumerate(zip(noise_free, parts, steps, strict=True), 1):
+        objective = head_objective(net, head, settings, cert["lam"], retain, forget)
+        measured = stationarity_record(objective, weights.double().cpu(), mu, cert["norm_bound"])
+        if stated["distance_bound"] < measured["distance_bound"] * (1 - tolerance):
+            failures.append(f"step {i}: the certificate's distance bound {stated['distance_bound']:.6g} is below the "
+                            f"{measured['distance_bound']:.6g} remeasured at the noise-free weights (||r|| = "
+                            f"{measured['stationarity']:.3g}, mu = {mu:.6g})")
+        if cert["sensitivity"] < measured["distance_bound"] * (1 - tolerance):
+            failures.append(f"Delta={cert['sensitivity']:.6g} is below the {measured['distance_bound']:.6g} that the "
+                            f"audit remeasures")
+    return failures
+
+
+def rerun_failures(cert: dict, net, parts: list, recorded: dict, audit: dict, tolerance: float,
+                   recorded_free: list) -> list[str]:
+    """bound=paper: rerun the deterministic Newton step(s) and compare with the certificate and the recorded
+    noise-free weights (appended to `recorded_free`, or the rerun where none matches the audit hash)."""
+    failures = []
+    path = newton_path(net, parts, method_config(cert), KINDS[cert["algorithm"]], cert["norm_bound_config"],
+                       cert["projection"])
+    for i, (rerun, stated) in enumerate(zip(path.steps, cert["steps"], strict=True), 1):
+        for key in STEP_KEYS:
+            if (rerun[key] is None) != (stated[key] is None) or (
+                    rerun[key] is not None and abs(rerun[key] - stated[key]) > tolerance * max(abs(stated[key]), 1e-12)):
+                failures.append(f"step {i}: {key} reruns to {rerun[key]}, the certificate says {stated[key]}")
+        if rerun["depth"] != stated["depth"]:
+            failures.append(f"step {i}: depth reruns to {rerun['depth']}, the certificate says {stated['depth']}")
+    rerun_free = path.noise_free if cert["release_model"] == "each" else path.noise_free[-1:]
+    for i, vector in enumerate(rerun_free):
+        stored = recorded.get(noise_free_key(i))
+        if stored is None or sha256_of_vector(stored) != audit["noise_free_sha256"][i]:
+            failures.append(f"release {i + 1}: no recorded noise-free weights matching the audit hash; comparing "
+                            f"the rerun instead")
+            stored = vector
+        elif _relative(vector, stored) > tolerance:
+            failures.append(f"release {i + 1}: the rerun Newton step differs from the recorded noise-free weights "
+                            f"by {_relative(vector, stored):.3g} (relative l2) > {tolerance:g}")
+        recorded_free.append(stored)
+    return failures
+
+
 def audit_failures(cert: dict, cert_path: Path, audit: dict, audit_dir: Path, weight_paths: list[Path],
                    overrides: list[str], tolerance: float) -> list[str]:
     if sha256_of(cert_path) != audit["certificate_sha256"]:
@@ -96,29 +152,21 @@ def audit_failures(cert: dict, cert_path: Path, audit: dict, audit_dir: Path, we
     failures = _start_failures(net, cert)
     net.to(eval_device())
     parts = request_parts(datamodule, cert["algorithm"])
-    path = newton_path(net, parts, method_config(cert), KINDS[cert["algorithm"]], cert["norm_bound_config"],
-                       cert["projection"])
-    for i, (rerun, stated) in enumerate(zip(path.steps, cert["steps"], strict=True), 1):
-        for key in STEP_KEYS:
-            if (rerun[key] is None) != (stated[key] is None) or (
-                    rerun[key] is not None and abs(rerun[key] - stated[key]) > tolerance * max(abs(stated[key]), 1e-12)):
-                failures.append(f"step {i}: {key} reruns to {rerun[key]}, the certificate says {stated[key]}")
-        if rerun["depth"] != stated["depth"]:
-            failures.append(f"step {i}: depth reruns to {rerun['depth']}, the certificate says {stated['depth']}")
     each = cert["release_model"] == "each"
-    rerun_free = path.noise_free if each else path.noise_free[-1:]
     recorded = load_weights(noise_free_path) if noise_free_path.is_file() else {}
-    recorded_free = []
-    for i, vector in enumerate(rerun_free):
-        stored = recorded.get(noise_free_key(i))
-        if stored is None or sha256_of_vector(stored) != audit["noise_free_sha256"][i]:
-            failures.append(f"release {i + 1}: no recorded noise-free weights matching the audit hash; comparing "
-                            f"the rerun instead")
-            stored = vector
-        elif _relative(vector, stored) > tolerance:
-            failures.append(f"release {i + 1}: the rerun Newton step differs from the recorded noise-free weights "
-                            f"by {_relative(vector, stored):.3g} (relative l2) > {tolerance:g}")
-        recorded_free.append(stored)
+    if cert["bound"] == "residual" or cert["layers"] == "last":
+        select_certified_layers(net, cert["layers"])
+    if cert["bound"] == "residual":
+        recorded_free = []
+        for i in range(len(parts) if each else 1):
+            stored = recorded.get(noise_free_key(i))
+            if stored is None or sha256_of_vector(stored) != audit["noise_free_sha256"][i]:
+                return failures + [f"release {i + 1}: no recorded noise-free weights matching the audit hash"]
+            recorded_free.append(stored)
+        failures += remeasured_failures(cert, net, parts if each else parts[-1:], recorded_free, tolerance)
+    else:
+        recorded_free = []
+        failures += rerun_failures(cert, net, parts, recorded, audit, tolerance, recorded_free)
     retain_sets = [retain for retain, _ in parts] if each else [parts[-1][0]]
     expected = noised_states(net, recorded_free, cert["sigma"], audit["noise_seed"], retain_sets, cert["chunk_size"])
     for i, (state, path_i) in enumerate(zip(expected, weight_paths, strict=True), 1):

@@ -47,6 +47,9 @@ def check_certified(cfg: DictConfig, online: bool) -> None:
                                "method=pareto, or a built-in data set and pretraining")
     if cfg.pretrain.norm_bound is None:
         raise TTPUserError(f"method={method.name} needs pretrain.norm_bound (C, the weight-norm bound); e.g. 10")
+    if method.bound == "residual" and cfg.pretrain.projection != "global":
+        raise TTPUserError(f"pretrain.projection={cfg.pretrain.projection} is not supported with method.bound=residual "
+                           f"(the solver keeps the certified weights in one C-ball); use pretrain.projection=global")
     lam = resolve_lam(method)
     if lam + checks.number(method.lam_min, "method.lam_min") <= 0:
         raise TTPUserError(f"method.lam_min={method.lam_min} is not allowed with lambda={lam}; "

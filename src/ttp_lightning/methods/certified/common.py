@@ -23,9 +23,11 @@ from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import eval_device
 from ttp_lightning.methods.certified import newton
 from ttp_lightning.methods.certified.newton import ESTIMATED, NewtonPath, noised_states, resolve_lam
+from ttp_lightning.methods.certified.residual_step import mu_of, select_certified_layers
 from ttp_lightning.methods.output import CertifiedRelease, MethodOutput
 from ttp_lightning.methods.pareto import finetune
 from ttp_lightning.models.certified import CertifiedStepModule, quiet_no_optimizer
+from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.models.optim import project_to_norm_ball
 from ttp_lightning.training import RunContext, fit
 
@@ -52,6 +54,8 @@ def warm_start(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule
         warm = finetune(ctx, prepared.net, datamodule, cfg, cfg.warmup_epochs, stopping=None, label="warmup")
         prepared = Prepared(warm.net, warm.history, warm.metrics["wall_s"])
     project_to_norm_ball(prepared.net, ctx.pretrain.norm_bound, ctx.pretrain.projection)
+    if cfg.bound == "residual" or cfg.layers == "last":
+        select_certified_layers(prepared.net, cfg.layers)
     prepared.net.to(eval_device())
     prepared.has_batchnorm = refresh_batchnorm(prepared.net, datamodule.dataset("retain"), cfg.chunk_size)
     return prepared
@@ -65,8 +69,10 @@ def stated_constants(ctx: RunContext, algorithm: str, net: nn.Module) -> dict:
     """The hyperparameters a certificate states (before the measured constants and the noise)."""
     cfg, pretrain = ctx.method, ctx.pretrain
     names = [name for name, p in net.named_parameters() if p.requires_grad]
+    residual = cfg.bound == "residual"
+    mu, mu_rule = mu_of(cfg, resolve_lam(cfg)) if residual else (None, None)
     constants = {
-        "algorithm": algorithm,
+        "algorithm": algorithm, "bound": cfg.bound, "layers": cfg.layers, "mu": mu, "mu_rule": mu_rule,
         "theta": float(cfg.theta), "lam": resolve_lam(cfg), "lam_min_stated": float(cfg.lam_min),
         "uniformity": cfg.uniformity, "forget_temperature": float(cfg.forget_temperature),
         "hessian_lipschitz_forget": float(cfg.hessian_lipschitz_forget),
@@ -82,33 +88,31 @@ def stated_constants(ctx: RunContext, algorithm: str, net: nn.Module) -> dict:
         "lanczos_iterations": int(cfg.lanczos_iterations), "spectrum_margin": float(cfg.spectrum_margin),
         "estimator": None,
     }
-    if KINDS[algorithm] == ESTIMATED:
+    if KINDS[algorithm] == ESTIMATED and not residual:
         constants["estimator"] = {
             "scale_config": None if cfg.scale is None else float(cfg.scale), "scale_margin": float(cfg.scale_margin),
             "depth_config": None if cfg.depth == "auto" else int(cfg.depth), "repeats": int(cfg.repeats),
-            "sample_size": int(cfg.sample_size), "rho": float(cfg.rho), "zeta_min": 0.0,
-            "zeta_min_config": None if cfg.zeta_min == "auto" else float(cfg.zeta_min),
-            "estimator_seed": int(cfg.estimator_seed), "max_residual": float(cfg.max_residual)}
+            "sample_size": int(cfg.sample_size), "estimator_seed": int(cfg.estimator_seed), "max_residual": float(cfg.max_residual)}
     return constants
 
 
 def measured_constants(certificate: dict, path: NewtonPath) -> dict:
-    """lambda_min = min(stated, measured), ||H|| and G the worst over the steps, zeta_min for the estimator."""
+    """G the largest gradient norm over the steps; for bound=paper also lambda_min = min(stated, measured)
+    and ||H|| the worst over the steps (bound=residual measures no spectrum)."""
     steps = path.steps
-    lam_min = min(certificate["lam_min_stated"], min(s["lam_min_measured"] for s in steps))
-    measured = {"lam_min": lam_min, "hessian_norm": max(s["hessian_norm_measured"] for s in steps),
-                "gradient_bound": max(s["gradient_norm"] for s in steps), "steps": steps}
-    if certificate["estimator"] is not None:
-        configured = certificate["estimator"]["zeta_min_config"]
-        zeta = configured if configured is not None else certificate["lam"] + lam_min
-        measured["estimator"] = {**certificate["estimator"], "zeta_min": zeta}
+    measured = {"lam_min": None, "hessian_norm": None, "gradient_bound": max(s["gradient_norm"] for s in steps),
+                "steps": steps}
+    if certificate["bound"] == "paper":
+        measured["lam_min"] = min(certificate["lam_min_stated"], min(s["lam_min_measured"] for s in steps))
+        measured["hessian_norm"] = max(s["hessian_norm_measured"] for s in steps)
     return {**certificate, **measured}
 
 
 def calibrate_noise(cfg: DictConfig, certificate: dict) -> dict:
     """Delta from the certificate's constants, then sigma for the (epsilon, delta) budget over the releases
     that compose, or the epsilon that a configured sigma implies."""
-    sensitivity = recomputed_sensitivity(certificate)
+    sensitivity, formula = recomputed_sensitivity(certificate)
+    certificate = {**certificate, "sensitivity_formula": formula}
     releases = len(certificate["steps"]) if certificate["release_model"] == "each" else 1
     if cfg.sigma is None:
         sigma, mechanism = noise_sigma(sensitivity, cfg.epsilon, cfg.delta, releases)
@@ -117,6 +121,34 @@ def calibrate_noise(cfg: DictConfig, certificate: dict) -> dict:
         epsilon, mechanism = implied_epsilon(sensitivity, cfg.sigma, cfg.delta, releases)
         noise = {"sigma": float(cfg.sigma), "epsilon": epsilon, "mechanism": mechanism, "sigma_source": "config"}
     return {**certificate, "sensitivity": sensitivity, "releases": releases, **noise}
+
+
+NOISE_FREE_KEYS = ("test_acc", "test_conf_dist", "forget_acc", "forget_conf_dist", "forget_worst_conf_dist")
+
+
+def noise_free_evaluation(net: nn.Module, datamodule: TTPDataModule) -> dict:
+    """The last noise-free model's scores, beside the release's (private: they are not covered by the noise)."""
+    scores = evaluate(copy.deepcopy(net).float(), datamodule)
+    return {key: scores[key] for key in NOISE_FREE_KEYS if key in scores}
+
+
+def bound_metrics(certificate: dict, path: NewtonPath, algorithm: str, cfg: DictConfig) -> dict:
+    """results.json's view of what the bound rests on: the stationarity measurements (residual) or the
+    spectrum and the Newton residual (paper)."""
+    steps, last = path.steps, path.steps[-1]
+    if certificate["bound"] == "residual":
+        return {"mu": certificate["mu"], "stationarity": max(s["stationarity"] for s in steps),
+                "ball_multiplier": last["multiplier"], "rounding_floor": max(s["rounding_floor"] for s in steps),
+                "solver_newton_iterations": sum(s["newton_iterations"] for s in steps),
+                "solver_hessian_products": sum(s["hessian_products"] for s in steps),
+                "certified_weights_norm": last["weights_norm"]}
+    return {"newton_residual": max(s["residual"] for s in steps),
+            "lam_min_measured": min(s["lam_min_measured"] for s in steps),
+            "lam_min": certificate["lam_min"], "hessian_norm": certificate["hessian_norm"],
+            "norm_before_projection": last["norm_before_projection"],
+            "sensitivity_formula": certificate["sensitivity_formula"],
+            **({"scale_J": last["scale"], "depth_n": last["depth"], "repeats_b": int(cfg.repeats)}
+               if KINDS[algorithm] == ESTIMATED else {})}
 
 
 def request_parts(datamodule: TTPDataModule, algorithm: str) -> list:
@@ -150,19 +182,16 @@ def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataMod
     noise_free = path.noise_free if each else path.noise_free[-1:]
     retain_sets = [retain for retain, _ in parts] if each else [parts[-1][0]]
     seed = step.noise_seed
+    noise_free_scores = noise_free_evaluation(prepared.net, datamodule)
     states = noised_states(prepared.net, noise_free, certificate["sigma"], seed, retain_sets, cfg.chunk_size)
     certificate["batchnorm"] = "recomputed_on_retain_after_noise" if prepared.has_batchnorm else "none"
     last = path.steps[-1]
     metrics = {
         "wall_s": round(prepared.warmup_wall_s + time.perf_counter() - start, 3),
         "warmup_wall_s": prepared.warmup_wall_s, "newton_wall_s": round(newton_wall, 3),
-        "newton_residual": max(s["residual"] for s in path.steps), "newton_step_norm": last["step_norm"],
-        "gradient_norm": certificate["gradient_bound"],
-        "lam_min_measured": min(s["lam_min_measured"] for s in path.steps),
-        "lam_min": certificate["lam_min"], "hessian_norm": certificate["hessian_norm"],
-        "norm_before_projection": last["norm_before_projection"],
-        **({"scale_J": last["scale"], "depth_n": last["depth"], "repeats_b": int(cfg.repeats)}
-           if KINDS[algorithm] == ESTIMATED else {}),
+        "newton_step_norm": last["step_norm"], "gradient_norm": certificate["gradient_bound"],
+        "bound": cfg.bound, "layers": cfg.layers,
+        **(bound_metrics(certificate, path, algorithm, cfg)),
         **{k: v for extras in path.extras for k, v in extras.items()},
         "batchnorm_refreshed": prepared.has_batchnorm, "releases": certificate["releases"],
         "curvature_images_per_rank": step.instances, "ranks": step.world_size,
@@ -171,11 +200,7 @@ def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataMod
     }
     history = prepared.history
     if algorithm == ONLINE:
-        history = [{"request": i, "forget_size": s["forget_size"], "retain_size": s["retain_size"],
-                    "newton_residual": s["residual"], "scale_J": s["scale"], "depth_n": s["depth"],
-                    "gradient_norm": s["gradient_norm"], "newton_step_norm": s["step_norm"],
-                    "lam_min_measured": s["lam_min_measured"], "hessian_norm": s["hessian_norm_measured"]}
-                   for i, s in enumerate(path.steps, 1)]
+        history = [{"request": i, **s} for i, s in enumerate(path.steps, 1)]
     release = CertifiedRelease(certificate, states, {"noise_seed": seed, "start_state": start_state,
-                                                     "noise_free": noise_free})
+                                                     "noise_free": noise_free}, noise_free_scores)
     return MethodOutput(prepared.net, metrics, history, release=release)

@@ -177,7 +177,7 @@ BOUND_MODES = {
 }
 
 
-@pytest.mark.parametrize("data", ["digits", "mnist"])
+@pytest.mark.parametrize("data", ["digits", pytest.param("mnist", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("mode", list(BOUND_MODES))
 def test_the_noise_free_release_is_within_delta_of_the_optimum_solved_far_past_it(run_job, tmp_path, data, mode):
     if data == "mnist" and not HAVE_MNIST:

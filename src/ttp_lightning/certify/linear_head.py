@@ -221,8 +221,15 @@ def solve_on_ball(objective: LinearHeadObjective, start: torch.Tensor, norm_boun
     zero = torch.zeros_like(start)
     scale = objective.evaluate(zero).gradient.norm().item()
     shift = 2.0 * scale / norm_bound
-    inside = (shift, newton(objective, start * min(1.0, norm_bound / max(start.norm().item(), 1e-300)), shift,
-                            settings, solution))
+    weights = start * min(1.0, norm_bound / max(start.norm().item(), 1e-300))
+    inside = (shift, newton(objective, weights, shift, settings, solution))
+    for _ in range(settings.max_multiplier_steps):
+        if inside[1].norm().item() <= norm_bound:
+            break
+        shift *= 8.0  # not yet inside: a stronger pull towards 0
+        inside = (shift, newton(objective, weights, shift, settings, solution))
+    else:
+        raise TTPUserError(f"the solver found no point inside the C-ball (C={norm_bound}); raise pretrain.norm_bound")
     outside = None
     floor = objective.lam * 1e-6
     while inside[1].norm().item() <= norm_bound:

@@ -73,3 +73,20 @@ def test_two_ranks_give_the_single_process_newton_step_with_half_the_work_each(r
     print(f"{case}: noise-free weights differ by {relative(released_free, path.noise_free[0]):.2e} (relative l2); "
           f"rank 0 ran {metrics['curvature_images_per_rank']} of {curv.instances} curvature images")
     assert 0.45 <= share <= 0.55, (metrics["curvature_images_per_rank"], curv.instances)
+
+
+def test_the_residual_certificate_under_two_ranks_verifies_on_one_process(run_cli, tmp_path, capsys):
+    """bound=residual under ddp_sim: every rank solves the same head problem (not sharded); the release that
+    rank 0 writes is audited in this one process, which remeasures the residual at its noise-free weights."""
+    from test_certified_cli import RELEASES
+    from ttp_lightning import verify
+
+    proc, results = run_cli(*TINY_WITHOUT_METHOD, "trainer=ddp_sim", *RELEASES["certified_exact"], tiny=False)
+    finished(proc.returncode, results, proc.stderr)
+    assert "Starting with 2 processes" in proc.stdout + proc.stderr
+    out = tmp_path / "out"
+    cert = json.loads((release_of(out) / "certificate.json").read_text())
+    assert cert["bound"] == "residual" and cert["steps"][0]["stationarity"] < 1e-9
+    assert results["metrics"][results["method"]]["ranks"] == 2
+    code = verify.main([str(release_of(out)), "--audit", str(out / "private" / "audit.json")])
+    assert code == 0, capsys.readouterr().out

@@ -204,20 +204,20 @@ ESTIMATOR_RANGES = {
     "sample_size": (1, math.inf, _CLOSED), "max_residual": (0.0, math.inf, _CLOSED),
     "scale_margin": (0.0, math.inf, _CLOSED),
 }
-RESIDUAL_STEP_RANGES = {
+ANY_STEP_RANGES = {  # what every step record states, whichever the bound
     "forget_size": (1, math.inf, _CLOSED), "retain_size": (1, math.inf, _CLOSED),
-    "gradient_norm": (0.0, math.inf, _CLOSED), "multiplier": (0.0, math.inf, _CLOSED),
+    "gradient_norm": (0.0, math.inf, _CLOSED), "step_norm": (0.0, math.inf, _CLOSED),
+}
+RESIDUAL_STEP_RANGES = {
+    **ANY_STEP_RANGES, "multiplier": (0.0, math.inf, _CLOSED),
     "stationarity": (0.0, math.inf, _CLOSED), "rounding_floor": (0.0, math.inf, _CLOSED),
     "weights_norm": (0.0, math.inf, _CLOSED), "distance_bound": (0.0, math.inf, _CLOSED),
     "newton_iterations": (0, math.inf, _CLOSED), "hessian_products": (0, math.inf, _CLOSED),
-    "step_norm": (0.0, math.inf, _CLOSED),
 }
 STEP_RANGES = {
-    "forget_size": (1, math.inf, _CLOSED), "retain_size": (1, math.inf, _CLOSED),
-    "gradient_norm": (0.0, math.inf, _CLOSED), "residual": (0.0, math.inf, _CLOSED),
+    **ANY_STEP_RANGES, "residual": (0.0, math.inf, _CLOSED),
     "hessian_norm_measured": (0.0, math.inf, _CLOSED), "lanczos_iterations": (0, math.inf, _CLOSED),
-    "spectrum_margin": (0.0, math.inf, _CLOSED), "step_norm": (0.0, math.inf, _CLOSED),
-    "norm_before_projection": (0.0, math.inf, _CLOSED),
+    "spectrum_margin": (0.0, math.inf, _CLOSED), "norm_before_projection": (0.0, math.inf, _CLOSED),
 }
 
 

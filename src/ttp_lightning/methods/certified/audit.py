@@ -87,6 +87,14 @@ def rebuild_model(cert: dict, weights: Path, overrides: list[str]):
     return datamodule, net
 
 
+def _matching_record(recorded: dict, audit: dict, index: int) -> torch.Tensor | None:
+    """Release `index`'s recorded noise-free weights, or None when missing or not the ones the audit hashed."""
+    stored = recorded.get(noise_free_key(index))
+    if stored is None or sha256_of_vector(stored) != audit["noise_free_sha256"][index]:
+        return None
+    return stored
+
+
 def remeasured_failures(cert: dict, net, parts: list, noise_free: list[torch.Tensor], tolerance: float) -> list[str]:
     """bound=residual: remeasure, with this code's own rules (mu, the rounding floor), the distance bound at
     each recorded noise-free point on the rebuilt data; fail where the certificate's bound is smaller."""
@@ -124,8 +132,8 @@ def rerun_failures(cert: dict, net, parts: list, recorded: dict, audit: dict, to
             failures.append(f"step {i}: depth reruns to {rerun['depth']}, the certificate says {stated['depth']}")
     rerun_free = path.noise_free if cert["release_model"] == "each" else path.noise_free[-1:]
     for i, vector in enumerate(rerun_free):
-        stored = recorded.get(noise_free_key(i))
-        if stored is None or sha256_of_vector(stored) != audit["noise_free_sha256"][i]:
+        stored = _matching_record(recorded, audit, i)
+        if stored is None:
             failures.append(f"release {i + 1}: no recorded noise-free weights matching the audit hash; comparing "
                             f"the rerun instead")
             stored = vector
@@ -154,18 +162,16 @@ def audit_failures(cert: dict, cert_path: Path, audit: dict, audit_dir: Path, we
     parts = request_parts(datamodule, cert["algorithm"])
     each = cert["release_model"] == "each"
     recorded = load_weights(noise_free_path) if noise_free_path.is_file() else {}
-    if cert["bound"] == "residual" or cert["layers"] == "last":
-        select_certified_layers(net, cert["layers"])
+    select_certified_layers(net, cert["layers"], cert["bound"])
+    recorded_free = []
     if cert["bound"] == "residual":
-        recorded_free = []
         for i in range(len(parts) if each else 1):
-            stored = recorded.get(noise_free_key(i))
-            if stored is None or sha256_of_vector(stored) != audit["noise_free_sha256"][i]:
+            stored = _matching_record(recorded, audit, i)
+            if stored is None:
                 return failures + [f"release {i + 1}: no recorded noise-free weights matching the audit hash"]
             recorded_free.append(stored)
         failures += remeasured_failures(cert, net, parts if each else parts[-1:], recorded_free, tolerance)
     else:
-        recorded_free = []
         failures += rerun_failures(cert, net, parts, recorded, audit, tolerance, recorded_free)
     retain_sets = [retain for retain, _ in parts] if each else [parts[-1][0]]
     expected = noised_states(net, recorded_free, cert["sigma"], audit["noise_seed"], retain_sets, cert["chunk_size"])

@@ -54,8 +54,7 @@ def warm_start(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule
         warm = finetune(ctx, prepared.net, datamodule, cfg, cfg.warmup_epochs, stopping=None, label="warmup")
         prepared = Prepared(warm.net, warm.history, warm.metrics["wall_s"])
     project_to_norm_ball(prepared.net, ctx.pretrain.norm_bound, ctx.pretrain.projection)
-    if cfg.bound == "residual" or cfg.layers == "last":
-        select_certified_layers(prepared.net, cfg.layers)
+    select_certified_layers(prepared.net, cfg.layers, cfg.bound)
     prepared.net.to(eval_device())
     prepared.has_batchnorm = refresh_batchnorm(prepared.net, datamodule.dataset("retain"), cfg.chunk_size)
     return prepared

@@ -31,9 +31,12 @@ def final_linear(net: nn.Module) -> nn.Linear:
     return linears[-1]
 
 
-def select_certified_layers(net: nn.Module, layers: str) -> nn.Linear:
+def select_certified_layers(net: nn.Module, layers: str, bound: str = "residual") -> nn.Linear | None:
     """The head whose weights are certified. `last` freezes every other parameter (requires_grad False);
-    `all` requires that the head already holds every trainable parameter (a linear model)."""
+    `all` with bound=residual requires that the head already holds every trainable parameter (a linear
+    model); `all` with bound=paper certifies every trainable weight as it is (returns None, changes nothing)."""
+    if layers == "all" and bound == "paper":
+        return None
     head = final_linear(net)
     if layers == "last":
         for param in net.parameters():
@@ -47,32 +50,32 @@ def select_certified_layers(net: nn.Module, layers: str) -> nn.Linear:
     return head
 
 
-def head_features(net: nn.Module, head: nn.Linear, dataset: ImageBatchDataset, chunk_size: int) -> torch.Tensor:
-    """(n, f + 1) float64: the head's inputs on `dataset` (eval mode, a float64 copy of the model), with a
+def head_features(net: nn.Module, head: nn.Linear, datasets: list[ImageBatchDataset],
+                  chunk_size: int) -> list[torch.Tensor]:
+    """Per dataset, (n, f + 1) float64: the head's inputs (eval mode, one float64 copy of the model), with a
     column of ones. Refuses a model whose output is not the head's output (the logits must be linear in it)."""
     index = next(i for i, m in enumerate(net.modules()) if m is head)
-    double = _double_copy(net)
-    double_head = list(double.modules())[index]
+    double = copy.deepcopy(net).double().eval()
+    device = next(double.parameters()).device
     captured = {}
-    hook = double_head.register_forward_hook(lambda m, inputs, output: captured.update(phi=inputs[0], out=output))
-    rows = []
+    hook = list(double.modules())[index].register_forward_hook(
+        lambda m, inputs, output: captured.update(phi=inputs[0], out=output))
+    matrices = []
     try:
-        with torch.no_grad(), torch.autocast(next(double.parameters()).device.type, enabled=False):
-            for images, _ in iterate_shard(dataset, chunk_size, sharded=False):
-                device = next(double.parameters()).device
-                logits = double(images.to(device, torch.float64))
-                if not torch.equal(logits, captured["out"]):
-                    raise TTPUserError("the model's output is not its final nn.Linear's output, so the logits are "
-                                       "not linear in the certified weights; use method.bound=paper")
-                rows.append(captured["phi"].flatten(1).cpu())
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            for dataset in datasets:
+                rows = []
+                for images, _ in iterate_shard(dataset, chunk_size, sharded=False):
+                    logits = double(images.to(device, torch.float64))
+                    if not torch.equal(logits, captured["out"]):
+                        raise TTPUserError("the model's output is not its final nn.Linear's output, so the logits "
+                                           "are not linear in the certified weights; use method.bound=paper")
+                    rows.append(captured["phi"].flatten(1).cpu())
+                features = torch.cat(rows)
+                matrices.append(torch.cat([features, torch.ones(len(features), 1, dtype=features.dtype)], dim=1))
     finally:
         hook.remove()
-    features = torch.cat(rows)
-    return torch.cat([features, torch.ones(len(features), 1, dtype=features.dtype)], dim=1)
-
-
-def _double_copy(net: nn.Module) -> nn.Module:
-    return copy.deepcopy(net).double().eval()
+    return matrices
 
 
 def instance_losses(cfg: DictConfig):
@@ -88,9 +91,9 @@ def head_objective(net: nn.Module, head: nn.Linear, cfg: DictConfig, lam: float,
                    forget: ImageBatchDataset) -> LinearHeadObjective:
     forget_loss, retain_loss = instance_losses(cfg)
     theta = float(cfg.theta)
-    parts = [HeadPart(head_features(net, head, forget, cfg.chunk_size), forget.labels.cpu(), theta, forget_loss),
-             HeadPart(head_features(net, head, retain, cfg.chunk_size), retain.labels.cpu(), 1.0 - theta,
-                      retain_loss)]
+    forget_features, retain_features = head_features(net, head, [forget, retain], cfg.chunk_size)
+    parts = [HeadPart(forget_features, forget.labels.cpu(), theta, forget_loss),
+             HeadPart(retain_features, retain.labels.cpu(), 1.0 - theta, retain_loss)]
     return LinearHeadObjective(parts, lam, head.out_features)
 
 

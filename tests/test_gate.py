@@ -7,10 +7,18 @@ import re
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from ttp_lightning.data.batching import ShardedBatchSampler
 from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
-from ttp_lightning.protection import NOT_PROTECTED_DIR, PROTECTED_DIR, GateSettings, judge, per_image_rows
+from ttp_lightning.protection import (
+    NOT_PROTECTED_DIR,
+    PROTECTED_DIR,
+    GateSettings,
+    judge,
+    per_image_rows,
+    unrequired_note,
+)
 
 
 def _rows(clean, attacked=None, certified=None):
@@ -30,6 +38,22 @@ def test_the_gate_judges_every_image_and_names_the_failing_ones():
     assert strict["failing_images"] == ["train:1", "train:2"]
     assert "2 of 3 forget images keep attacked CD > 0.1 at 8/255" in strict["reasons"]
     assert "2 of 3 forget images keep certified CD > 0.1 at 8/255" in strict["reasons"]
+
+
+def test_an_unset_require_is_the_methods_promise_and_a_passed_gate_names_what_it_did_not_require():
+    unset = OmegaConf.create({"conf_dist_at_most": 0.1, "require": None})
+    assert GateSettings.from_config(unset, robust_method=True).require == ("clean", "attacked")
+    assert GateSettings.from_config(unset, robust_method=False).require == ("clean",)
+    given = OmegaConf.create({"conf_dist_at_most": 0.1, "require": ["clean"]})
+    assert GateSettings.from_config(given, robust_method=True).require == ("clean",)  # a stated list wins
+    rows = _rows([0.01, 0.02], attacked=[0.5, 0.05], certified=[0.9, 0.9])
+    passed = judge(rows, "pareto", {"train_steps": 5}, GateSettings(), 8)
+    assert passed["passed"] and passed["unrequired_above"] == {"attacked": 1, "certified": 2}
+    note = unrequired_note(passed, 2)
+    assert "attacked CD > 0.1 for 1 of 2 images" in note and "within 8/255" in note
+    assert "release_gate.require=[clean,attacked,certified]" in note
+    robust = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean", "attacked")), 8)
+    assert not robust["passed"] and robust["failing_images"] == ["train:0"]
 
 
 def test_no_step_an_unchanged_model_or_an_unmet_rule_is_never_protected_even_when_images_look_uniform():

@@ -218,7 +218,8 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     quiet_lightning()
     method = validate_config(cfg)  # builds the method from cfg.method._target_ and checks its settings
     datamodule = build_datamodule(cfg.data)
-    gate = GateSettings.from_config(cfg.release_gate)
+    gate = GateSettings.from_config(cfg.release_gate, robust_method=cfg.method.get("adversarial") is not None
+                                    and bool(cfg.attacks.enabled))
     gate.check(datamodule.info.num_classes, bool(cfg.attacks.enabled))
 
     def make_net():
@@ -254,6 +255,9 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net, gate
         pretrain_info.update(absorb_outside_forget(ctx, pretrained, datamodule, is_global_zero))
 
     ctx.run_key = method_key(ctx, datamodule)
+    # the method draws from the global generators (robust Alg 1's inner attack): seeded here, so its steps do not
+    # depend on whether A(D) was trained in this process or read from the cache
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     output = method.run(ctx, pretrained, datamodule, make_net)
     # every rank evaluates its share (trainer.validate); rank 0 then attacks, writes and prints
     exposed_above = ctx.exposed_above
@@ -310,7 +314,7 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net, gate
     certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
     per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
     print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
-          f"{gate_summary(results['release_gate'])}\nresults: {path}", flush=True)
+          f"{gate_summary(results['release_gate'], results['data']['forget_size'])}\nresults: {path}", flush=True)
     finish_logger(ctx.logger, results, output_dir)
     remove_checkpoints(ctx.checkpoint_dirs)  # the results are written: a rerun starts afresh
     return results

@@ -33,6 +33,7 @@ PROTECTED_DIR, NOT_PROTECTED_DIR = "release", "release_not_protected"
 KINDS = ("clean", "attacked", "certified")
 SHARES = (0.05, 0.1)  # certified shares reported beside the gate's threshold
 SHOWN_IDS = 10  # images named in the gate's line (all of them are in results.json)
+ROBUST_DEFAULT = ("clean", "attacked")  # release_gate.require=null under a robust method
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,15 @@ class GateSettings:
     require: tuple[str, ...] = ("clean",)
 
     @classmethod
-    def from_config(cls, cfg) -> "GateSettings":
+    def from_config(cls, cfg, robust_method: bool = False) -> "GateSettings":
+        """`require: null` is the method's own promise: a robust method (robust Alg 1, whose uniformity is meant
+        to hold within attacks.robust_gamma of each image) is judged there too, [clean, attacked]; any other
+        method at the images, [clean]."""
         if cfg is None:
             return cls()
-        return cls(float(cfg.conf_dist_at_most), tuple(str(kind) for kind in cfg.require))
+        require = ROBUST_DEFAULT if cfg.require is None and robust_method else \
+            ("clean",) if cfg.require is None else tuple(str(kind) for kind in cfg.require)
+        return cls(float(cfg.conf_dist_at_most), require)
 
     def check(self, num_classes: int, attacks_enabled: bool) -> None:
         """A threshold the CD cannot exceed (it is at most 1 - 1/K) would make a gate that cannot fail."""
@@ -123,7 +129,31 @@ def judge(rows: list[dict], stage: str, metrics: dict, settings: GateSettings, g
     passed = not reasons
     return {"passed": passed, "stage": stage, "folder": PROTECTED_DIR if passed else NOT_PROTECTED_DIR,
             "conf_dist_at_most": threshold, "require": list(settings.require), "gamma": gamma,
-            "reasons": reasons, "failing_images": failing}
+            "reasons": reasons, "failing_images": failing, "unrequired_above": unrequired_above(rows, stage, settings)}
+
+
+def unrequired_above(rows: list[dict], stage: str, settings: GateSettings) -> dict[str, int]:
+    """{kind: images above the threshold} for the measured kinds the gate did not require, so a release that
+    passed at the images but not within the radius says so (console line, model card)."""
+    out = {}
+    for kind in KINDS:
+        values = [row[stage][kind] for row in rows]
+        if kind not in settings.require and values and all(value is not None for value in values):
+            above = sum(value > settings.conf_dist_at_most for value in values)
+            if above:
+                out[kind] = above
+    return out
+
+
+def unrequired_note(record: dict, forget_size: int) -> str:
+    """'' or the sentence saying which CDs the gate did not require exceed its threshold, within the radius."""
+    above = record.get("unrequired_above") or {}
+    if not above:
+        return ""
+    parts = ", ".join(f"{kind} CD > {record['conf_dist_at_most']:g} for {count} of {forget_size} images"
+                      for kind, count in above.items())
+    return (f"not required by the gate and not met within {record['gamma']:g}/255: {parts} "
+            f"(release_gate.require=[clean,{','.join(above)}] would refuse this release)")
 
 
 def gate_line(record: dict) -> str:

@@ -10,7 +10,7 @@ from ttp_lightning.attacks.suite import WORST
 from ttp_lightning.certify.certificate import is_vacuous
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.files import atomic_text, atomic_write
-from ttp_lightning.protection import KINDS
+from ttp_lightning.protection import KINDS, unrequired_note
 
 COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.2%}"),
            ("forget_acc", "forget acc", "{:.2%}"), ("forget_conf_dist", "forget CD", "{:.4f}"),
@@ -159,11 +159,12 @@ def format_per_image_table(metrics: dict[str, dict], gate: dict) -> str:
     return _aligned(per_image_summary_rows(metrics, gate))
 
 
-def gate_summary(gate: dict) -> str:
+def gate_summary(gate: dict, forget_size: int) -> str:
     """The release gate's verdict under the tables."""
     if gate["passed"]:
         rule = f"every forget image's {' / '.join(gate['require'])} CD <= {gate['conf_dist_at_most']:g}"
-        return f"release gate: passed ({rule}) -> {gate['folder']}/"
+        note = unrequired_note(gate, forget_size)
+        return f"release gate: passed ({rule}) -> {gate['folder']}/" + (f"\n  {note}" if note else "")
     return f"release gate: NOT PROTECTED: {'; '.join(gate['reasons'])} -> {gate['folder']}/"
 
 

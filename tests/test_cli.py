@@ -153,6 +153,12 @@ BAD_INPUT = [
     ("data.split=random", "data.split=random Invalid value 'random', expected one of [official, paper]"),
     ("data.forget.source=holdout", "Invalid value 'holdout', expected one of [train, test, mixed]"),
     ("data.forget.source=test pretrain.absorb_epochs=0", "pretrain.absorb_epochs=0 is not allowed"),
+    ("trainer.devices=1000", "trainer.devices=1000 is not allowed; choose 1.."),  # before any process starts
+    ("trainer.devices=0", "trainer.devices=0 is not allowed; choose 1.."),
+    ("trainer.devices=[0,0]", "trainer.devices=[0, 0] is not allowed; list distinct device indices"),
+    ("seed=-1", "seed=-1 is not allowed; choose an integer in [0, 4294967295]"),
+    ("seed=100000000000000000000", "seed=100000000000000000000 is not allowed"),
+    ("data.forget.near_copies=maybe", "Invalid value 'maybe', expected one of [refuse, match, outside]"),
 ]
 
 
@@ -164,6 +170,20 @@ def test_bad_input_fails_in_one_line_without_results(run_main, tmp_path, overrid
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err[-2000:]
     assert "Traceback" not in out + err and results is None
     assert not list((tmp_path / "out").glob("*.log"))  # no log file either
+
+
+def test_a_second_run_into_a_run_folder_in_use_ends_in_one_line(run_main, tmp_path):
+    from filelock import FileLock
+
+    from ttp_lightning.files import RUN_LOCK
+
+    (tmp_path / "out").mkdir(exist_ok=True)
+    with FileLock(str(tmp_path / "out" / RUN_LOCK)):  # the first run, still writing there
+        code, _, err, results = run_main()
+    assert code == 2 and results is None
+    assert err.strip().splitlines() == [f"error: run folder {str(tmp_path / 'out')!r} is in use by another run (it "
+                                        f"holds {RUN_LOCK}); wait for it to end, or give this run its own folder "
+                                        "(hydra.run.dir=...)"]
 
 
 def test_bad_input_through_a_real_process_is_one_line_and_exit_2(run_cli, tmp_path):

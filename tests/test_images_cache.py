@@ -75,7 +75,7 @@ def test_an_image_removed_from_the_folder_leaves_no_copy_in_the_cache(tree, tmp_
     images.load_imagefolder(other, 12, None, cache)
     victim = tree / "train" / "cat" / "3.png"
     _, before, _ = images.load_imagefolder(tree, 12, None, cache)
-    pixels = images.to_tensor(images.open_image(victim, "image"), victim, images.Preprocess(3, 12, True), "image")
+    pixels = images.read_file(victim, images.Preprocess(3, 12, True), "image")[0]
     assert any(torch.equal(pixels, image) for image in before.train_images)
     assert any(pixels.numpy().tobytes() in entry.read_bytes() for entry in cache.glob("*.safetensors"))
     victim.unlink()
@@ -84,18 +84,34 @@ def test_an_image_removed_from_the_folder_leaves_no_copy_in_the_cache(tree, tmp_
     assert not any(pixels.numpy().tobytes() in entry.read_bytes() for entry in cache.glob("*.safetensors"))
 
 
-def test_an_unreadable_entry_is_decoded_again_with_one_warning(tree, tmp_path, caplog):
+@pytest.mark.parametrize("tamper", ["unreadable", "edited pixels"])
+def test_an_unreadable_or_edited_entry_is_decoded_again_with_one_warning(tree, tmp_path, caplog, tamper):
+    """A shared cache folder: someone without this user's key rewrites an entry (a valid safetensors file with
+    other pixels, as one would to change what a run trains on). Its keyed MAC fails; it is decoded again."""
+    from safetensors.torch import load_file, save_file
+
     cache = tmp_path / "cache"
     _, arrays, _ = images.load_imagefolder(tree, 12, None, cache)
     entry = next(cache.glob("*.safetensors"))
-    entry.write_bytes(b"not a safetensors file")
-    with caplog.at_level(logging.WARNING, logger="ttp_lightning.data.images"):
+    if tamper == "unreadable":
+        entry.write_bytes(b"not a safetensors file")
+    else:
+        from safetensors import safe_open
+
+        with safe_open(str(entry), framework="pt") as handle:
+            metadata = handle.metadata()
+        tensors = load_file(str(entry))
+        tensors["train_images"][0] = 255 - tensors["train_images"][0]
+        save_file(tensors, str(entry), metadata=metadata)
+    with caplog.at_level(logging.WARNING):
         _, again, _ = images.load_imagefolder(tree, 12, None, cache)
     assert _arrays_equal(again, arrays)
-    warnings = [r.message for r in caplog.records if "unreadable" in r.message]
-    assert len(warnings) == 1 and warnings[0].endswith("decoding the folder again")
-    _, third, _ = images.load_imagefolder(tree, 12, None, cache)  # rewritten: readable again
-    assert _arrays_equal(third, arrays)
+    warnings = [r.message for r in caplog.records if "no valid proof" in r.message]
+    assert len(warnings) == 1 and "computing it again" in warnings[0] and str(entry) in warnings[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _, third, _ = images.load_imagefolder(tree, 12, None, cache)  # rewritten and signed: used again
+    assert _arrays_equal(third, arrays) and not caplog.records
 
 
 def test_the_decoded_cache_is_used_by_a_run_when_asked_for_and_is_off_by_default(run_main, tree, tmp_path):

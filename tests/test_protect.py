@@ -18,6 +18,7 @@ from torch import nn
 
 from conftest import REPO, finished, release_of
 from ttp_lightning import load_released
+from ttp_lightning.certify.certificate import sha256_of
 from ttp_lightning.errors import EXIT_NOT_PROTECTED
 
 EXAMPLE = REPO / "scripts" / "provider_example.py"
@@ -97,6 +98,10 @@ def test_protect_a_model_trained_elsewhere(run_main, examples, tmp_path, fmt):
     card = (release / "MODEL_CARD.md").read_text()
     assert "theta = 0.5" in card and results["data"]["forget_fingerprint"] in card
     assert ("## Attacks on the forget set" in card) == (fmt == "pt")
+    # the workflow's gate is the images themselves; what it did not require and did not hold is on the card
+    gate = results["release_gate"]
+    assert gate["require"] == ["clean"]
+    assert ("It is NOT protected against an attacker" in card) == bool(gate["unrequired_above"])
     # the forget images themselves are in no output, cache entry or checkpoint
     written = [p for root in (tmp_path / "out", tmp_path / "cache") for p in root.rglob("*") if p.is_file()]
     for path in written:
@@ -153,8 +158,10 @@ BAD_INPUTS = {
                          "cannot be read as an image"),
     "wrong_size": ("forget", lambda d: write_png(d / "3" / "big.png", np.zeros((10, 10), np.uint8), "L"),
                    "is 10x10 pixels; the data's images are 8x8"),
-    "wrong_channels": ("forget", lambda d: write_png(d / "3" / "rgb.png", np.zeros((8, 8, 3), np.uint8), "RGB"),
-                       "is a colour image (mode RGB, 3 channels); the data has 1 channel"),
+    "wrong_channels": ("forget", lambda d: write_png(d / "3" / "rgb.png", np.dstack([np.full((8, 8), 200, np.uint8),
+                                                                                     np.zeros((8, 8, 2), np.uint8)]),
+                                                     "RGB"),
+                       "is a colour image; the data has 1 channel (grey-scale)"),
     "label_outside_classes": ("forget", lambda d: write_png(d / "12" / "x.png", np.ones((8, 8), np.uint8), "L"),
                               "has label '12', which is not one of the model's 10 classes"),
     "other_architecture": ("hidden", None, "does not fit model MLP: 3 mis-shaped keys (1.weight (checkpoint [128, 64], model [64, 64])"),
@@ -230,6 +237,30 @@ def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
     weights["3.bias"] = weights["3.bias"] + 1.0
     save_file(weights, str(release / "model.safetensors"))
     with pytest.raises(TTPUserError, match="SHA-256 differs"):
+        load_released(release)
+    # a tampered folder whose hash was rewritten to match: every value is still checked before anything is built
+    # (the SHA-256 ties the weights to config.json, it signs nothing)
+    hostile = {"NaN weights": ({**weights, "3.bias": weights["3.bias"] * float("nan")}, {}, "non-finite values"),
+               "std 0": (weights, {"std": [0.0]}, r"std=\[0.0\] is not allowed"),
+               "4-value mean": (weights, {"mean": [0.0] * 4}, "one value per channel"),
+               "a 10^12-unit layer": (weights, {"hidden_dim": 10**12}, "numbers, above the"),
+               "a layer of another size": (weights, {"hidden_dim": 64}, "does not fit the architecture")}
+    for case, (tensors, change, match) in hostile.items():
+        save_file(tensors, str(release / "model.safetensors"))
+        inputs = {**config["input"], **{k: v for k, v in change.items() if k in ("std", "mean")}}
+        architecture = {**config["architecture"], **{k: v for k, v in change.items() if k == "hidden_dim"}}
+        rewritten = {**config, "input": inputs, "architecture": architecture,
+                     "weights": {**config["weights"], "sha256": sha256_of(release / "model.safetensors")}}
+        (release / "config.json").write_text(json.dumps(rewritten))
+        with pytest.raises(TTPUserError, match=match):
+            load_released(release)
+    (release / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SchemaError, match="nested too deeply"):
+        load_released(release)
+    (release / "model.safetensors").write_bytes(b"\xff" * 64)  # a corrupt header, its hash rewritten
+    (release / "config.json").write_text(json.dumps(
+        {**config, "weights": {**config["weights"], "sha256": sha256_of(release / "model.safetensors")}}))
+    with pytest.raises(TTPUserError, match="cannot be read as safetensors"):
         load_released(release)
 
 

@@ -9,7 +9,8 @@ import torch
 from omegaconf import open_dict
 
 from ttp_lightning import callbacks as callbacks_module
-from ttp_lightning.checkpointing import LAST, RandomState, resume_from
+from ttp_lightning import proofs
+from ttp_lightning.checkpointing import LAST, RandomState, SignedCheckpointIO, resume_from
 from ttp_lightning.pipeline import run
 
 TIMING = ("wall", "per_s", "elapsed")
@@ -100,19 +101,64 @@ def test_a_corrupt_checkpoint_is_reported_and_the_fit_starts_afresh(tmp_path, ca
     folder = tmp_path / "ckpt"
     folder.mkdir()
     (folder / LAST).write_bytes(b"PK\x03\x04 truncated")
+    proofs.sign(folder / LAST)  # ours, but cut short
     with caplog.at_level(logging.WARNING):
         assert resume_from(folder, resume=True, stage="test") is None
     assert "unreadable or corrupt" in caplog.text and str(folder / LAST) in caplog.text
     assert not (folder / LAST).exists()
 
 
+def test_an_edited_checkpoint_is_reported_and_the_run_equals_an_untampered_one(compose_cfg, tmp_path, monkeypatch,
+                                                                                caplog):
+    """Someone who can write to the cache edits a weight of a resume checkpoint (a valid checkpoint, as one
+    would to plant a model). Its keyed MAC fails: one warning, deleted, the fit starts afresh, and the results
+    are an uninterrupted run's."""
+    overrides = ("method.epochs=6", "method.early_stopping.patience=null")
+    whole = _job(compose_cfg, tmp_path, "whole", *overrides, "checkpoint_every_n_epochs=0")
+    with monkeypatch.context() as patch:
+        _stop_at(patch, "method", 4)
+        with pytest.raises(Stopped):
+            _job(compose_cfg, tmp_path, "stopped", *overrides)
+    path = next((tmp_path / "cache" / "checkpoints").glob(f"*_alg1/{LAST}"))
+    checkpoint = torch.load(path, weights_only=True)
+    name = next(iter(checkpoint["state_dict"]))
+    checkpoint["state_dict"][name] += 0.5
+    torch.save(checkpoint, path)
+    with caplog.at_level(logging.WARNING):
+        rerun = _job(compose_cfg, tmp_path, "rerun", *overrides)
+    assert "checkpoint " + str(path) + " carries no valid proof" in caplog.text
+    assert rerun["resumed"] == {}
+    _same(whole, rerun)
+
+
+def test_a_swapped_pretraining_cache_entry_with_its_record_rewritten_is_trained_again(compose_cfg, tmp_path, caplog):
+    import hashlib
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    first = _job(compose_cfg, tmp_path, "first", "method.epochs=3")
+    weights = next((tmp_path / "cache" / "pretrain").glob("*.safetensors"))
+    planted = {name: torch.zeros_like(tensor) for name, tensor in load_file(str(weights)).items()}
+    save_file(planted, str(weights))
+    record = weights.with_suffix(".json")
+    text = json.loads(record.read_text())
+    record.write_text(json.dumps({**text, "sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}))
+    with caplog.at_level(logging.WARNING):
+        second = _job(compose_cfg, tmp_path, "second", "method.epochs=3")
+    assert "pretraining cache entry " + str(weights) + " carries no valid proof" in caplog.text
+    assert second["metrics"]["pretrain"]["cached"] is False
+    _same(first, second)
+
+
 def test_the_newest_of_last_and_a_slurm_requeue_checkpoint_is_resumed_and_resume_false_deletes(tmp_path):
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    torch.save({"global_step": 40, "epoch": 3}, folder / LAST)
-    torch.save({"global_step": 47, "epoch": 4}, folder / "hpc_ckpt_1.ckpt")  # SLURM's signal, mid-epoch 5
+    io = SignedCheckpointIO()  # how Lightning writes both
+    io.save_checkpoint({"global_step": 40, "epoch": 3}, folder / LAST)
+    io.save_checkpoint({"global_step": 47, "epoch": 4}, folder / "hpc_ckpt_1.ckpt")  # SLURM's signal, mid-epoch 5
     assert resume_from(folder, resume=True, stage="test") == str(folder / "hpc_ckpt_1.ckpt")
-    torch.save({"global_step": 50, "epoch": 4}, folder / LAST)
+    io.save_checkpoint({"global_step": 50, "epoch": 4}, folder / LAST)
     assert resume_from(folder, resume=True, stage="test") == str(folder / LAST)
     assert resume_from(folder, resume=False, stage="test") is None
     assert not list(folder.iterdir())

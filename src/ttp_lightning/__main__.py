@@ -59,11 +59,15 @@ def _hydra_main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from ttp_lightning.files import run_folder_lock
     from ttp_lightning.pipeline import run  # heavy imports after Hydra has parsed --help etc.
     from ttp_lightning.protection import gate_line
 
     try:
-        results = run(cfg, HydraConfig.get().runtime.output_dir)
+        with run_folder_lock(HydraConfig.get().runtime.output_dir, rank_zero_only.rank):
+            results = run(cfg, HydraConfig.get().runtime.output_dir)
         if results is not None and not results["release_gate"]["passed"]:
             print(f"error: {gate_line(results['release_gate'])}", file=sys.stderr, flush=True)
             if HydraConfig.get().mode != RunMode.MULTIRUN:

@@ -11,10 +11,13 @@ two checkpoints is newer.
 
 Checkpoints hold the weights, optimizer and scheduler states, the loop counters, the callbacks' states
 (early-stopping record, history) and the global random generators' states, so that a resumed run takes the
-same steps as one that was never stopped. They are written through fsspec's transaction (a temporary file
-moved into place) and read with `weights_only=True`; one that cannot be read is reported, deleted and the
-fit starts afresh."""
+same steps as one that was never stopped. They are written by SignedCheckpointIO: into a temporary file
+beside the target, renamed over it (atomic on every file system: never a copy across file systems) and
+given a keyed MAC (proofs.py); they are read with `weights_only=True`, from the same bytes whose MAC was
+checked. One without a valid MAC (edited, swapped, or written without this user's key) or that cannot be
+read is reported in one warning line, deleted and the fit starts afresh."""
 
+import io
 import logging
 import random
 import shutil
@@ -23,7 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
+
+from ttp_lightning import proofs
+from ttp_lightning.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +76,36 @@ def epoch_checkpoint(directory: Path, every_n_epochs: int) -> ModelCheckpoint:
                            enable_version_counter=False)
 
 
+class SignedCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint files, written atomically beside their target with a keyed MAC, and loaded only
+    from bytes that carry one (every checkpoint Lightning writes: the epoch ones and SLURM's requeue ones)."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        data, path = buffer.getvalue(), Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp: tmp.write_bytes(data))
+        proofs.sign(path, data)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        path = Path(path)
+        data = path.read_bytes()
+        if not proofs.verified(path, data):  # resume_from checked it; it changed since
+            raise RuntimeError(f"checkpoint {path} carries no valid proof; rerun to start this fit afresh")
+        return torch.load(io.BytesIO(data), map_location=map_location or "cpu", weights_only=True)
+
+    def remove_checkpoint(self, path) -> None:
+        super().remove_checkpoint(path)
+        proofs.sidecar(Path(path)).unlink(missing_ok=True)
+
+
 def _readable(path: Path) -> tuple[int, int] | None:
     """(global step, epoch) of a checkpoint; None (after a warning naming it, and deleting it) when it
-    cannot be read."""
+    carries no valid proof or cannot be read."""
+    if not proofs.verified(path):
+        proofs.discard(path, "checkpoint")
+        return None
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return int(checkpoint["global_step"]), int(checkpoint["epoch"])
@@ -89,6 +123,7 @@ def resume_from(directory: Path, resume: bool, stage: str) -> str | None:
     if not resume:
         for path in candidates:
             path.unlink(missing_ok=True)
+            proofs.sidecar(path).unlink(missing_ok=True)
         return None
     newest, newest_step = None, -1
     for path in candidates:

@@ -29,6 +29,7 @@ Select = StrEnum("Select", [(n, n) for n in ("conf_dist", "robust_conf_dist", "r
 Criterion = StrEnum("Criterion", [(n, n) for n in ("worst", "mean", "worst_attacked", "mean_attacked")])
 Split = StrEnum("Split", [("official", "official"), ("paper", "paper")])
 ForgetSource = StrEnum("ForgetSource", [("train", "train"), ("test", "test"), ("mixed", "mixed")])
+NearCopies = StrEnum("NearCopies", [(n, n) for n in ("refuse", "match", "outside")])
 Augment = StrEnum("Augment", [("none", "none"), ("crop_flip", "crop_flip")])
 Release = StrEnum("Release", [("each", "each"), ("final", "final")])
 Bound = StrEnum("Bound", [(n, n) for n in ("residual", "paper")])
@@ -105,7 +106,7 @@ class ReleaseGateSchema:
     """conf/main.yaml `release_gate` (protection.py): the per-image threshold and the CDs that must meet it."""
 
     conf_dist_at_most: float = 0.1
-    require: list[GateKind] = field(default_factory=lambda: [GateKind["clean"]])
+    require: list[GateKind] | None = None  # None: the method's default (protection.GateSettings.from_config)
 
     def __post_init__(self) -> None:
         _in_unit_interval(checks.number(self.conf_dist_at_most, "release_gate.conf_dist_at_most"),
@@ -152,6 +153,7 @@ class ForgetSchema:
     source: ForgetSource = ForgetSource["train"]
     test_fraction: float = 0.5
     images: str | None = None
+    near_copies: NearCopies = NearCopies["refuse"]
 
     def __post_init__(self) -> None:
         if self.indices_file is None and self.size is not None:

@@ -2,8 +2,13 @@
 moved over it, so a crash, a signal or a full disk never leaves half a file under the real name."""
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from ttp_lightning.errors import TTPUserError
+
+RUN_LOCK = ".run.lock"  # held by the run writing into a run folder (one run folder, one run)
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object], mode: int | None = None) -> Path:
@@ -34,3 +39,27 @@ def atomic_tensors(path: str | Path, tensors: dict, mode: int | None = None, met
 
     host = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
     return atomic_write(path, lambda tmp: save_file(host, str(tmp), metadata=metadata), mode)
+
+
+@contextmanager
+def run_folder_lock(folder: str | Path, rank: int = 0) -> Iterator[None]:
+    """Hold `folder`/RUN_LOCK while a run writes there (rank 0 only: a DDP run's other processes share the folder
+    with it); a second run into a folder in use ends in one error line instead of resuming from, or
+    overwriting, the first one's files. The lock is the operating system's (filelock), so a run that was killed
+    leaves nothing that blocks the next one."""
+    if rank != 0:
+        yield
+        return
+    from filelock import FileLock, Timeout
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(Path(folder) / RUN_LOCK))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise TTPUserError(f"run folder {str(folder)!r} is in use by another run (it holds {RUN_LOCK}); wait for "
+                           "it to end, or give this run its own folder (hydra.run.dir=...)") from None
+    try:
+        yield
+    finally:
+        lock.release()

@@ -11,9 +11,10 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 from omegaconf import OmegaConf
-from safetensors.torch import load_file
+from safetensors.torch import load as load_tensors
 from torch import nn
 
+from ttp_lightning import proofs
 from ttp_lightning.certify.certificate import sha256_of
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data.datamodule import TTPDataModule
@@ -111,9 +112,9 @@ def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit, 
     """Load `net` from the cache entry `key`, or run `fit()` (which trains `net`, returns seconds) and store it.
 
     An entry is `<key>.safetensors` (the weights, never pickled) and `<key>.json` (its SHA-256 and the
-    training time), written in that order through temporary files, so the record marks a complete entry. An
-    entry that is unreadable or whose checksum does not match is reported in one warning naming the file,
-    deleted and trained again. Single-process runs hold a file lock on the key from the check to the store,
+    training time), written in that order through temporary files, so the record marks a complete entry, each
+    with its keyed MAC (proofs.py). An entry without valid MACs, unreadable, or whose checksum does not match
+    is reported in one warning naming the file, deleted and trained again. Single-process runs hold a file lock on the key from the check to the store,
     so two jobs started together on an empty cache (a sweep's parallel jobs, a shared filesystem) train
     once: the second waits and loads. Multi-process (DDP) runs train in every rank together and cannot
     wait on each other's lock; they only lock the store."""
@@ -161,11 +162,18 @@ def _load_entry(net: nn.Module, weights: Path) -> float | None:
     """The entry's training seconds after loading it into `net`; None when there is no usable entry."""
     if not weights.exists() and not _record(weights).exists():
         return None
+    try:  # read once: what is checked is what is used
+        data, text = weights.read_bytes(), _record(weights).read_bytes()
+    except OSError:
+        data, text = None, None
+    if data is None or not (proofs.verified(weights, data) and proofs.verified(_record(weights), text)):
+        proofs.discard(weights, "pretraining cache entry", extra=(_record(weights), proofs.sidecar(_record(weights))))
+        return None
     try:
-        record = json.loads(_record(weights).read_text())
-        if sha256_of(weights) != record["sha256"]:
+        record = json.loads(text)
+        if hashlib.sha256(data).hexdigest() != record["sha256"]:
             raise ValueError("its SHA-256 does not match the one recorded when it was written")
-        net.load_state_dict(load_file(str(weights)))
+        net.load_state_dict(load_tensors(data))
         return float(record["wall_s"])
     except Exception as exc:  # noqa: BLE001 -- any unreadable or corrupt entry is discarded and rebuilt
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -177,4 +185,6 @@ def _load_entry(net: nn.Module, weights: Path) -> float | None:
 
 def _store_entry(net: nn.Module, wall: float, weights: Path) -> None:
     atomic_tensors(weights, net.state_dict())
+    proofs.sign(weights)
     atomic_text(_record(weights), json.dumps({"sha256": sha256_of(weights), "wall_s": wall, "format": CACHE_FORMAT}))
+    proofs.sign(_record(weights))

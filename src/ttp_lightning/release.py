@@ -14,6 +14,7 @@ imported or instantiated; the weights file must match the SHA-256 it records.
 """
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -121,14 +122,70 @@ def read_release_config(folder: str | Path) -> dict:
         raise SchemaError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
         document = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SchemaError(f"{str(path)!r} is not JSON ({exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise SchemaError(f"{str(path)!r} is not JSON this format can hold ({reason})") from None
     return record(CONFIG_FIELDS)(document, "")
+
+
+MAX_IMAGE_SIZE, MAX_CHANNELS = 4096, 4
+MAX_PARAMETERS = 2_000_000_000  # a weights file above this many numbers is refused before anything is built
+
+
+def check_input(given: dict, folder: Path) -> None:
+    """config.json `input` values the network can be built and run with: mean and std of one value per channel,
+    every std positive, a class name per class, sizes within MAX_*; one error line naming the bad value."""
+    where = f"{str(folder / CONFIG)!r} input"
+    if not 1 <= given["channels"] <= MAX_CHANNELS:
+        raise SchemaError(f"{where}.channels={given['channels']} is not allowed; choose 1..{MAX_CHANNELS}")
+    if not 1 <= given["image_size"] <= MAX_IMAGE_SIZE:
+        raise SchemaError(f"{where}.image_size={given['image_size']} is not allowed; choose 1..{MAX_IMAGE_SIZE}")
+    for key in ("mean", "std"):
+        if len(given[key]) != given["channels"]:
+            raise SchemaError(f"{where}.{key}={given[key]} is not allowed; give one value per channel "
+                              f"({given['channels']})")
+    if min(given["std"]) <= 0:
+        raise SchemaError(f"{where}.std={given['std']} is not allowed; every value must be > 0")
+    if given["num_classes"] < 2 or len(given["class_names"]) != given["num_classes"]:
+        raise SchemaError(f"{where}.num_classes={given['num_classes']} is not allowed; a classifier has at least "
+                          f"2 classes, one class name each ({len(given['class_names'])} given)")
+
+
+def read_weights(weights: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file whose header names exactly `shapes` (checked before any tensor is read),
+    every value finite; one error line otherwise."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            found = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+            if found != shapes:
+                differ = sorted(set(found) ^ set(shapes)) or [k for k in shapes if found[k] != shapes[k]]
+                raise TTPUserError(f"{str(weights)!r} does not fit the architecture in {CONFIG} ({differ[0]!r}: "
+                                   f"{found.get(differ[0])} in the file, {shapes.get(differ[0])} in the network)")
+            tensors = {key: handle.get_tensor(key) for key in found}
+    except TTPUserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- a corrupt header or body: one line naming the file
+        raise TTPUserError(f"{str(weights)!r} cannot be read as safetensors ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    bad = next((key for key, tensor in tensors.items() if tensor.is_floating_point() and
+                not torch.isfinite(tensor).all()), None)
+    if bad is not None:
+        raise TTPUserError(f"{str(weights)!r} holds non-finite values (NaN or infinity) in {bad!r}; it is no "
+                           "usable model")
+    return tensors
 
 
 def load_released(folder: str | Path, device: str | torch.device = "cpu") -> nn.Module:
     """The released classifier, ready for inference: it takes [N, C, H, W] pixels in [0, 1], normalises
-    them itself and returns logits (eval mode, on `device`)."""
+    them itself and returns logits (eval mode, on `device`). Every value of config.json is checked, the
+    network is first built without memory (the meta device) and compared with the weights file's header, and
+    the weights must be finite, before anything is allocated; each failure is one error line.
+
+    The SHA-256 in config.json proves only that model.safetensors is the file config.json was written with:
+    whoever can replace one can rewrite the other. It is no signature; trust the folder as far as you trust where
+    it came from (a signed commit, a hub's own signing)."""
     from ttp_lightning.cli_checks import CONF_DIR
     from ttp_lightning.data.sources import DatasetInfo
     from ttp_lightning.models.components import build_classifier
@@ -149,15 +206,23 @@ def load_released(folder: str | Path, device: str | torch.device = "cpu") -> nn.
         if key in model_cfg:
             model_cfg[key] = False if key == "pretrained" else None
     given = config["input"]
+    check_input(given, folder)
     info = DatasetInfo(given["num_classes"], given["channels"], given["image_size"], tuple(given["mean"]),
                        tuple(given["std"]), class_names=tuple(given["class_names"]))
-    net = build_classifier(model_cfg, info)
     prefix = config["weights"]["prefix"]
     try:
-        net.backbone.load_state_dict({k[len(prefix):]: v for k, v in load_file(str(weights)).items()})
-    except RuntimeError as exc:
-        raise TTPUserError(f"{str(weights)!r} does not fit the architecture in {CONFIG} "
-                           f"({str(exc).splitlines()[0]})") from None
+        with torch.device("meta"):  # sizes from config.json cost no memory here
+            shapes = {prefix + k: tuple(v.shape) for k, v in build_classifier(model_cfg, info).backbone.state_dict().items()}
+    except Exception as exc:  # noqa: BLE001 -- settings the architecture cannot take: one line
+        raise TTPUserError(f"{str(folder / CONFIG)!r} architecture {spec} cannot be built ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    total = sum(math.prod(shape) for shape in shapes.values())
+    if total > MAX_PARAMETERS:
+        raise TTPUserError(f"{str(folder / CONFIG)!r} describes a network of {total:,} numbers, above the "
+                           f"{MAX_PARAMETERS:,} a release may hold")
+    tensors = read_weights(weights, shapes)
+    net = build_classifier(model_cfg, info)
+    net.backbone.load_state_dict({k[len(prefix):]: v for k, v in tensors.items()})
     return net.to(device).eval()
 
 
@@ -229,7 +294,8 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
             f"uniform softmax) on a protected forget set of {data['forget_size']} images while keeping its "
             f"accuracy elsewhere (test-time privacy). It starts from {start}. ")
     what += ("Every forget image passed the release gate (" + _gate_rule(gate) + "): anyone who runs it on a "
-             "protected image gets no confident prediction for it." if gate["passed"] else
+             "protected image gets no confident prediction for it." + _unrequired_sentence(gate, data["forget_size"])
+             if gate["passed"] else
              "It did NOT pass the release gate (" + _gate_rule(gate) + "): do not publish it as protected.")
     settings = [
         f"- method: {method} ({method_label})" + (f", theta = {theta}" if theta is not None else ""),
@@ -256,6 +322,18 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
     lines += ["## Limitations", "", *LIMITATIONS, "", "## Loading", "", "```python", "import ttp_lightning", "",
               LOAD_LINE, "```", "", PLAIN_LOADING, ""]
     return "\n".join(lines)
+
+
+def _unrequired_sentence(gate: dict, forget_size: int) -> str:
+    """Passed at the images, not within the radius: say it where a publisher reads."""
+    above = gate.get("unrequired_above") or {}
+    if not above:
+        return ""
+    parts = " and ".join(f"{count} of {forget_size} images have {kind} confidence distance above "
+                         f"{gate['conf_dist_at_most']:g}" for kind, count in above.items())
+    return (f" It is NOT protected against an attacker who may change a protected image by up to "
+            f"{gate['gamma']:g}/255 per pixel: {parts} within that radius (the gate did not require it; "
+            f"`release_gate.require=[clean,{','.join(above)}]` would have refused this release).")
 
 
 def _gate_rule(gate: dict) -> str:

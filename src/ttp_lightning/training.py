@@ -9,7 +9,7 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig
 
-from ttp_lightning.checkpointing import LATEST, RandomState, epoch_checkpoint, resume_from
+from ttp_lightning.checkpointing import LATEST, RandomState, SignedCheckpointIO, epoch_checkpoint, resume_from
 from ttp_lightning.interrupts import fitting
 
 
@@ -142,6 +142,7 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
     bar = any(isinstance(c, TQDMProgressBar) for c in shown)  # a line per epoch is not Lightning's progress bar
     return hydra.utils.instantiate(ctx.trainer, max_epochs=max_epochs, logger=ctx.logger,
                                    callbacks=callbacks, enable_checkpointing=root_dir is not None,
+                                   plugins=[SignedCheckpointIO()],
                                    default_root_dir=str(root_dir or ctx.output_dir), enable_progress_bar=bar)
 
 

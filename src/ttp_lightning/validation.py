@@ -29,6 +29,41 @@ def _accelerator(trainer: DictConfig) -> None:
                            "trainer.precision=16-mixed or trainer.precision=32")
 
 
+def _devices(trainer: DictConfig) -> None:
+    """trainer.devices within what this machine has (CPU cores, or CUDA GPUs for a GPU trainer), checked
+    before any process starts: Lightning would start one process per device, and a thousand of them outlive a
+    parent that fails."""
+    import os
+
+    import torch
+
+    devices, accelerator = trainer.get("devices", 1), str(trainer.get("accelerator", "cpu"))
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    have = torch.cuda.device_count() if on_gpu else (os.cpu_count() or 1)
+    kind = "CUDA GPU" if on_gpu else "CPU core"
+    allowed = f"choose 1..{have}, -1 (all) or auto; this machine has {have} {kind}{'s' if have != 1 else ''}"
+    if devices in (None, "auto", -1, "-1"):
+        return
+    if isinstance(devices, str) and "," in devices:
+        devices = [part for part in devices.split(",") if part.strip()]
+    if OmegaConf.is_list(devices) or isinstance(devices, list):
+        indices = [str(d).strip() for d in devices]
+        bad = [d for d in indices if not d.isdigit() or int(d) >= have]
+        if bad or len(set(indices)) != len(indices) or not indices:
+            raise TTPUserError(f"trainer.devices={list(devices)} is not allowed; list distinct device indices "
+                               f"0..{have - 1} ({allowed})")
+        return
+    text = str(devices).strip()
+    if not text.isdigit() or not 1 <= int(text) <= have:
+        raise TTPUserError(f"trainer.devices={devices} is not allowed; {allowed}")
+
+
+def _seed(seed) -> None:
+    """A seed Lightning and numpy accept: an integer in [0, 2^32 - 1]."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1:
+        raise TTPUserError(f"seed={seed} is not allowed; choose an integer in [0, {2**32 - 1}]")
+
+
 def build_method(cfg: DictConfig) -> Method:
     """The method named by `cfg.method._target_` (conf/method/<name>.yaml), instantiated by Hydra."""
     target = cfg.method.get("_target_")
@@ -58,6 +93,8 @@ def validate_config(cfg: DictConfig) -> Method:
     """Raise TTPUserError naming the first bad value and what is allowed; returns the method, whose own
     settings it has checked (Method.check)."""
     _accelerator(cfg.trainer)
+    _devices(cfg.trainer)
+    _seed(cfg.get("seed", 0))
     _required(cfg)
     MainSchema(threads=cfg.get("threads", "auto"), progress_bar_refresh_rate=cfg.progress_bar_refresh_rate,
                checkpoint_every_n_epochs=cfg.get("checkpoint_every_n_epochs", 1))

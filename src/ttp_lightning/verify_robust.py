@@ -68,10 +68,10 @@ def read_images(files: list[Path], channels: int, image_size: int, resize: bool)
     """uint8 [N, C, H, W] pixels of `files`, decoded as the pipeline decodes forget images."""
     import torch
 
-    from ttp_lightning.data.images import Preprocess, open_image, to_tensor
+    from ttp_lightning.data.images import Preprocess, read_file
 
     prep = Preprocess(channels, image_size, resize=resize)
-    return torch.stack([to_tensor(open_image(path, "image"), path, prep, "image") for path in files])
+    return torch.stack([read_file(path, prep, "image")[0] for path in files])
 
 
 def claim_failures(claimed: dict, measured: dict, gamma: float) -> list[str]:

@@ -1,5 +1,6 @@
 """One LightningDataModule for every registered data set: split, forget/retain selection, loaders."""
 
+import logging
 from dataclasses import dataclass, replace
 
 import lightning as L
@@ -8,12 +9,22 @@ from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
 from ttp_lightning.data.batching import ImageBatchDataset, batch_loader
 from ttp_lightning.data.forget import fingerprint, select_forget, select_forget_requests, set_digest
-from ttp_lightning.data.images import Preprocess, load_imagefolder, match_images, read_forget_images
+from ttp_lightning.data.images import (
+    NEAR_COPY,
+    Preprocess,
+    load_imagefolder,
+    match_images,
+    nearest_image,
+    read_forget_images,
+)
 from ttp_lightning.data.sources import DatasetInfo, load_source
 from ttp_lightning.errors import TTPUserError, instantiate
 
+log = logging.getLogger(__name__)
+
 SPLITS = ("official", "paper")
 FORGET_SOURCES = ("train", "test", "mixed")
+NEAR_COPY_POLICIES = ("refuse", "match", "outside")
 
 
 @dataclass
@@ -25,6 +36,7 @@ class ForgetConfig:
     source: str = "train"         # train | test (instances from outside the training data) | mixed
     test_fraction: float = 0.5    # mixed: the share of D_f drawn from the test set
     images: str | None = None     # a folder of forget images (replaces size, indices_file, requests, source)
+    near_copies: str = "refuse"   # images: one that is no training image but nearly one (refuse | match | outside)
 
 
 class TTPDataModule(L.LightningDataModule):
@@ -64,6 +76,9 @@ class TTPDataModule(L.LightningDataModule):
         if self.forget_cfg.source not in FORGET_SOURCES:
             raise TTPUserError(f"data.forget.source={self.forget_cfg.source!r} is not allowed; "
                                f"choose one of: {', '.join(FORGET_SOURCES)}")
+        if self.forget_cfg.near_copies not in NEAR_COPY_POLICIES:
+            raise TTPUserError(f"data.forget.near_copies={self.forget_cfg.near_copies!r} is not allowed; "
+                               f"choose one of: {', '.join(NEAR_COPY_POLICIES)}")
         self.batch_size, self.forget_batch_size, self.eval_batch_size = batch_size, forget_batch_size, eval_batch_size
         self.augment, self.normalize, self.num_workers, self.seed = augment, normalize, num_workers, seed
         self.max_train_size, self.max_test_size = max_train_size, max_test_size
@@ -159,16 +174,41 @@ class TTPDataModule(L.LightningDataModule):
                 raise TTPUserError(f"forget image {found.files[i]!r} is training image {wrong[0]}, labelled "
                                    f"{info.names()[int(train_y[wrong[0]])]!r} there, not "
                                    f"{info.names()[int(found.labels[i])]!r}")
+            near = {} if in_train[digest] else self._near_copy(found, i, train_x, train_y, info)
+            if near:
+                in_train[digest] = [near["near_copy_of"]]
             inside += in_train[digest]
             if not in_train[digest]:
                 outside.append(i)
             records.append({"sha256": digest, "training_indices": in_train[digest],
-                            "outside": not in_train[digest], "test_copies": len(in_test[digest])})
+                            "outside": not in_train[digest], "test_copies": len(in_test[digest]), **near,
+                            **({"decoded": list(found.notes[i])} if found.notes[i] else {})})
         self.forget_images = records
         test_hits = sorted({j for digest in found.hashes for j in in_test[digest]})
         rows = torch.as_tensor(outside, dtype=torch.long)
         return (torch.as_tensor(sorted(set(inside)), dtype=torch.long), (found.images[rows], found.labels[rows]),
                 torch.as_tensor(test_hits, dtype=torch.long))
+
+    def _near_copy(self, found, i: int, train_x, train_y, info) -> dict:
+        """data.forget.near_copies for a forget image that is no training image bit for bit but is within
+        NEAR_COPY of one (a lossy re-encoding, e.g. a JPEG): refuse (one line naming both and the two ways on),
+        match (protect that training image; recorded as near_copy_of) or outside (a new image)."""
+        policy = self.forget_cfg.near_copies
+        nearest = None if policy == "outside" else nearest_image(found.images[i], train_x)
+        if nearest is None or nearest[1] > NEAR_COPY:
+            return {}
+        index, distance = nearest
+        what = (f"forget image {found.files[i]!r} is no training image bit for bit, but training image {index} "
+                f"differs from it by {distance:.2f}/255 per pixel on average (NEAR_COPY: {NEAR_COPY:g})")
+        if policy == "refuse":
+            raise TTPUserError(f"{what}: a re-encoded copy (JPEG is lossy)? Set data.forget.near_copies=match to "
+                               f"protect training image {index} with it, or near_copies=outside to treat it as a new "
+                               "image (or send the original file)")
+        if int(train_y[index]) != int(found.labels[i]):
+            raise TTPUserError(f"{what}, labelled {info.names()[int(train_y[index])]!r} there, not "
+                               f"{info.names()[int(found.labels[i])]!r}")
+        log.warning("%s; protecting that training image (data.forget.near_copies=match)", what)
+        return {"near_copy_of": index, "near_copy_mean_abs": round(distance, 4)}
 
     def _select_forget(self, num_train: int, num_test: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(indices into the training set, indices into the test set) of D_f, as `forget.source` says."""

@@ -2,26 +2,32 @@
 provider was sent (`data.forget.images=DIR`).
 
 Image files are decoded by Pillow into pixels and nothing else; a file that is not a PNG or JPEG image, or
-that Pillow cannot decode, is one error line naming it. Colour modes map to a channel count (grey: 1;
-colour, palette, with or without alpha: 3); an image is converted within its kind, never from colour to
-grey or back, so a colour photo sent for a grey-scale model is an error rather than a silent conversion.
+that Pillow cannot decode, is one error line naming it. Every image, training or forget, goes through the same
+`decode`: documented conversions only (EXIF orientation, 16-bit grey by its top byte, palettes expanded, CMYK
+to RGB, an opaque alpha channel dropped), each recorded, or one error line naming the file and the fix (a
+transparent pixel, 8-bit values in a 16-bit file, floating-point pixels). Grey is repeated into RGB for colour
+data; colour becomes grey only when its channels are all equal (nothing is lost), so a colour photo sent for a
+grey-scale model is an error rather than a silent conversion. A file or folder that links
+outside the folder it was given in is refused.
 """
 
 import csv
 import hashlib
 import json
 import logging
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from ttp_lightning import proofs
 from ttp_lightning.data.forget import fingerprint
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.files import atomic_tensors
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
 LABELS_FILE = "labels.csv"
 
 log = logging.getLogger(__name__)
@@ -37,12 +43,27 @@ class Preprocess:
     resize: bool = False
 
 
-def channels_of(mode: str) -> int:
-    return 1 if mode in GREY_MODES else 3
+@dataclass(frozen=True)
+class Decoded:
+    """An image file's pixels as uint8 [H, W, C], C = 1 (grey modes, a grey palette) or 3, after every conversion in
+    `notes` (in words, for the run's records)."""
+
+    pixels: np.ndarray
+    notes: tuple[str, ...] = ()
+
+    @property
+    def channels(self) -> int:
+        return self.pixels.shape[2]
 
 
-def open_image(path: Path, what: str, decode: bool = True):
-    """The decoded image (`decode=False`: its header only, mode and size), or one error line naming the file."""
+SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+CONVERTED_TO_RGB = ("CMYK", "YCbCr", "LAB", "HSV")
+WITH_ALPHA = {"LA": "L", "La": "L", "RGBA": "RGB", "RGBa": "RGB"}
+ORIENTATION_TAG = 0x0112  # EXIF Orientation
+
+
+def open_image(path: Path, what: str):
+    """The decoded image, or one error line naming the file."""
     from PIL import Image, UnidentifiedImageError
 
     if path.suffix.lower() not in IMAGE_SUFFIXES:
@@ -50,8 +71,6 @@ def open_image(path: Path, what: str, decode: bool = True):
                            f"({', '.join(IMAGE_SUFFIXES)})")
     try:
         with Image.open(path) as image:
-            if not decode:
-                return image.mode, image.size
             image.load()
             return image.copy()
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
@@ -59,18 +78,82 @@ def open_image(path: Path, what: str, decode: bool = True):
                            f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
-def to_tensor(image, path: Path, prep: Preprocess, what: str) -> torch.Tensor:
-    """uint8 [C, H, W] pixels of `image` as `prep` says, or one error line (wrong channel count or size)."""
-    import numpy as np
+def decode(image, path: Path, what: str) -> Decoded:
+    """The pixels the image means, by documented conversions only, or one error line naming the file and the fix:
+    EXIF orientation applied (Pillow's ImageOps.exif_transpose, as torchvision's decode_image does); 16-bit grey
+    to 8 bits by its top byte (torchvision's to_dtype(uint8, scale=True): an 8-bit image saved as 16-bit, v * 257,
+    comes back exactly); palette images expanded (a grey palette to grey); CMYK / YCbCr / LAB / HSV to RGB by
+    Pillow's conversion; an alpha channel dropped only when every pixel is opaque. The channel count is the
+    mode's: an RGB file is colour data even when its channels are equal (finish() accepts those for grey data)."""
+    from PIL import ImageOps
+
+    notes: list[str] = []
+    orientation = image.getexif().get(ORIENTATION_TAG, 1)
+    if orientation not in (1, None):
+        image = ImageOps.exif_transpose(image)
+        notes.append(f"EXIF orientation {orientation} applied")
+    mode = image.mode
+    if mode in SIXTEEN_BIT:
+        return Decoded(_sixteen_bit(np.asarray(image), path, what), (*notes, "16-bit grey scaled to 8 bits (top byte)"))
+    if mode == "F":
+        raise TTPUserError(f"{what} {str(path)!r} holds floating-point pixels (mode F); save it as an 8-bit PNG")
+    if mode == "1":
+        image = image.convert("L")
+    elif mode in ("P", "PA"):
+        image = image.convert("RGBA")
+        notes.append("palette expanded")
+    elif mode in CONVERTED_TO_RGB:
+        image = image.convert("RGB")
+        notes.append(f"{mode} converted to RGB (Pillow)")
+    elif mode not in ("L", "RGB", *WITH_ALPHA):
+        raise TTPUserError(f"{what} {str(path)!r} has the pixel mode {mode}, which is not supported; save it as an "
+                           "8-bit grey or RGB PNG")
+    if image.mode in WITH_ALPHA:
+        alpha = np.asarray(image.getchannel(image.mode[-1]))
+        if (alpha < 255).any():
+            raise TTPUserError(f"{what} {str(path)!r} has {int((alpha < 255).sum())} transparent pixels (alpha "
+                               "below 255), and what a model sees there is not defined; flatten it onto the "
+                               "background your model was trained on and save it without alpha")
+        image = image.convert(WITH_ALPHA[image.mode])
+        notes.append("opaque alpha channel dropped")
+    pixels = np.asarray(image, dtype=np.uint8)
+    pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
+    if mode in ("P", "PA") and _equal_channels(pixels):  # a grey palette is a grey image
+        pixels = pixels[:, :, :1]
+        notes.append("grey palette read as grey")
+    return Decoded(np.ascontiguousarray(pixels), tuple(notes))
+
+
+def _equal_channels(pixels: np.ndarray) -> bool:
+    return pixels.shape[2] == 3 and bool((pixels == pixels[:, :, :1]).all())
+
+
+def _sixteen_bit(values, path: Path, what: str):
+    """uint8 [H, W, 1] from 16-bit grey values: their top byte, or one error line when the values cannot be
+    16-bit grey (outside 0..65535) or look like 8-bit values stored in a 16-bit file (none above 255)."""
+    if values.min() < 0 or values.max() > 65535:
+        raise TTPUserError(f"{what} {str(path)!r} has pixel values outside 0..65535; save it as an 8-bit PNG")
+    if 0 < values.max() <= 255:
+        raise TTPUserError(f"{what} {str(path)!r} is a 16-bit image whose values are all at most 255 (8-bit values "
+                           "in a 16-bit file?); its top byte would be black: save it as an 8-bit PNG")
+    return (values.astype(np.uint32) >> 8).astype(np.uint8)[:, :, None]
+
+
+def finish(decoded: Decoded, path: Path, prep: Preprocess, what: str) -> torch.Tensor:
+    """uint8 [C, H, W] pixels as `prep` says (grey repeated into 3 channels for colour data, as Pillow's L to RGB;
+    colour whose channels are all equal taken as grey for grey data; resized and centre-cropped, or checked for
+    size), or one error line (colour for grey data, or a wrong size)."""
     from PIL import Image
 
-    found = channels_of(image.mode)
-    if found != prep.channels:
-        kind = {1: "grey-scale", 3: "colour"}
-        raise TTPUserError(f"{what} {str(path)!r} is a {kind[found]} image (mode {image.mode}, {found} channel"
-                           f"{'s' if found > 1 else ''}); the data has {prep.channels} channel"
-                           f"{'s' if prep.channels > 1 else ''} ({kind[prep.channels]})")
-    image = image.convert("L" if prep.channels == 1 else "RGB")
+    pixels = decoded.pixels
+    if decoded.channels == 3 and prep.channels == 1:
+        if not _equal_channels(pixels):
+            raise TTPUserError(f"{what} {str(path)!r} is a colour image; the data has 1 channel (grey-scale): "
+                               "convert it to grey the way your training images were, and send that")
+        pixels = pixels[:, :, :1]  # grey stored as colour (equal channels, e.g. a CMYK scan of a grey image)
+    if decoded.channels == 1 and prep.channels == 3:
+        pixels = pixels.repeat(3, axis=2)
+    image = Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
     if prep.resize:
         width, height = image.size
         scale = prep.image_size / min(width, height)
@@ -81,8 +164,22 @@ def to_tensor(image, path: Path, prep: Preprocess, what: str) -> torch.Tensor:
     elif prep.image_size is not None and image.size != (prep.image_size, prep.image_size):
         raise TTPUserError(f"{what} {str(path)!r} is {image.size[0]}x{image.size[1]} pixels; the data's images are "
                            f"{prep.image_size}x{prep.image_size} (data=imagefolder resizes with data.image_size=N)")
-    pixels = torch.as_tensor(np.asarray(image, dtype=np.uint8).copy())
-    return pixels.unsqueeze(0) if pixels.ndim == 2 else pixels.permute(2, 0, 1).contiguous()
+    out = torch.as_tensor(np.asarray(image, dtype=np.uint8).copy())
+    return out.unsqueeze(0) if out.ndim == 2 else out.permute(2, 0, 1).contiguous()
+
+
+def read_file(path: Path, prep: Preprocess, what: str) -> tuple[torch.Tensor, tuple[str, ...]]:
+    """(uint8 [C, H, W] pixels, the conversions applied) of one image file, decoded as every image is."""
+    decoded = decode(open_image(path, what), path, what)
+    return finish(decoded, path, prep, what), decoded.notes
+
+
+def inside(path: Path, folder: Path, what: str) -> Path:
+    """`path`, refused in one line when it (or a link on its way) leads outside `folder`."""
+    if folder.resolve() not in path.resolve().parents:
+        raise TTPUserError(f"{what} {str(path)!r} links to {str(path.resolve())!r}, outside {str(folder)!r}; "
+                           "copy the file into the folder instead of linking it")
+    return path
 
 
 # ------------------------------------------------------------------------------------------ image folders
@@ -97,7 +194,7 @@ def class_tree(folder: Path, what: str) -> list[tuple[Path, str]]:
         if not entry.is_dir():
             raise TTPUserError(f"{what} folder {str(folder)!r} holds the file {entry.name!r} outside a class "
                                "folder; put each image in <folder>/<class name>/")
-        files += [(path, entry.name) for path in sorted(entry.rglob("*"))
+        files += [(inside(path, folder, what + " file"), entry.name) for path in sorted(entry.rglob("*"))
                   if path.is_file() and not path.name.startswith(".")]
     if not files:
         raise TTPUserError(f"{what} folder {str(folder)!r} holds no images (expected <folder>/<class>/<image>)")
@@ -128,9 +225,11 @@ def load_imagefolder(root: str | Path, image_size: int | None, channels: int | N
     atomic_tensors(entry, {"train_images": arrays.train_images, "train_labels": arrays.train_labels,
                            "test_images": arrays.test_images, "test_labels": arrays.test_labels},
                    metadata={"format": DECODED_FORMAT, "info": json.dumps(asdict(info))})
+    proofs.sign(entry)
     for superseded in entry.parent.glob(f"{folder}_*.safetensors"):  # an image removed from the folder
         if superseded != entry:                                       # leaves no copy behind here
             superseded.unlink(missing_ok=True)
+            proofs.sidecar(superseded).unlink(missing_ok=True)
     return info, arrays, prep
 
 
@@ -149,17 +248,20 @@ def _folder_key(root: Path, files: list[tuple[Path, str]], image_size, channels)
 def _read_decoded(entry: Path, image_size):
     """(info, arrays, prep) from a decoded-images entry; None when there is none or it cannot be read (it is
     then decoded again and rewritten)."""
-    from safetensors import safe_open
+    from safetensors.torch import load as load_tensors
 
     from ttp_lightning.data.sources import DatasetInfo, ImageArrays
 
     if not entry.is_file():
         return None
+    data = entry.read_bytes()  # read once: what is checked is what is used
+    if not proofs.verified(entry, data):
+        proofs.discard(entry, "decoded images")
+        return None
     try:
-        with safe_open(str(entry), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in
-                       ("train_images", "train_labels", "test_images", "test_labels")}
+        header = int.from_bytes(data[:8], "little")
+        metadata = json.loads(data[8:8 + header]).get("__metadata__") or {}
+        tensors = load_tensors(data)
         if metadata.get("format") != DECODED_FORMAT:
             raise ValueError(f"format {metadata.get('format')!r}")
         fields = json.loads(metadata["info"])
@@ -186,11 +288,12 @@ def _decode_imagefolder(root: Path, train_files, test_files, image_size: int | N
         raise TTPUserError(f"data.root={str(root)!r}: test/ has the class folder {unknown[0]!r}, which train/ "
                            f"does not have; allowed: {', '.join(classes)}")
     files = train_files + test_files
-    headers = [open_image(path, "image", decode=False) for path, _ in files]  # mode and size, no pixels
+    decoded = [decode(open_image(path, "image"), path, "image") for path, _ in files]
+    _log_conversions(root, [d.notes for d in decoded])
     if channels is None:
-        channels = max(channels_of(mode) for mode, _ in headers)
+        channels = max(d.channels for d in decoded)
     if image_size is None:
-        sizes = {size for _, size in headers}
+        sizes = {(d.pixels.shape[1], d.pixels.shape[0]) for d in decoded}
         if len(sizes) != 1 or len({*next(iter(sizes))}) != 1:
             raise TTPUserError(f"data.root={str(root)!r} holds images of sizes {sorted(sizes)[:3]}; set "
                                "data.image_size=N to resize them (shorter side to N, centre crop N x N)")
@@ -198,7 +301,8 @@ def _decode_imagefolder(root: Path, train_files, test_files, image_size: int | N
     else:
         prep = Preprocess(channels, int(image_size), resize=True)
     index = {name: i for i, name in enumerate(classes)}
-    tensors = [to_tensor(open_image(path, "image"), path, prep, "image") for path, _ in files]  # one at a time
+    tensors = [finish(d, path, prep, "image") for d, (path, _) in zip(decoded, files)]
+    del decoded
     labels = torch.as_tensor([index[name] for _, name in files], dtype=torch.long)
     cut = len(train_files)
     train_x = torch.stack(tensors[:cut])
@@ -211,6 +315,15 @@ def _decode_imagefolder(root: Path, train_files, test_files, image_size: int | N
     return info, ImageArrays(train_x, labels[:cut], test_x, labels[cut:], class_names=info.class_names), prep
 
 
+def _log_conversions(root: Path, notes: list[tuple[str, ...]]) -> None:
+    """One line per kind of conversion applied to a folder's images, with how many it touched."""
+    counts: dict[str, int] = {}
+    for note in (n for image in notes for n in image):
+        counts[note] = counts.get(note, 0) + 1
+    if counts:
+        log.info("decoding %s: %s", root, "; ".join(f"{note}: {count} images" for note, count in counts.items()))
+
+
 # ----------------------------------------------------------------------------------------- forget images
 @dataclass
 class ForgetImages:
@@ -218,6 +331,7 @@ class ForgetImages:
     labels: torch.Tensor       # int64 [N]
     hashes: list[str]          # image_hash of each
     files: list[str]           # relative paths (kept in memory for error messages, never written out)
+    notes: list[tuple[str, ...]]  # the conversions decoding applied to each (decode), recorded per image
 
 
 def _labelled_files(folder: Path) -> list[tuple[Path, str]]:
@@ -265,7 +379,7 @@ def read_forget_images(folder: str | Path, prep: Preprocess, class_names: tuple[
         raise TTPUserError(f"data.forget.images={str(folder)!r} is not a folder")
     kept: dict[str, tuple] = {}
     for path, label in _labelled_files(folder):
-        pixels = to_tensor(open_image(path, "forget image"), path, prep, "forget image")
+        pixels, notes = read_file(path, prep, "forget image")
         target = class_index(label, class_names, path)
         digest = fingerprint(pixels)
         if digest in kept:
@@ -274,10 +388,10 @@ def read_forget_images(folder: str | Path, prep: Preprocess, class_names: tuple[
                                    "with different labels")
             log.warning("forget image %s repeats %s; it is used once", path, kept[digest][2])
             continue
-        kept[digest] = (pixels, target, str(path))
+        kept[digest] = (pixels, target, str(path), notes)
     values = list(kept.values())
     return ForgetImages(torch.stack([v[0] for v in values]), torch.as_tensor([v[1] for v in values]),
-                        list(kept), [v[2] for v in values])
+                        list(kept), [v[2] for v in values], [v[3] for v in values])
 
 
 def match_images(hashes: list[str], images: torch.Tensor) -> dict[str, list[int]]:
@@ -289,3 +403,24 @@ def match_images(hashes: list[str], images: torch.Tensor) -> dict[str, list[int]
         if digest in wanted:
             found[digest].append(i)
     return found
+
+
+NEAR_COPY = 8.0  # mean absolute pixel difference (of 255) below which an image is a near copy of another: JPEG
+                 # at quality 50 re-encodes MNIST digits within 6.2, while two different MNIST training images
+                 # are a median 15 apart (the closest pairs about 3: such pairs are refused, never merged silently)
+
+
+def nearest_image(image: torch.Tensor, images: torch.Tensor, chunk: int = 4096) -> tuple[int, float] | None:
+    """(index, mean absolute pixel difference) of the image in `images` closest to `image`, or None when the
+    shapes differ."""
+    if images.shape[1:] != image.shape or len(images) == 0:
+        return None
+    target = image.reshape(1, -1).to(torch.int16)
+    best, where = math.inf, -1
+    for start in range(0, len(images), chunk):
+        block = images[start:start + chunk].reshape(min(chunk, len(images) - start), -1).to(torch.int16)
+        distance = (block - target).abs().sum(dim=1, dtype=torch.int64)
+        value, index = distance.min(dim=0)
+        if int(value) < best:
+            best, where = int(value), start + int(index)
+    return where, best / target.shape[1]

@@ -18,10 +18,8 @@ import torch
 from ttp_lightning.data.images import (
     IMAGE_SUFFIXES,
     Preprocess,
-    channels_of,
     class_tree,
-    open_image,
-    to_tensor,
+    read_file,
 )
 from ttp_lightning.errors import TTPUserError
 
@@ -92,10 +90,7 @@ def decode(files: list[tuple[Path, str]], classes: list[str]) -> tuple[torch.Ten
     index = {name: i for i, name in enumerate(classes)}
     images = torch.empty((len(files), PREP.channels, PREP.image_size, PREP.image_size), dtype=torch.uint8)
     for i, (path, _) in enumerate(files):
-        image = open_image(path, "TinyImageNet image")
-        if channels_of(image.mode) == 1:
-            image = image.convert("RGB")
-        images[i] = to_tensor(image, path, PREP, "TinyImageNet image")
+        images[i] = read_file(path, PREP, "TinyImageNet image")[0]  # grey ones repeated into RGB
     return images, torch.as_tensor([index[name] for _, name in files], dtype=torch.long)
 
 

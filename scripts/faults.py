@@ -211,7 +211,7 @@ def case_truncated_cache(work, reference):
     entry = next((cache / "pretrain").glob("*.safetensors"))
     entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
     job = run(work, "truncated_cache", cache, BASE)
-    warned = "unreadable or corrupt" in job.stdout + job.stderr
+    warned = "carries no valid proof" in job.stdout + job.stderr
     equal = same_results(reference.results, job.results)
     pretrain = (job.results or {}).get("metrics", {}).get("pretrain", {})
     return {"exit": job.proc.returncode,
@@ -228,7 +228,7 @@ def case_truncated_checkpoint(work, reference):
     job.finish()
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
     again = run(work, "truncated_ckpt_rerun", cache, BASE)
-    warned = "unreadable or corrupt" in again.stdout + again.stderr
+    warned = "carries no valid proof" in again.stdout + again.stderr
     equal = same_results(reference.results, again.results)
     return {"exit": again.proc.returncode, "happened": f"warning naming last.ckpt: {warned}; Alg 1 started afresh",
             "lost": "the finished epochs (retrained); results equal the reference" if equal else "RESULTS DIFFER",
@@ -331,6 +331,234 @@ def case_unknown_key(work, reference):
     return refused(run(work, "unknown_key", work / "cache_quick", [*QUICK, "+pretrain.checkpoint=model.pt"]))
 
 
+# ------------------------------------------------------------------ issue 26: reused files must carry a proof
+def case_edited_checkpoint(work, reference):
+    """A valid checkpoint with one weight changed (as someone planting a model in a shared cache would)."""
+    cache = copy_cache(work, reference, "edited_ckpt")
+    job = Job(work, "edited_ckpt_stopped", cache, BASE)
+    checkpoint = job.wait_for("checkpoints/*_alg1/last.ckpt")
+    time.sleep(0.5)
+    job.proc.kill()
+    job.finish()
+    state = torch.load(checkpoint, weights_only=True)
+    name = next(iter(state["state_dict"]))
+    state["state_dict"][name] = state["state_dict"][name] + 0.5
+    torch.save(state, checkpoint)
+    again = run(work, "edited_ckpt_rerun", cache, BASE)
+    warned = "carries no valid proof" in again.stdout + again.stderr
+    equal = same_results(reference.results, again.results)
+    resumed = (again.results or {}).get("resumed")
+    return {"exit": again.proc.returncode, "happened": f"warning naming last.ckpt: {warned}; resumed {resumed}",
+            "lost": "the finished epochs (retrained); results equal the reference" if equal else "RESULTS DIFFER",
+            "ok": again.proc.returncode in FINISHED and warned and equal and not resumed}
+
+
+def case_swapped_cache(work, reference):
+    """The pretraining entry replaced by other weights, its JSON record's SHA-256 rewritten to match."""
+    import hashlib
+
+    from safetensors.torch import load_file, save_file
+
+    cache = copy_cache(work, reference, "swapped")
+    entry = next((cache / "pretrain").glob("*.safetensors"))
+    save_file({k: torch.zeros_like(v) for k, v in load_file(str(entry)).items()}, str(entry))
+    record = entry.with_suffix(".json")
+    text = json.loads(record.read_text())
+    record.write_text(json.dumps({**text, "sha256": hashlib.sha256(entry.read_bytes()).hexdigest()}))
+    job = run(work, "swapped_cache", cache, BASE)
+    warned = "carries no valid proof" in job.stdout + job.stderr
+    equal = same_results(reference.results, job.results)
+    cached = (job.results or {}).get("metrics", {}).get("pretrain", {}).get("cached")
+    return {"exit": job.proc.returncode, "happened": f"warning naming {entry.name}: {warned}; retrained (cached {cached})",
+            "lost": "nothing: results equal the reference" if equal else "RESULTS DIFFER",
+            "ok": job.proc.returncode in FINISHED and warned and equal and cached is False}
+
+
+def provider(work: Path) -> Path:
+    """scripts/provider_example.py's digits image folder, MLP checkpoint and 5 forget PNGs (once)."""
+    folder = work / "provider"
+    if not (folder / "model.pt").exists():
+        subprocess.run([sys.executable, str(REPO / "scripts" / "provider_example.py"), "--out", str(folder)],
+                       check=True, capture_output=True)
+    return folder
+
+
+def protect_args(folder: Path, forget: Path, *extra: str) -> list[str]:
+    return [*QUICK, "+workflow=protect", "model=mlp", "model.hidden_dim=128", f"model.checkpoint={folder / 'model.pt'}",
+            "data=imagefolder", f"data.root={folder / 'digits'}", f"data.forget.images={forget}", *extra]
+
+
+def case_edited_decoded_cache(work, reference):
+    """data.decoded_cache: one training image's pixels inverted in the entry (a valid safetensors file)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    folder = provider(work)
+    decoded, cache = work / "decoded", work / "cache_decoded"
+    args = protect_args(folder, folder / "forget", f"data.decoded_cache={decoded}")
+    first = run(work, "decoded_first", cache, args)
+    entry = next(decoded.glob("*.safetensors"))
+    with safe_open(str(entry), framework="pt") as handle:
+        metadata = handle.metadata()
+    tensors = load_file(str(entry))
+    tensors["train_images"][0] = 255 - tensors["train_images"][0]
+    save_file(tensors, str(entry), metadata=metadata)
+    again = run(work, "decoded_again", cache, args)
+    warned = "carries no valid proof" in again.stdout + again.stderr
+    equal = same_results(first.results, again.results)
+    return {"exit": again.proc.returncode, "happened": f"warning naming the entry: {warned}; decoded again",
+            "lost": "nothing: results equal the first run's" if equal else "RESULTS DIFFER",
+            "ok": again.proc.returncode in FINISHED and warned and equal}
+
+
+def _forget_copy(work: Path, name: str, write) -> Path:
+    """A forget folder holding one image written by `write(folder, training image pixels, its class)`."""
+    from PIL import Image
+
+    folder = provider(work)
+    source = sorted((folder / "digits" / "train").glob("*/*.png"))[0]
+    target = work / f"forget_{name}"
+    shutil.rmtree(target, ignore_errors=True)
+    (target / source.parent.name).mkdir(parents=True)
+    write(target / source.parent.name, np.asarray(Image.open(source)), source)
+    return target
+
+
+def forget_image_case(name: str, write, expect: str):
+    """`expect`: matched (the training image is protected), refused (one error line) or a text in the line."""
+    def case(work, reference):
+        forget = _forget_copy(work, name, write)
+        job = run(work, f"forget_{name}", work / "cache_provider", protect_args(provider(work), forget))
+        if expect == "matched":
+            images = (job.results or {}).get("data", {}).get("forget_images", [])
+            matched = bool(images) and all(image["training_indices"] and not image["outside"] for image in images)
+            notes = [note for image in images for note in image.get("decoded", [])]
+            return {"exit": job.proc.returncode, "happened": f"matched to its training image: {matched}; decoded: "
+                    f"{', '.join(notes) or 'as is'}", "lost": "nothing: the training copy is protected",
+                    "ok": job.proc.returncode in FINISHED and matched}
+        row = refused(job)
+        row["ok"] = row["ok"] and expect in row["happened"]
+        return row
+    return case
+
+
+def _sixteen_bit(folder, pixels, source):
+    from PIL import Image
+
+    Image.fromarray(pixels.astype(np.uint16) * 257).save(folder / "sixteen.png")
+
+
+def _exif(suffix: str):
+    def write(folder, pixels, source):
+        from PIL import Image
+
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        Image.fromarray(np.rot90(pixels, k=1).copy()).save(folder / f"rotated{suffix}", exif=exif.tobytes(),
+                                                            **({"quality": 95} if suffix == ".jpg" else {}))
+    return write
+
+
+def _palette(folder, pixels, source):
+    from PIL import Image
+
+    Image.fromarray(pixels).convert("P").save(folder / "palette.png")
+
+
+def _transparent(folder, pixels, source):
+    from PIL import Image
+
+    image = Image.fromarray(pixels).convert("LA")
+    image.putpixel((0, 0), (0, 10))
+    image.save(folder / "alpha.png")
+
+
+def _cmyk(folder, pixels, source):
+    from PIL import Image
+
+    colour = np.dstack([pixels, np.zeros_like(pixels), pixels])  # magenta: colour content
+    Image.fromarray(colour).convert("CMYK").save(folder / "cmyk.jpg", quality=95)
+
+
+def _linked(folder, pixels, source):
+    folder.rmdir()
+    folder.symlink_to(source.parent, target_is_directory=True)  # "forget every image of this class"
+
+
+def case_labels_csv(name: str, text: str, expect: str):
+    def case(work, reference):
+        folder = provider(work)
+        forget = work / f"labels_{name}"
+        shutil.rmtree(forget, ignore_errors=True)
+        forget.mkdir()
+        source = sorted((folder / "forget").glob("*/*.png"))[0]
+        shutil.copy(source, forget / "face.png")
+        (forget / "labels.csv").write_text(text.format(label=source.parent.name), encoding="utf-8")
+        job = run(work, f"labels_{name}", work / "cache_provider", protect_args(folder, forget))
+        if expect == "read":
+            lines = len((job.stdout + job.stderr).splitlines())
+            ok = job.proc.returncode in FINISHED and job.results is not None
+            return {"exit": job.proc.returncode, "happened": f"read; {lines} lines of output",
+                    "lost": "nothing", "ok": ok and lines < 200}
+        row = refused(job)
+        row["ok"] = row["ok"] and expect in row["happened"]
+        return row
+    return case
+
+
+def case_devices_1000(work, reference):
+    """Refused before any process starts: one line, quickly, nothing left running."""
+    marker = f"ttp_devices_{os.getpid()}"
+    started = time.perf_counter()
+    job = run(work, marker, work / "cache_quick", [*QUICK, "trainer=ddp_sim", "trainer.devices=1000"])
+    seconds = time.perf_counter() - started
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    row = refused(job)
+    row["happened"] += f" ({seconds:.1f} s; {len(left)} processes left)"
+    row["ok"] = row["ok"] and not left and seconds < 15
+    return row
+
+
+def case_two_runs_one_folder(work, reference):
+    first = Job(work, "shared_folder", work / "cache_shared", BASE)
+    first.wait_for("checkpoints/*/last.ckpt")
+    second = Job(work, "shared_folder", work / "cache_shared", BASE)
+    second.finish()
+    first.proc.kill()
+    first.finish()
+    return refused(second) | {"lost": "nothing: the first run's folder untouched by the second"}
+
+
+def case_nan_checkpoint(work, reference):
+    folder = provider(work)
+    state = torch.load(folder / "model.pt", weights_only=True)
+    path = work / "nan.pt"
+    torch.save({k: v * float("nan") if k.endswith("bias") else v for k, v in state.items()}, path)
+    args = [a if not a.startswith("model.checkpoint=") else f"model.checkpoint={path}"
+            for a in protect_args(folder, folder / "forget")]
+    return refused(run(work, "nan_checkpoint", work / "cache_provider", args))
+
+
+def case_permuted_checkpoint(work, reference):
+    folder = provider(work)
+    state = torch.load(folder / "model.pt", weights_only=True)
+    order = torch.roll(torch.arange(10), 3)
+    path = work / "permuted.pt"
+    torch.save({**state, "3.weight": state["3.weight"][order], "3.bias": state["3.bias"][order]}, path)
+    args = [a if not a.startswith("model.checkpoint=") else f"model.checkpoint={path}"
+            for a in protect_args(folder, folder / "forget")]
+    job = run(work, "permuted_checkpoint", work / "cache_provider", args)
+    warning = next((line for line in (job.stdout + job.stderr).splitlines() if "near chance" in line), "")
+    return {"exit": job.proc.returncode, "happened": warning.split("] - ")[-1] or "no warning",
+            "lost": "nothing: the run goes on, the line says what to check", "ok": bool(warning)}
+
+
+def quick_refusal(*overrides: str):
+    def case(work, reference):
+        return refused(run(work, "refusal", work / "cache_quick", [*QUICK, *overrides]))
+    return case
+
+
 CASES = {
     "kill -9 during pretraining, rerun": case_kill_pretraining,
     "kill -9 during Alg 1, rerun": case_kill_finetuning,
@@ -352,6 +580,33 @@ CASES = {
     "truncated MNIST image file": case_mnist_truncated,
     "trainer=gpu without a GPU": case_gpu_without_gpu,
     "unknown key +pretrain.checkpoint": case_unknown_key,
+    "resume checkpoint with one weight edited": case_edited_checkpoint,
+    "pretraining cache entry swapped, its SHA-256 record rewritten": case_swapped_cache,
+    "decoded-images cache entry edited": case_edited_decoded_cache,
+    "16-bit PNG of a training image": forget_image_case("sixteen", _sixteen_bit, "matched"),
+    "EXIF-rotated PNG of a training image": forget_image_case("exif_png", _exif(".png"), "matched"),
+    "EXIF-rotated JPEG of a training image": forget_image_case("exif_jpg", _exif(".jpg"), "near_copies=match"),
+    "grey palette PNG of a training image": forget_image_case("palette", _palette, "matched"),
+    "PNG with a transparent pixel": forget_image_case("alpha", _transparent, "transparent pixels"),
+    "colour CMYK JPEG for grey data": forget_image_case("cmyk", _cmyk, "is a colour image"),
+    "forget class folder linked to a training class": forget_image_case("linked", _linked, "links to"),
+    "labels.csv with a byte-order mark": case_labels_csv("bom", "\ufefffile,label\nface.png,{label}\n", "read"),
+    "labels.csv row without a label": case_labels_csv("nolabel", "file,label\nface.png\n", "has no label"),
+    "labels.csv naming a file with a newline": case_labels_csv("newline", 'file,label\n"fa\nce.png",{label}\n',
+                                                               "not a file inside"),
+    "labels.csv with 200,000 rows of one file": case_labels_csv("rows", "file,label\n" + "face.png,{label}\n" * 200_000,
+                                                                "twice"),
+    "checkpoint with NaN weights": case_nan_checkpoint,
+    "checkpoint with its classes in another order": case_permuted_checkpoint,
+    "trainer.devices=1000": case_devices_1000,
+    "trainer.devices=0": quick_refusal("trainer.devices=0"),
+    "seed=-1": quick_refusal("seed=-1"),
+    "seed=10^20": quick_refusal("seed=100000000000000000000"),
+    "+trainer.foo=1": quick_refusal("+trainer.foo=1"),
+    "300-character run folder": quick_refusal("hydra.run.dir=" + "r" * 300),
+    "hydra.run.dir=/": quick_refusal("hydra.run.dir=/"),
+    "cache folder that cannot be written": quick_refusal("paths.cache_dir=/proc/sys/kernel/ttp_cache"),
+    "a second run into a run folder in use": case_two_runs_one_folder,
 }
 NEEDS_MNIST = {"MNIST label byte 200", "truncated MNIST image file"}
 

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
+@pytest.mark.slow  # about 2 minutes of CPU for a benchmark script's smoke test: in `make test-slow`
 def test_bench_gpu_runs_tiny_on_cpu_and_projects_the_cifar100_resnet50_experiment(tmp_path):
     out = tmp_path / "gpu.json"
     settings = ["fp32", "bf16", "bf16+data_on_device", "bf16+data_on_device+benchmark", "fp32_seed1"]  # not compile

@@ -159,6 +159,11 @@ BAD_INPUT = [
     ("seed=-1", "seed=-1 is not allowed; choose an integer in [0, 4294967295]"),
     ("seed=100000000000000000000", "seed=100000000000000000000 is not allowed"),
     ("data.forget.near_copies=maybe", "Invalid value 'maybe', expected one of [refuse, match, outside]"),
+    ("+trainer.foo=1", "trainer.foo is not a setting of Lightning's Trainer; allowed: accelerator,"),
+    ("hydra.run.dir=/", "output folder '/' is the file system's root"),
+    ("hydra.run.dir=" + "x" * 300, "has a name longer than the file system allows"),
+    ("paths.cache_dir=/etc/hostname/cache", "paths.cache_dir='/etc/hostname/cache' cannot be written ('/etc/hostname' "
+                                            "is not a folder)"),
 ]
 
 

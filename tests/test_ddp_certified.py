@@ -75,6 +75,7 @@ def test_two_ranks_give_the_single_process_newton_step_with_half_the_work_each(r
     assert 0.45 <= share <= 0.55, (metrics["curvature_images_per_rank"], curv.instances)
 
 
+@pytest.mark.slow  # two processes; the single-process residual release is verified in the default suite
 def test_the_residual_certificate_under_two_ranks_verifies_on_one_process(run_cli, tmp_path, capsys):
     """bound=residual under ddp_sim: every rank solves the same head problem (not sharded); the release that
     rank 0 writes is audited in this one process, which remeasures the residual at its noise-free weights."""

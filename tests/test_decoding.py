@@ -137,3 +137,26 @@ def test_links_out_of_the_given_folder_are_refused(tmp_path):
     (forget / "0" / "face.png").symlink_to(root / "train" / "0" / "0.png")
     with pytest.raises(TTPUserError, match="links to .*outside"):
         _datamodule(root, forget)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("\ufefffile,label\nface.png,1\n", None),  # a spreadsheet's byte-order mark: read, not "needs header"
+    ("file,label\n\"face.png\",\"1\"\n", None),
+    ("file,label\nface.png\n", "row 2 has no label"),
+    ("file,label\nface.png,1\nface.png,1\n", "names 'face.png' twice \\(rows 2 and 3\\)"),
+    ("file,label\n\"face\n.png\",1\n", "names 'face\\\\n.png', which is not a file inside"),
+])
+def test_labels_csv_variants_are_read_or_refused_in_one_line(tmp_path, text, match):
+    from ttp_lightning.data.images import read_forget_images
+
+    forget = tmp_path / "forget"
+    forget.mkdir()
+    Image.fromarray(_digit(0)).save(forget / "face.png")
+    (forget / "labels.csv").write_text(text, encoding="utf-8")
+    if match is None:
+        found = read_forget_images(forget, GREY, ("0", "1"))
+        assert found.labels.tolist() == [1]
+        return
+    with pytest.raises(TTPUserError, match=match) as caught:
+        read_forget_images(forget, GREY, ("0", "1"))
+    assert "\n" not in str(caught.value)

@@ -255,3 +255,31 @@ def test_sigterm_before_any_fit_ends_in_one_error_line_and_143(tmp_path):
     assert err.strip().splitlines()[-1].startswith("error: received SIGTERM; the run stopped before writing its "
                                                    "results"), err[-2000:]
     assert not (run_dir / "results.json").exists() and not (run_dir / "release").exists()
+
+
+def test_a_full_disk_while_writing_the_outputs_leaves_nothing_half_made(run_main, tmp_path, monkeypatch):
+    """Issue 26: the weights and the release were written, then results.json hit a full disk: one error line,
+    exit 2, and none of this run's outputs left (a model.pt without results.json was left before)."""
+    import errno
+
+    from ttp_lightning import pipeline
+
+    def full(results, output_dir):
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(output_dir) / "results.json"))
+
+    monkeypatch.setattr(pipeline, "write_results", full)
+    code, _, err, results = run_main("attacks.enabled=false")
+    assert code == 2 and results is None
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: writing the run's outputs into") and \
+        "No space left on device" in lines[0]
+    out = tmp_path / "out"
+    assert not [p.name for p in out.iterdir() if p.name in pipeline.OUTPUTS]
+
+
+def test_files_a_run_publishes_are_readable_by_others_as_its_siblings_are(run_main, tmp_path):
+    code, _, err, results = run_main("attacks.enabled=false")
+    assert code in (0, 4), err
+    release = tmp_path / "out" / results["release_gate"]["folder"]
+    modes = {p.name: p.stat().st_mode & 0o777 for p in release.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # model.safetensors was 0600 beside 0644 files

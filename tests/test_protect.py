@@ -370,3 +370,24 @@ def test_a_checkpoints_own_input_statistics_reach_the_model_and_the_release(run_
     code, _, err, results = run_main("data.mean=[0.485,0.456,0.406]", "data.std=[0.229,0.224,0.225]")
     assert code == 2 and results is None and len(err.strip().splitlines()) == 1
     assert "data.mean=[0.485, 0.456, 0.406] has 3 values; the data has 1 channel, so give 1" in err
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_and_one_near_chance_is_named(run_main, examples, tmp_path, caplog):
+    """Issue 26: NaN weights are the checkpoint's fault, said in one line (not "pretraining diverged"); a
+    checkpoint whose classes are in another order loads but classifies near chance: one warning naming the two
+    usual causes (normalisation, class order)."""
+    import logging
+
+    folder, checkpoint = examples("pt")
+    state = torch.load(checkpoint, weights_only=True)
+    broken = {**state, "3.bias": state["3.bias"] * float("nan")}
+    torch.save(broken, tmp_path / "nan.pt")
+    code, _, err, results = protect(run_main, folder, tmp_path / "nan.pt", "attacks.enabled=false")
+    assert code == 2 and results is None
+    assert err.strip().splitlines()[-1].startswith("error: checkpoint ") and "non-finite values" in err
+    order = torch.tensor([3, 4, 5, 6, 7, 8, 9, 0, 1, 2])  # the provider's classes, in another order
+    torch.save({**state, "3.weight": state["3.weight"][order], "3.bias": state["3.bias"][order]}, tmp_path / "perm.pt")
+    with caplog.at_level(logging.WARNING, logger="ttp_lightning.pretraining"):
+        protect(run_main, folder, tmp_path / "perm.pt", "attacks.enabled=false", "method.epochs=1")
+    warnings = [r.getMessage() for r in caplog.records if "near chance" in r.getMessage()]
+    assert len(warnings) == 1 and "data.normalize" in warnings[0] and "class order" in warnings[0]

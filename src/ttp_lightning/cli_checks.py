@@ -84,6 +84,13 @@ def check_output_dir(argv: list[str], cwd: Path | None = None) -> None:
             wanted.add(value)
     for target in sorted(wanted):
         path = (cwd or Path.cwd()) / target
+        if path.resolve() == Path(path.resolve().anchor):
+            raise TTPUserError(f"output folder {target!r} is the file system's root; give a run its own folder "
+                               "(hydra.run.dir=<folder>)")
+        longest = max((part for part in path.parts), key=len)
+        if len(longest.encode()) > 255 or len(str(path).encode()) > 4000:
+            raise TTPUserError(f"output folder {target[:60]!r}... has a name longer than the file system allows "
+                               "(255 bytes a folder name); choose a shorter hydra.run.dir")
         existing = next(p for p in (path, *path.parents) if p.exists())
         if not os.access(existing, os.W_OK):
             raise TTPUserError(f"output folder {str(path)!r} cannot be written ({str(existing)!r} is read-only); "

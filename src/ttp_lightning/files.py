@@ -20,13 +20,19 @@ def atomic_write(path: str | Path, write: Callable[[Path], object], mode: int | 
         if mode is not None:  # created with its permissions, never readable by others in between
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode))
         write(tmp)
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, mode if mode is not None else _default_mode())  # safetensors creates its files 0600
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _default_mode() -> int:
+    """What open() gives a new file under this process's umask (read and write for all, minus the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def atomic_text(path: str | Path, text: str, mode: int | None = None) -> Path:

@@ -4,6 +4,7 @@ import copy
 import hashlib
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import hydra
@@ -18,6 +19,7 @@ from ttp_lightning.certify.certificate import AUDIT_FILE, PRIVATE_DIR, write_rel
 from ttp_lightning.certify.schema import data_spec, model_spec
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data import build_datamodule
+from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device, forget_softmax, predictions
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.evaluation import evaluate
@@ -292,6 +294,38 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net, gate
     note = account_per_image(results, models, datamodule, cfg, attacked, gate.conf_dist_at_most)
     results["release_gate"] = judge(results["forget_per_image"], cfg.method.name, metrics[cfg.method.name], gate,
                                     float(cfg.attacks.robust_gamma), note)
+    try:  # a full disk or a lost mount while writing: one line, and no output of this run left half-made
+        path, attack_table, certificate_line = _write_outputs(results, output, cfg, datamodule, metrics, output_dir)
+    except OSError as exc:
+        _remove_outputs(Path(output_dir))
+        raise TTPUserError(f"writing the run's outputs into {output_dir} failed ({exc.strerror or exc}: "
+                           f"{exc.filename}); nothing of this run was kept there (its caches were: rerun when "
+                           "there is room)") from None
+    attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
+    certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
+    per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
+    print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
+          f"{gate_summary(results['release_gate'], results['data']['forget_size'])}\nresults: {path}", flush=True)
+    finish_logger(ctx.logger, results, output_dir)
+    remove_checkpoints(ctx.checkpoint_dirs)  # the results are written: a rerun starts afresh
+    return results
+
+
+OUTPUTS = ("model.pt", "release", "release_not_protected", PRIVATE_DIR, "results.json")
+
+
+def _remove_outputs(output_dir: Path) -> None:
+    for name in OUTPUTS:
+        target = output_dir / name
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            target.unlink(missing_ok=True)
+
+
+def _write_outputs(results: dict, output, cfg: DictConfig, datamodule, metrics: dict, output_dir: str):
+    """The certificate (certified methods), the weights, the release folder and results.json, in that order;
+    returns (results.json's path, the attack table, the certificate line)."""
     folder = results["release_gate"]["folder"]
     if output.release is not None:
         certificate = {**output.release.certificate, "experiment": cfg.experiment_name,
@@ -310,11 +344,4 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net, gate
         if "certificate" in results else None
     results["release"] = publish(results, output.net, cfg, datamodule, attack_table, certificate_line, output_dir)
     path = write_results(results, output_dir)
-    attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
-    certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
-    per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
-    print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
-          f"{gate_summary(results['release_gate'], results['data']['forget_size'])}\nresults: {path}", flush=True)
-    finish_logger(ctx.logger, results, output_dir)
-    remove_checkpoints(ctx.checkpoint_dirs)  # the results are written: a rerun starts afresh
-    return results
+    return path, attack_table, certificate_line

@@ -21,6 +21,7 @@ from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.files import atomic_tensors, atomic_text
 from ttp_lightning.models.components.checkpoint import load_checkpoint
 from ttp_lightning.models.erm import ERMModule
+from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.models.optim import optimizer_settings
 from ttp_lightning.training import RunContext, checkpoint_folder, fit
 
@@ -84,6 +85,8 @@ def pretrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule,
     if checkpoint:
         load_checkpoint(net, checkpoint, str(ctx.model.get("_target_", "")).rsplit(".", 1)[-1])
         log.info("A(D) = model.checkpoint %s (no pretraining)", checkpoint)
+        if is_global_zero():
+            warn_if_near_chance(net, datamodule, checkpoint)
         return {"wall_s": 0.0, "cached": False, "cache_file": None, "checkpoint_sha256": _checkpoint_sha(checkpoint)}
     key = cache_key(ctx, datamodule)
     stage = "pretraining A(D)"
@@ -106,6 +109,23 @@ def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataMo
         ctx, net, datamodule.training_loader("train"), epochs=epochs, key=f"{key}_absorbed_fit", stage=stage),
         stage=stage)
     return {"absorb_epochs": epochs, "absorb_wall_s": info["wall_s"], "absorb_cached": info["cached"]}
+
+
+def warn_if_near_chance(net: nn.Module, datamodule: TTPDataModule, checkpoint: str) -> None:
+    """A provider's checkpoint that loads but classifies the test set (or, without one, the training set) near
+    chance was most likely trained on other inputs: one warning line naming the two usual causes."""
+    measured = evaluate(net, datamodule)
+    accuracy = measured["test_acc"] if len(datamodule.test_labels) else measured["retain_acc"]
+    chance = 1.0 / datamodule.info.num_classes
+    if accuracy <= NEAR_CHANCE * chance:
+        log.warning("model.checkpoint %s classifies %s of the %s images correctly, near chance (%.0f %%): check "
+                    "the input normalisation (data.normalize, data.mean, data.std) and the class order (class folders "
+                    "sorted by name: %s)", checkpoint, f"{accuracy:.1%}",
+                    "test" if len(datamodule.test_labels) else "training", 100 * chance,
+                    ", ".join(datamodule.info.names()[:10]))
+
+
+NEAR_CHANCE = 2.0  # at most twice chance accuracy
 
 
 def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit, stage: str = "pretraining A(D)") -> dict:

@@ -58,6 +58,33 @@ def _devices(trainer: DictConfig) -> None:
         raise TTPUserError(f"trainer.devices={devices} is not allowed; {allowed}")
 
 
+def _cache_dir(cache_dir) -> None:
+    """paths.cache_dir (pretraining entries, checkpoints) must be writable: else one line before any work."""
+    import os
+    from pathlib import Path
+
+    path = Path(str(cache_dir)).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise TTPUserError(f"paths.cache_dir={str(cache_dir)!r} cannot be written ({str(existing)!r} is "
+                           f"{'not a folder' if not existing.is_dir() else 'read-only'}); set TTP_CACHE_DIR or "
+                           "paths.cache_dir to a writable folder")
+
+
+def _trainer_keys(trainer: DictConfig) -> None:
+    """Every trainer.* key (`+trainer.KEY=` adds one) must be a Lightning Trainer argument: else one line here
+    rather than Hydra's instantiation error at the first fit."""
+    import inspect
+
+    import lightning as L
+
+    allowed = set(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
+    unknown = sorted(str(key) for key in trainer if key != "_target_" and key not in allowed)
+    if unknown:
+        raise TTPUserError(f"trainer.{unknown[0]} is not a setting of Lightning's Trainer; allowed: "
+                           f"{', '.join(sorted(allowed))}")
+
+
 def _seed(seed) -> None:
     """A seed Lightning and numpy accept: an integer in [0, 2^32 - 1]."""
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1:
@@ -94,7 +121,10 @@ def validate_config(cfg: DictConfig) -> Method:
     settings it has checked (Method.check)."""
     _accelerator(cfg.trainer)
     _devices(cfg.trainer)
+    _trainer_keys(cfg.trainer)
     _seed(cfg.get("seed", 0))
+    if cfg.get("paths") is not None and cfg.paths.get("cache_dir"):
+        _cache_dir(cfg.paths.cache_dir)
     _required(cfg)
     MainSchema(threads=cfg.get("threads", "auto"), progress_bar_refresh_rate=cfg.progress_bar_refresh_rate,
                checkpoint_every_n_epochs=cfg.get("checkpoint_every_n_epochs", 1))

@@ -13,6 +13,7 @@ outside the folder it was given in is refused.
 
 import csv
 import hashlib
+import io
 import json
 import logging
 import math
@@ -339,17 +340,25 @@ def _labelled_files(folder: Path) -> list[tuple[Path, str]]:
     table = folder / LABELS_FILE
     if not table.is_file():
         return class_tree(folder, "data.forget.images")
-    try:
-        rows = list(csv.DictReader(table.read_text().splitlines()))
+    try:  # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
+        rows = list(csv.DictReader(io.StringIO(table.read_text(encoding="utf-8-sig"), newline="")))
     except (UnicodeDecodeError, csv.Error) as exc:
         raise TTPUserError(f"{str(table)!r} cannot be read as CSV ({exc})") from None
-    if not rows or not {"file", "label"} <= set(rows[0]):
+    if not rows or not {"file", "label"} <= {str(name).strip() for name in rows[0]}:
         raise TTPUserError(f"{str(table)!r} needs the header `file,label` and one row per image")
-    listed = []
-    for row in rows:
+    listed, rows_of = [], {}
+    for number, row in enumerate(rows, start=2):  # line 1 is the header
+        row = {str(key).strip(): value for key, value in row.items() if key is not None}
+        if not row.get("file") or row.get("label") is None or not str(row["label"]).strip():
+            raise TTPUserError(f"{str(table)!r} row {number} has no {'file' if not row.get('file') else 'label'}; "
+                               "each row is `file,label`")
         path = (folder / row["file"]).resolve()
         if folder.resolve() not in path.parents or not path.is_file():
             raise TTPUserError(f"{str(table)!r} names {row['file']!r}, which is not a file inside {str(folder)!r}")
+        if path in rows_of:
+            raise TTPUserError(f"{str(table)!r} names {row['file']!r} twice (rows {rows_of[path]} and {number}); "
+                               "list each image once")
+        rows_of[path] = number
         listed.append((path, str(row["label"]).strip()))
     named = {path for path, _ in listed}
     stray = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.resolve() not in named
@@ -378,6 +387,7 @@ def read_forget_images(folder: str | Path, prep: Preprocess, class_names: tuple[
     if not folder.is_dir():
         raise TTPUserError(f"data.forget.images={str(folder)!r} is not a folder")
     kept: dict[str, tuple] = {}
+    repeats = []
     for path, label in _labelled_files(folder):
         pixels, notes = read_file(path, prep, "forget image")
         target = class_index(label, class_names, path)
@@ -386,9 +396,12 @@ def read_forget_images(folder: str | Path, prep: Preprocess, class_names: tuple[
             if kept[digest][1] != target:
                 raise TTPUserError(f"forget images {kept[digest][2]!r} and {str(path)!r} are the same image "
                                    "with different labels")
-            log.warning("forget image %s repeats %s; it is used once", path, kept[digest][2])
+            repeats.append((str(path), kept[digest][2]))
             continue
         kept[digest] = (pixels, target, str(path), notes)
+    if repeats:  # one line, however many
+        log.warning("%d forget image(s) repeat another one and are used once (e.g. %s repeats %s)", len(repeats),
+                    *repeats[0])
     values = list(kept.values())
     return ForgetImages(torch.stack([v[0] for v in values]), torch.as_tensor([v[1] for v in values]),
                         list(kept), [v[2] for v in values], [v[3] for v in values])

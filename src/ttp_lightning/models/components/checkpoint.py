@@ -105,5 +105,10 @@ def load_checkpoint(net: nn.Module, path: str | Path, model_name: str = "") -> N
     """Load `path` into `net` (a Classifier: its backbone) or fail with one error line."""
     backbone = getattr(net, "backbone", net)
     state = match_state(read_checkpoint(path), backbone, str(path), model_name)
+    bad = next((key for key, value in state.items() if value.is_floating_point() and not torch.isfinite(value).all()),
+               None)
+    if bad is not None:
+        raise TTPUserError(f"checkpoint {str(path)!r} holds non-finite values (NaN or infinity) in {bad!r}; it is no "
+                           "usable model (was it saved after its training diverged?)")
     with torch.no_grad():
         backbone.load_state_dict({key: value.to(backbone.state_dict()[key].dtype) for key, value in state.items()})

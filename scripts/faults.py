@@ -77,7 +77,8 @@ class Job:
 
 
 def untimed(values: dict) -> dict:
-    return {k: v for k, v in values.items() if not any(t in k for t in TIMING) and k not in ("cached", "cache_file")}
+    return {k: v for k, v in values.items() if not any(t in k for t in TIMING) and not k.endswith("cached")
+            and k != "cache_file"}
 
 
 def same_results(first: dict | None, second: dict | None) -> bool:
@@ -488,7 +489,7 @@ def _linked(folder, pixels, source):
 def case_labels_csv(name: str, text: str, expect: str):
     def case(work, reference):
         folder = provider(work)
-        forget = work / f"labels_{name}"
+        forget = work / f"forget_labels_{name}"
         shutil.rmtree(forget, ignore_errors=True)
         forget.mkdir()
         source = sorted((folder / "forget").glob("*/*.png"))[0]

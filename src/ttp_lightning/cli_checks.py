@@ -143,7 +143,7 @@ def check_composition(argv: list[str]) -> None:
                                                          arg.startswith("hydra.searchpath="))]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            compose(config_name="main", overrides=overrides)
+            composed = compose(config_name="main", overrides=overrides)
     except Exception as exc:
         text = str(exc) + ("\n" + str(exc.__cause__) if exc.__cause__ else "")
         lines = [line.strip() for line in text.splitlines()
@@ -151,3 +151,47 @@ def check_composition(argv: list[str]) -> None:
         raise TTPUserError(" ".join(lines) + " (see `--cfg job` for every setting)") from exc
     finally:
         GlobalHydra.instance().clear()
+    check_devices(composed.trainer)  # before Hydra's job starts a process per device
+
+
+def check_devices(trainer) -> None:
+    """trainer.devices within what this machine has (CPU cores, or CUDA GPUs for a GPU trainer), checked
+    before any process starts: Lightning would start one process per device, and a thousand of them outlive a
+    parent that fails."""
+    from omegaconf import OmegaConf
+
+    devices, accelerator = trainer.get("devices", 1), str(trainer.get("accelerator", "cpu"))
+    if devices in (None, "auto", -1, "-1"):
+        return
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and _cuda_count() > 0)
+    have = _cuda_count() if on_gpu else (os.cpu_count() or 1)
+    kind = "CUDA GPU" if on_gpu else "CPU core"
+    allowed = f"choose 1..{have}, -1 (all) or auto; this machine has {have} {kind}{'s' if have != 1 else ''}"
+    if isinstance(devices, str) and "," in devices:
+        devices = [part for part in devices.split(",") if part.strip()]
+    if OmegaConf.is_list(devices) or isinstance(devices, list):
+        indices = [str(d).strip() for d in devices]
+        bad = [d for d in indices if not d.isdigit() or int(d) >= have]
+        if bad or len(set(indices)) != len(indices) or not indices:
+            raise TTPUserError(f"trainer.devices={list(devices)} is not allowed; list distinct device indices "
+                               f"0..{have - 1} ({allowed})")
+        return
+    text = str(devices).strip()
+    if not text.isdigit() or not 1 <= int(text) <= have:
+        raise TTPUserError(f"trainer.devices={devices} is not allowed; {allowed}")
+
+
+def check_cache_dir(cache_dir) -> None:
+    """paths.cache_dir (pretraining entries, checkpoints) must be writable: else one line before any work."""
+    path = Path(str(cache_dir)).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise TTPUserError(f"paths.cache_dir={str(cache_dir)!r} cannot be written ({str(existing)!r} is "
+                           f"{'not a folder' if not existing.is_dir() else 'read-only'}); set TTP_CACHE_DIR or "
+                           "paths.cache_dir to a writable folder")
+
+
+def _cuda_count() -> int:
+    import torch  # only for a GPU or auto trainer: a CPU trainer is checked without it
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -7,6 +7,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.checks import positive_int as _positive_int
+from ttp_lightning.cli_checks import check_cache_dir, check_devices
 from ttp_lightning.config_schema import MainSchema, typed
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.base import Method
@@ -27,48 +28,6 @@ def _accelerator(trainer: DictConfig) -> None:
         raise TTPUserError(f"trainer.precision={trainer.precision} (the GPU trainers' default) needs a GPU with "
                            f"bfloat16 (NVIDIA Ampere or newer) and {torch.cuda.get_device_name()} has none; set "
                            "trainer.precision=16-mixed or trainer.precision=32")
-
-
-def _devices(trainer: DictConfig) -> None:
-    """trainer.devices within what this machine has (CPU cores, or CUDA GPUs for a GPU trainer), checked
-    before any process starts: Lightning would start one process per device, and a thousand of them outlive a
-    parent that fails."""
-    import os
-
-    import torch
-
-    devices, accelerator = trainer.get("devices", 1), str(trainer.get("accelerator", "cpu"))
-    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    have = torch.cuda.device_count() if on_gpu else (os.cpu_count() or 1)
-    kind = "CUDA GPU" if on_gpu else "CPU core"
-    allowed = f"choose 1..{have}, -1 (all) or auto; this machine has {have} {kind}{'s' if have != 1 else ''}"
-    if devices in (None, "auto", -1, "-1"):
-        return
-    if isinstance(devices, str) and "," in devices:
-        devices = [part for part in devices.split(",") if part.strip()]
-    if OmegaConf.is_list(devices) or isinstance(devices, list):
-        indices = [str(d).strip() for d in devices]
-        bad = [d for d in indices if not d.isdigit() or int(d) >= have]
-        if bad or len(set(indices)) != len(indices) or not indices:
-            raise TTPUserError(f"trainer.devices={list(devices)} is not allowed; list distinct device indices "
-                               f"0..{have - 1} ({allowed})")
-        return
-    text = str(devices).strip()
-    if not text.isdigit() or not 1 <= int(text) <= have:
-        raise TTPUserError(f"trainer.devices={devices} is not allowed; {allowed}")
-
-
-def _cache_dir(cache_dir) -> None:
-    """paths.cache_dir (pretraining entries, checkpoints) must be writable: else one line before any work."""
-    import os
-    from pathlib import Path
-
-    path = Path(str(cache_dir)).expanduser().absolute()
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise TTPUserError(f"paths.cache_dir={str(cache_dir)!r} cannot be written ({str(existing)!r} is "
-                           f"{'not a folder' if not existing.is_dir() else 'read-only'}); set TTP_CACHE_DIR or "
-                           "paths.cache_dir to a writable folder")
 
 
 def _trainer_keys(trainer: DictConfig) -> None:
@@ -120,11 +79,11 @@ def validate_config(cfg: DictConfig) -> Method:
     """Raise TTPUserError naming the first bad value and what is allowed; returns the method, whose own
     settings it has checked (Method.check)."""
     _accelerator(cfg.trainer)
-    _devices(cfg.trainer)
+    check_devices(cfg.trainer)
     _trainer_keys(cfg.trainer)
     _seed(cfg.get("seed", 0))
     if cfg.get("paths") is not None and cfg.paths.get("cache_dir"):
-        _cache_dir(cfg.paths.cache_dir)
+        check_cache_dir(cfg.paths.cache_dir)
     _required(cfg)
     MainSchema(threads=cfg.get("threads", "auto"), progress_bar_refresh_rate=cfg.progress_bar_refresh_rate,
                checkpoint_every_n_epochs=cfg.get("checkpoint_every_n_epochs", 1))

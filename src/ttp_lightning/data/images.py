@@ -362,7 +362,7 @@ def _labelled_files(folder: Path) -> list[tuple[Path, str]]:
         listed.append((path, str(row["label"]).strip()))
     named = {path for path, _ in listed}
     stray = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.resolve() not in named
-             and p.name != LABELS_FILE and not p.name.startswith(".")]
+             and p.name != LABELS_FILE and not any(part.startswith(".") for part in p.relative_to(folder).parts)]
     if stray:
         raise TTPUserError(f"data.forget.images file {str(stray[0])!r} has no row in {LABELS_FILE}; list every "
                            "image with its label")

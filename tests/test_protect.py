@@ -391,3 +391,14 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_one_near_chance_is_named(r
         protect(run_main, folder, tmp_path / "perm.pt", "attacks.enabled=false", "method.epochs=1")
     warnings = [r.getMessage() for r in caplog.records if "near chance" in r.getMessage()]
     assert len(warnings) == 1 and "data.normalize" in warnings[0] and "class order" in warnings[0]
+    # two classes swapped: about 80 % (far above chance), far below the 98 % its provider states
+    swap = torch.tensor([1, 0, 2, 3, 4, 5, 6, 7, 8, 9])
+    torch.save({**state, "3.weight": state["3.weight"][swap], "3.bias": state["3.bias"][swap]}, tmp_path / "swap.pt")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ttp_lightning.pretraining"):
+        protect(run_main, folder, tmp_path / "swap.pt", "attacks.enabled=false", "method.epochs=1",
+                "model.checkpoint_test_acc=0.98")
+    warnings = [r.getMessage() for r in caplog.records if "model.checkpoint_test_acc: far below it" in r.getMessage()]
+    assert len(warnings) == 1 and "stated 98.0%" in warnings[0]
+    code, _, err, _ = protect(run_main, folder, checkpoint, "model.checkpoint_test_acc=98")
+    assert code == 2 and "model.checkpoint_test_acc=98 is not allowed" in err

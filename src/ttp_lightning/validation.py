@@ -82,6 +82,11 @@ def validate_config(cfg: DictConfig) -> Method:
     check_devices(cfg.trainer)
     _trainer_keys(cfg.trainer)
     _seed(cfg.get("seed", 0))
+    stated = cfg.model.get("checkpoint_test_acc") if cfg.get("model") is not None else None
+    if stated is not None and (isinstance(stated, bool) or not isinstance(stated, (int, float))
+                               or not 0.0 <= float(stated) <= 1.0):
+        raise TTPUserError(f"model.checkpoint_test_acc={stated} is not allowed; give the accuracy as a fraction in "
+                           "[0, 1] (e.g. 0.98)")
     if cfg.get("paths") is not None and cfg.paths.get("cache_dir"):
         check_cache_dir(cfg.paths.cache_dir)
     _required(cfg)

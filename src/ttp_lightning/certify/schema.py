@@ -176,7 +176,7 @@ def _model_field(default) -> Check | None:
     return None
 
 
-MODEL_EXCLUDED = ("_target_", "pretrained", "pretrained_file", "checkpoint")  # no downloads, no user files
+MODEL_EXCLUDED = ("_target_", "pretrained", "pretrained_file", "checkpoint", "checkpoint_test_acc")  # no downloads, no user files
 
 
 def _registered_config(group: str, choice: str) -> DictConfig:

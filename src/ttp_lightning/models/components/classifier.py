@@ -21,7 +21,7 @@ class Classifier(nn.Module):
         return self.backbone((images - self.mean) / self.std)
 
 
-NOT_ARGUMENTS = ("checkpoint",)  # model settings the pipeline reads, not the network's constructor
+NOT_ARGUMENTS = ("checkpoint", "checkpoint_test_acc")  # model settings the pipeline reads, not the network's constructor
 
 
 def build_classifier(model_cfg: DictConfig, info: DatasetInfo) -> Classifier:

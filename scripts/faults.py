@@ -560,6 +560,99 @@ def quick_refusal(*overrides: str):
     return case
 
 
+def case_no_room(work, reference):
+    """The outputs cannot be written (a file size limit of 20 kB, as a nearly full disk: writes fail with EFBIG
+    once a file would pass it; caches and checkpoints off, so the first large write is the run's weights)."""
+    import resource
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of the process dying
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    out = work / "no_room"
+    command = [sys.executable, "-m", "ttp_lightning", f"hydra.run.dir={out}", *QUICK, "pretrain.use_cache=false",
+               "checkpoint_every_n_epochs=0"]
+    env = dict(os.environ, TTP_CACHE_DIR=str(work / "cache_no_room"), WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+                          preexec_fn=limit)
+    lines = proc.stderr.strip().splitlines()
+    left = sorted(path.name for path in out.iterdir() if path.name in ("model.pt", "release", "release_not_protected",
+                                                                         "results.json")) if out.exists() else []
+    ok = proc.returncode == 2 and len(lines) >= 1 and lines[-1].startswith("error: writing the run's outputs") and not left
+    return {"exit": proc.returncode, "happened": lines[-1] if lines else "", "ok": ok,
+            "lost": "nothing of this run's outputs left" if not left else f"LEFT {left}"}
+
+
+def released(work: Path) -> Path:
+    """The release folder of the provider example protected with QUICK settings (once)."""
+    folder = provider(work)
+    out = work / "released"
+    if not (out / "results.json").exists():
+        run(work, "released", work / "cache_provider", protect_args(folder, folder / "forget"))
+    return out / json.loads((out / "results.json").read_text())["release_gate"]["folder"]  # 4 epochs: maybe refused
+
+
+def tampered_release(name: str, tamper):
+    """`tamper(folder, config, weights)` edits a copy of a release, whose SHA-256 in config.json is then rewritten
+    to match (a hash is no signature); `verify robust` (which loads it with load_released) must refuse it in one
+    line with exit 2 before building anything."""
+    def case(work, reference):
+        from safetensors.torch import load_file
+
+        from ttp_lightning.certify.certificate import sha256_of
+
+        source = released(work)
+        folder = work / f"tampered_{name}"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(source, folder)
+        config = json.loads((folder / "config.json").read_text())
+        text = tamper(folder, config, load_file(str(folder / "model.safetensors")))
+        if text is None:
+            config["weights"]["sha256"] = sha256_of(folder / "model.safetensors")
+            text = json.dumps(config)
+        (folder / "config.json").write_text(text)
+        command = [sys.executable, "-m", "ttp_lightning.verify", "robust", str(folder),
+                   str(provider(work) / "forget"), "--gamma", "1"]
+        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+        lines = proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines()
+        last = lines[-1] if lines else ""
+        ok = proc.returncode == 2 and last.startswith("error:") and "Traceback" not in proc.stderr
+        return {"exit": proc.returncode, "happened": last, "lost": "nothing built or run", "ok": ok}
+    return case
+
+
+def _nan_weights(folder, config, weights):
+    from safetensors.torch import save_file
+
+    save_file({k: v * float("nan") for k, v in weights.items()}, str(folder / "model.safetensors"))
+
+
+def _input(**change):
+    def tamper(folder, config, weights):
+        config["input"].update(change)
+    return tamper
+
+
+def _huge_layer(folder, config, weights):
+    config["architecture"]["hidden_dim"] = 10**12
+
+
+def _nested(folder, config, weights):
+    return "[" * 100_000 + "]" * 100_000
+
+
+def _corrupt_header(folder, config, weights):
+    (folder / "model.safetensors").write_bytes(b"\xff" * 64)
+
+
+def case_release_modes(work, reference):
+    release = released(work)
+    modes = {path.name: oct(path.stat().st_mode & 0o777) for path in release.iterdir()}
+    same = len(set(modes.values())) == 1
+    return {"exit": 0, "happened": ", ".join(f"{name} {mode}" for name, mode in sorted(modes.items())),
+            "lost": "nothing" if same else "MODES DIFFER", "ok": same}
+
+
 CASES = {
     "kill -9 during pretraining, rerun": case_kill_pretraining,
     "kill -9 during Alg 1, rerun": case_kill_finetuning,
@@ -608,6 +701,14 @@ CASES = {
     "hydra.run.dir=/": quick_refusal("hydra.run.dir=/"),
     "cache folder that cannot be written": quick_refusal("paths.cache_dir=/proc/sys/kernel/ttp_cache"),
     "a second run into a run folder in use": case_two_runs_one_folder,
+    "release: NaN weights, SHA-256 rewritten": tampered_release("nan", _nan_weights),
+    "release: std [0] in config.json": tampered_release("std", _input(std=[0.0])),
+    "release: a 4-value mean for 1 channel": tampered_release("mean", _input(mean=[0.0] * 4)),
+    "release: hidden_dim 10^12": tampered_release("huge", _huge_layer),
+    "release: config.json nested 100,000 deep": tampered_release("nested", _nested),
+    "release: corrupt safetensors header, SHA-256 rewritten": tampered_release("header", _corrupt_header),
+    "release files' permissions": case_release_modes,
+    "no room for the outputs (file size limit)": case_no_room,
 }
 NEEDS_MNIST = {"MNIST label byte 200", "truncated MNIST image file"}
 

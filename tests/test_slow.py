@@ -132,4 +132,4 @@ def test_fault_injection_script_reports_every_case_as_expected(tmp_path):
                           capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     cases = json.loads(out.read_text())["cases"]
-    assert len(cases) >= 45 and all(case["ok"] for case in cases)
+    assert len(cases) >= 53 and all(case["ok"] for case in cases)

@@ -41,10 +41,11 @@ def atomic_text(path: str | Path, text: str, mode: int | None = None) -> Path:
 
 def atomic_tensors(path: str | Path, tensors: dict, mode: int | None = None, metadata: dict | None = None) -> Path:
     """Tensors as a safetensors file (host copies, contiguous: what safetensors stores), written atomically."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     host = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
-    return atomic_write(path, lambda tmp: save_file(host, str(tmp), metadata=metadata), mode)
+    data = save(host, metadata=metadata)  # in memory, so a failing write is the file system's OSError
+    return atomic_write(path, lambda tmp: tmp.write_bytes(data), mode)
 
 
 @contextmanager

@@ -298,9 +298,9 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net, gate
         path, attack_table, certificate_line = _write_outputs(results, output, cfg, datamodule, metrics, output_dir)
     except OSError as exc:
         _remove_outputs(Path(output_dir))
-        raise TTPUserError(f"writing the run's outputs into {output_dir} failed ({exc.strerror or exc}: "
-                           f"{exc.filename}); nothing of this run was kept there (its caches were: rerun when "
-                           "there is room)") from None
+        where = f": {exc.filename}" if exc.filename else ""
+        raise TTPUserError(f"writing the run's outputs into {output_dir} failed ({exc.strerror or exc}{where}); "
+                           "nothing of this run was kept there (its caches were: rerun when there is room)") from None
     attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
     certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
     per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"

@@ -1,5 +1,6 @@
 """results.json writing (atomic) and the terminal table."""
 
+import io
 import json
 import math
 from pathlib import Path
@@ -26,7 +27,9 @@ WEIGHTS_FILE = "model.pt"
 def write_weights(net, output_dir: str | Path) -> Path:
     """The released model's state_dict as model.pt in `output_dir` (created; via a temporary file)."""
     Path(output_dir).mkdir(parents=True, exist_ok=True)
-    return atomic_write(Path(output_dir) / WEIGHTS_FILE, lambda tmp: torch.save(net.state_dict(), tmp))
+    buffer = io.BytesIO()  # serialised in memory, so a failing write is the file system's OSError
+    torch.save(net.state_dict(), buffer)
+    return atomic_write(Path(output_dir) / WEIGHTS_FILE, lambda tmp: tmp.write_bytes(buffer.getvalue()))
 
 
 def non_finite_keys(value, path: str = "") -> list[str]:

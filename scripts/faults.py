@@ -207,33 +207,71 @@ def copy_cache(work: Path, reference: Job, name: str) -> Path:
     return target
 
 
-def case_truncated_cache(work, reference):
-    cache = copy_cache(work, reference, "truncated")
-    entry = next((cache / "pretrain").glob("*.safetensors"))
+def damaged_cache_entry(name: str, damage):
+    """A copy of the reference cache whose pretraining entry `damage(entry)` changed: warned once, retrained, and
+    the results equal the reference's."""
+    def case(work, reference):
+        cache = copy_cache(work, reference, name)
+        entry = next((cache / "pretrain").glob("*.safetensors"))
+        damage(entry)
+        job = run(work, f"{name}_cache", cache, BASE)
+        warned = "carries no valid proof" in job.stdout + job.stderr
+        equal = same_results(reference.results, job.results)
+        cached = (job.results or {}).get("metrics", {}).get("pretrain", {}).get("cached")
+        return {"exit": job.proc.returncode,
+                "happened": f"warning naming {entry.name}: {warned}; retrained (cached {cached})",
+                "lost": "nothing: results equal the reference" if equal else "RESULTS DIFFER",
+                "ok": job.proc.returncode in FINISHED and warned and equal and cached is False}
+    return case
+
+
+def _truncate_entry(entry: Path) -> None:
     entry.write_bytes(entry.read_bytes()[: entry.stat().st_size // 2])
-    job = run(work, "truncated_cache", cache, BASE)
-    warned = "carries no valid proof" in job.stdout + job.stderr
-    equal = same_results(reference.results, job.results)
-    pretrain = (job.results or {}).get("metrics", {}).get("pretrain", {})
-    return {"exit": job.proc.returncode,
-            "happened": f"warning naming {entry.name}: {warned}; retrained (cached {pretrain.get('cached')})",
-            "lost": "nothing: results equal the reference" if equal else "RESULTS DIFFER",
-            "ok": job.proc.returncode in FINISHED and warned and equal and pretrain.get("cached") is False}
 
 
-def case_truncated_checkpoint(work, reference):
-    cache = copy_cache(work, reference, "truncated_ckpt")
-    job = Job(work, "truncated_ckpt_stopped", cache, BASE)
-    checkpoint = job.wait_for("checkpoints/*_alg1/last.ckpt")
-    job.proc.kill()
-    job.finish()
-    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
-    again = run(work, "truncated_ckpt_rerun", cache, BASE)
-    warned = "carries no valid proof" in again.stdout + again.stderr
-    equal = same_results(reference.results, again.results)
-    return {"exit": again.proc.returncode, "happened": f"warning naming last.ckpt: {warned}; Alg 1 started afresh",
-            "lost": "the finished epochs (retrained); results equal the reference" if equal else "RESULTS DIFFER",
-            "ok": again.proc.returncode in FINISHED and warned and equal}
+def _swap_entry(entry: Path) -> None:
+    """Other weights in the entry, its JSON record's SHA-256 rewritten to match."""
+    import hashlib
+
+    from safetensors.torch import load_file, save_file
+
+    save_file({k: torch.zeros_like(v) for k, v in load_file(str(entry)).items()}, str(entry))
+    record = entry.with_suffix(".json")
+    text = json.loads(record.read_text())
+    record.write_text(json.dumps({**text, "sha256": hashlib.sha256(entry.read_bytes()).hexdigest()}))
+
+
+def damaged_checkpoint(name: str, damage):
+    """Alg 1 killed after a checkpoint, which `damage(path)` then changes: the rerun warns once, starts Alg 1
+    afresh (resumes nothing) and its results equal the reference's."""
+    def case(work, reference):
+        cache = copy_cache(work, reference, name)
+        job = Job(work, f"{name}_stopped", cache, BASE)
+        checkpoint = job.wait_for("checkpoints/*_alg1/last.ckpt")
+        time.sleep(0.5)
+        job.proc.kill()
+        job.finish()
+        damage(checkpoint)
+        again = run(work, f"{name}_rerun", cache, BASE)
+        warned = "carries no valid proof" in again.stdout + again.stderr
+        equal = same_results(reference.results, again.results)
+        resumed = (again.results or {}).get("resumed")
+        return {"exit": again.proc.returncode, "happened": f"warning naming last.ckpt: {warned}; resumed {resumed}",
+                "lost": "the finished epochs (retrained); results equal the reference" if equal else "RESULTS DIFFER",
+                "ok": again.proc.returncode in FINISHED and warned and equal and not resumed}
+    return case
+
+
+def _truncate_checkpoint(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+def _edit_checkpoint(path: Path) -> None:
+    """A valid checkpoint with one weight changed (as someone planting a model in a shared cache would)."""
+    state = torch.load(path, weights_only=True)
+    name = next(iter(state["state_dict"]))
+    state["state_dict"][name] = state["state_dict"][name] + 0.5
+    torch.save(state, path)
 
 
 def case_concurrent(work, reference):
@@ -333,48 +371,6 @@ def case_unknown_key(work, reference):
 
 
 # ------------------------------------------------------------------ issue 26: reused files must carry a proof
-def case_edited_checkpoint(work, reference):
-    """A valid checkpoint with one weight changed (as someone planting a model in a shared cache would)."""
-    cache = copy_cache(work, reference, "edited_ckpt")
-    job = Job(work, "edited_ckpt_stopped", cache, BASE)
-    checkpoint = job.wait_for("checkpoints/*_alg1/last.ckpt")
-    time.sleep(0.5)
-    job.proc.kill()
-    job.finish()
-    state = torch.load(checkpoint, weights_only=True)
-    name = next(iter(state["state_dict"]))
-    state["state_dict"][name] = state["state_dict"][name] + 0.5
-    torch.save(state, checkpoint)
-    again = run(work, "edited_ckpt_rerun", cache, BASE)
-    warned = "carries no valid proof" in again.stdout + again.stderr
-    equal = same_results(reference.results, again.results)
-    resumed = (again.results or {}).get("resumed")
-    return {"exit": again.proc.returncode, "happened": f"warning naming last.ckpt: {warned}; resumed {resumed}",
-            "lost": "the finished epochs (retrained); results equal the reference" if equal else "RESULTS DIFFER",
-            "ok": again.proc.returncode in FINISHED and warned and equal and not resumed}
-
-
-def case_swapped_cache(work, reference):
-    """The pretraining entry replaced by other weights, its JSON record's SHA-256 rewritten to match."""
-    import hashlib
-
-    from safetensors.torch import load_file, save_file
-
-    cache = copy_cache(work, reference, "swapped")
-    entry = next((cache / "pretrain").glob("*.safetensors"))
-    save_file({k: torch.zeros_like(v) for k, v in load_file(str(entry)).items()}, str(entry))
-    record = entry.with_suffix(".json")
-    text = json.loads(record.read_text())
-    record.write_text(json.dumps({**text, "sha256": hashlib.sha256(entry.read_bytes()).hexdigest()}))
-    job = run(work, "swapped_cache", cache, BASE)
-    warned = "carries no valid proof" in job.stdout + job.stderr
-    equal = same_results(reference.results, job.results)
-    cached = (job.results or {}).get("metrics", {}).get("pretrain", {}).get("cached")
-    return {"exit": job.proc.returncode, "happened": f"warning naming {entry.name}: {warned}; retrained (cached {cached})",
-            "lost": "nothing: results equal the reference" if equal else "RESULTS DIFFER",
-            "ok": job.proc.returncode in FINISHED and warned and equal and cached is False}
-
-
 def provider(work: Path) -> Path:
     """scripts/provider_example.py's digits image folder, MLP checkpoint and 5 forget PNGs (once)."""
     folder = work / "provider"
@@ -417,7 +413,7 @@ def _forget_copy(work: Path, name: str, write) -> Path:
     from PIL import Image
 
     folder = provider(work)
-    source = sorted((folder / "digits" / "train").glob("*/*.png"))[0]
+    source = min((folder / "digits" / "train").glob("*/*.png"))
     target = work / f"forget_{name}"
     shutil.rmtree(target, ignore_errors=True)
     (target / source.parent.name).mkdir(parents=True)
@@ -492,7 +488,7 @@ def case_labels_csv(name: str, text: str, expect: str):
         forget = work / f"forget_labels_{name}"
         shutil.rmtree(forget, ignore_errors=True)
         forget.mkdir()
-        source = sorted((folder / "forget").glob("*/*.png"))[0]
+        source = min((folder / "forget").glob("*/*.png"))
         shutil.copy(source, forget / "face.png")
         (forget / "labels.csv").write_text(text.format(label=source.parent.name), encoding="utf-8")
         job = run(work, f"labels_{name}", work / "cache_provider", protect_args(folder, forget))
@@ -513,7 +509,7 @@ def case_devices_1000(work, reference):
     started = time.perf_counter()
     job = run(work, marker, work / "cache_quick", [*QUICK, "trainer=ddp_sim", "trainer.devices=1000"])
     seconds = time.perf_counter() - started
-    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False).stdout.split()
     row = refused(job)
     row["happened"] += f" ({seconds:.1f} s; {len(left)} processes left)"
     row["ok"] = row["ok"] and not left and seconds < 15
@@ -662,8 +658,8 @@ CASES = {
     "method.lr=nan": case_nan_lr,
     "method.lr=1e30 (diverges)": case_divergence,
     "method.lr=1e9 (finite collapse)": case_collapse,
-    "truncated pretraining cache entry": case_truncated_cache,
-    "truncated checkpoint": case_truncated_checkpoint,
+    "truncated pretraining cache entry": damaged_cache_entry("truncated", _truncate_entry),
+    "truncated checkpoint": damaged_checkpoint("truncated_ckpt", _truncate_checkpoint),
     "two jobs on an empty cache": case_concurrent,
     "read-only output folder": case_read_only_output,
     "forget indices [1.9, 2.9] (.json)": bad_index("floats.json", "[1.9, 2.9]"),
@@ -674,8 +670,8 @@ CASES = {
     "truncated MNIST image file": case_mnist_truncated,
     "trainer=gpu without a GPU": case_gpu_without_gpu,
     "unknown key +pretrain.checkpoint": case_unknown_key,
-    "resume checkpoint with one weight edited": case_edited_checkpoint,
-    "pretraining cache entry swapped, its SHA-256 record rewritten": case_swapped_cache,
+    "resume checkpoint with one weight edited": damaged_checkpoint("edited_ckpt", _edit_checkpoint),
+    "pretraining cache entry swapped, its SHA-256 record rewritten": damaged_cache_entry("swapped", _swap_entry),
     "decoded-images cache entry edited": case_edited_decoded_cache,
     "16-bit PNG of a training image": forget_image_case("sixteen", _sixteen_bit, "matched"),
     "EXIF-rotated PNG of a training image": forget_image_case("exif_png", _exif(".png"), "matched"),

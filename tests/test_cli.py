@@ -162,8 +162,8 @@ BAD_INPUT = [
     ("+trainer.foo=1", "trainer.foo is not a setting of Lightning's Trainer; allowed: accelerator,"),
     ("hydra.run.dir=/", "output folder '/' is the file system's root"),
     ("hydra.run.dir=" + "x" * 300, "has a name longer than the file system allows"),
-    ("paths.cache_dir=/etc/hostname/cache", "paths.cache_dir='/etc/hostname/cache' cannot be written ('/etc/hostname' "
-                                            "is not a folder)"),
+    ("paths.cache_dir=/etc/hostname/cache", ("paths.cache_dir='/etc/hostname/cache' cannot be written "
+                                             "('/etc/hostname' is not a folder)")),
 ]
 
 
@@ -186,9 +186,9 @@ def test_a_second_run_into_a_run_folder_in_use_ends_in_one_line(run_main, tmp_pa
     with FileLock(str(tmp_path / "out" / RUN_LOCK)):  # the first run, still writing there
         code, _, err, results = run_main()
     assert code == 2 and results is None
-    assert err.strip().splitlines() == [f"error: run folder {str(tmp_path / 'out')!r} is in use by another run (it "
-                                        f"holds {RUN_LOCK}); wait for it to end, or give this run its own folder "
-                                        "(hydra.run.dir=...)"]
+    expected = (f"error: run folder {str(tmp_path / 'out')!r} is in use by another run (it holds {RUN_LOCK}); wait "
+                "for it to end, or give this run its own folder (hydra.run.dir=...)")
+    assert err.strip().splitlines() == [expected]
 
 
 def test_bad_input_through_a_real_process_is_one_line_and_exit_2(run_cli, tmp_path):

@@ -245,7 +245,7 @@ def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
                "4-value mean": (weights, {"mean": [0.0] * 4}, "one value per channel"),
                "a 10^12-unit layer": (weights, {"hidden_dim": 10**12}, "numbers, above the"),
                "a layer of another size": (weights, {"hidden_dim": 64}, "does not fit the architecture")}
-    for case, (tensors, change, match) in hostile.items():
+    for tensors, change, match in hostile.values():
         save_file(tensors, str(release / "model.safetensors"))
         inputs = {**config["input"], **{k: v for k, v in change.items() if k in ("std", "mean")}}
         architecture = {**config["architecture"], **{k: v for k, v in change.items() if k == "hidden_dim"}}

@@ -57,9 +57,8 @@ def _stopped_by(name: str, code: int, at_once: bool = False) -> None:
 @hydra.main(version_base="1.3", config_path="conf", config_name="main")
 def _hydra_main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
     from lightning.pytorch.utilities import rank_zero_only
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from ttp_lightning.files import run_folder_lock
     from ttp_lightning.pipeline import run  # heavy imports after Hydra has parsed --help etc.

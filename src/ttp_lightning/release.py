@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import load_file
 from torch import nn
 
 from ttp_lightning.certify.certificate import sha256_of
@@ -40,6 +39,7 @@ from ttp_lightning.certify.schema import (
 )
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.files import atomic_tensors, atomic_text, atomic_write
+from ttp_lightning.models.components.checkpoint import first_non_finite
 
 RELEASE_FORMAT = "ttp_lightning.release/1"
 CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
@@ -158,7 +158,7 @@ def read_weights(weights: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str,
 
     try:
         with safe_open(str(weights), framework="pt") as handle:
-            found = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+            found = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118 -- a safe_open handle, not a dict
             if found != shapes:
                 differ = sorted(set(found) ^ set(shapes)) or [k for k in shapes if found[k] != shapes[k]]
                 raise TTPUserError(f"{str(weights)!r} does not fit the architecture in {CONFIG} ({differ[0]!r}: "
@@ -169,8 +169,7 @@ def read_weights(weights: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str,
     except Exception as exc:  # noqa: BLE001 -- a corrupt header or body: one line naming the file
         raise TTPUserError(f"{str(weights)!r} cannot be read as safetensors ({type(exc).__name__}: "
                            f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-    bad = next((key for key, tensor in tensors.items() if tensor.is_floating_point() and
-                not torch.isfinite(tensor).all()), None)
+    bad = first_non_finite(tensors)
     if bad is not None:
         raise TTPUserError(f"{str(weights)!r} holds non-finite values (NaN or infinity) in {bad!r}; it is no "
                            "usable model")

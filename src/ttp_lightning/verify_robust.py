@@ -46,19 +46,13 @@ def _parser() -> argparse.ArgumentParser:
 def image_files(folder: Path) -> list[Path]:
     """Every PNG or JPEG file under `folder` (sorted; hidden files skipped; symbolic links are not followed
     out of it)."""
-    from ttp_lightning.data.images import IMAGE_SUFFIXES
+    from ttp_lightning.data.images import IMAGE_SUFFIXES, inside
     from ttp_lightning.errors import TTPUserError
 
     if not folder.is_dir():
         raise TTPUserError(f"{str(folder)!r} is not a folder of images")
-    root = folder.resolve()
-    files = []
-    for path in sorted(folder.rglob("*")):
-        if path.name.startswith(".") or not path.is_file() or path.suffix.lower() not in IMAGE_SUFFIXES:
-            continue
-        if root not in path.resolve().parents:
-            raise TTPUserError(f"{str(path)!r} links to a file outside {str(folder)!r}")
-        files.append(path)
+    files = [inside(path, folder, "image") for path in sorted(folder.rglob("*"))
+             if not path.name.startswith(".") and path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES]
     if not files:
         raise TTPUserError(f"{str(folder)!r} holds no PNG or JPEG images")
     return files

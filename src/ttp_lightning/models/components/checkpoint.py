@@ -101,12 +101,17 @@ def match_state(state: dict, backbone: nn.Module, path: str, model_name: str) ->
                        "the model config (model=..., its settings) the checkpoint was trained with")
 
 
+def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor holding a NaN or an infinity, or None."""
+    return next((key for key, value in tensors.items() if value.is_floating_point() and not torch.isfinite(value).all()),
+                None)
+
+
 def load_checkpoint(net: nn.Module, path: str | Path, model_name: str = "") -> None:
     """Load `path` into `net` (a Classifier: its backbone) or fail with one error line."""
     backbone = getattr(net, "backbone", net)
     state = match_state(read_checkpoint(path), backbone, str(path), model_name)
-    bad = next((key for key, value in state.items() if value.is_floating_point() and not torch.isfinite(value).all()),
-               None)
+    bad = first_non_finite(state)
     if bad is not None:
         raise TTPUserError(f"checkpoint {str(path)!r} holds non-finite values (NaN or infinity) in {bad!r}; it is no "
                            "usable model (was it saved after its training diverged?)")

@@ -1,0 +1,110 @@
+"""Fingerprints of three runs, to show that a refactor did not move a number (issue 27).
+
+Runs, each from an empty cache, same seed, CPU:
+  default                 the embedded default job (digits + MLP + Alg 1)
+  mnist_mlp               +experiment=mnist_mlp
+  mnist_logreg_certified  +experiment=mnist_logreg_certified (its noise-free weights from private/audit.json)
+
+and writes, per run, the SHA-256 of every number results.json reports (metrics, history, per-image tables,
+attacks, bounds, gate) with wall-clock times removed, and of the released weights (the certified run: of its
+noise-free weights, which do not depend on the secret noise). Compare two fingerprint files with --compare.
+
+  python scripts/same_numbers.py --out before.json [--runs default mnist_mlp ...]
+  python scripts/same_numbers.py --compare before.json after.json
+"""
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RUNS = {
+    "default": [],
+    "mnist_mlp": ["+experiment=mnist_mlp"],
+    "mnist_logreg_certified": ["+experiment=mnist_logreg_certified"],
+}
+TIMING = ("wall", "elapsed", "_s_", "seconds")
+SECTIONS = ("metrics", "history", "forget_softmax", "attacks", "attack_checks", "relearn", "certified",
+            "forget_per_image", "release_gate", "noise_free", "data")
+
+
+def _timeless(value):
+    """The value with every wall-clock entry dropped (they differ from run to run)."""
+    if isinstance(value, dict):
+        return {key: _timeless(item) for key, item in value.items()
+                if not (key.endswith("_s") or any(mark in key for mark in TIMING))}
+    if isinstance(value, list):
+        return [_timeless(item) for item in value]
+    return value
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def _weights_digest(path: Path) -> str:
+    from safetensors.torch import load_file
+    tensors = load_file(path)
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def fingerprint(run_dir: Path) -> dict:
+    results = json.loads((run_dir / "results.json").read_text())
+    record = {section: _digest(_timeless(results[section])) for section in SECTIONS if section in results}
+    audit = run_dir / "private" / "audit.json"
+    if audit.exists():
+        record["noise_free_weights"] = _digest(json.loads(audit.read_text())["noise_free"])
+    else:
+        record["release_weights"] = _weights_digest(run_dir / "release" / "model.safetensors")
+    for stage, metrics in results["metrics"].items():
+        record[f"{stage}.test_acc"] = metrics.get("test_acc")
+        record[f"{stage}.forget_conf_dist"] = metrics.get("forget_conf_dist")
+    return record
+
+
+def run(name: str, work: Path) -> dict:
+    run_dir, cache = work / name, work / f"{name}_cache"
+    command = [sys.executable, "-m", "ttp_lightning", *RUNS[name], f"hydra.run.dir={run_dir}",
+               f"paths.cache_dir={cache}", "logger=csv"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode not in (0, 4):
+        raise SystemExit(f"error: {name} exited {done.returncode}:\n{done.stderr[-2000:]}")
+    return fingerprint(run_dir)
+
+
+def compare(before: dict, after: dict) -> int:
+    differing = 0
+    for name, record in before.items():
+        for key, value in record.items():
+            same = after.get(name, {}).get(key) == value
+            differing += not same
+            print(f"{name:24s} {key:28s} {'identical' if same else 'DIFFERS'}")
+    return 1 if differing else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--compare", nargs=2, type=Path)
+    args = parser.parse_args()
+    if args.compare:
+        before, after = (json.loads(path.read_text()) for path in args.compare)
+        raise SystemExit(compare(before, after))
+    with tempfile.TemporaryDirectory() as work:
+        record = {name: run(name, Path(work)) for name in args.runs}
+    text = json.dumps(record, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

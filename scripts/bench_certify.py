@@ -23,9 +23,9 @@ from omegaconf import OmegaConf
 
 from ttp_lightning.certify.estimator import stochastic_inverse_hvp
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten
+from ttp_lightning.certify.newton import measured_spectrum
 from ttp_lightning.data.batching import ImageBatchDataset
-from ttp_lightning.data.sources import DatasetInfo
-from ttp_lightning.methods.certified.newton import measured_spectrum
+from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.objectives import UNIFORMITY_LOSSES, retain_loss
 

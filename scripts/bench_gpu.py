@@ -44,7 +44,7 @@ from omegaconf import OmegaConf
 
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten
 from ttp_lightning.data.batching import ImageBatchDataset
-from ttp_lightning.data.sources import DatasetInfo
+from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.errors import EXIT_NOT_PROTECTED
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.objectives import UNIFORMITY_LOSSES, retain_loss

@@ -595,7 +595,7 @@ def tampered_release(name: str, tamper):
     def case(work, reference):
         from safetensors.torch import load_file
 
-        from ttp_lightning.certify.certificate import sha256_of
+        from ttp_lightning.files import sha256_of
 
         source = released(work)
         folder = work / f"tampered_{name}"

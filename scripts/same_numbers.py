@@ -21,10 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+MNIST = Path(__file__).resolve().parents[2] / "shared" / "data"
 RUNS = {
     "default": [],
-    "mnist_mlp": ["+experiment=mnist_mlp"],
-    "mnist_logreg_certified": ["+experiment=mnist_logreg_certified"],
+    "mnist_mlp": ["+experiment=mnist_mlp", f"data.root={MNIST}"],
+    "mnist_logreg_certified": ["+experiment=mnist_logreg_certified", f"data.root={MNIST}"],
 }
 TIMING = ("wall", "elapsed", "_s_", "seconds")
 SECTIONS = ("metrics", "history", "forget_softmax", "attacks", "attack_checks", "relearn", "certified",
@@ -62,7 +63,8 @@ def fingerprint(run_dir: Path) -> dict:
     if audit.exists():
         record["noise_free_weights"] = _digest(json.loads(audit.read_text())["noise_free"])
     else:
-        record["release_weights"] = _weights_digest(run_dir / "release" / "model.safetensors")
+        folder = "release" if results["release_gate"]["passed"] else "release_not_protected"
+        record["release_weights"] = _weights_digest(run_dir / folder / "model.safetensors")
     for stage, metrics in results["metrics"].items():
         record[f"{stage}.test_acc"] = metrics.get("test_acc")
         record[f"{stage}.forget_conf_dist"] = metrics.get("forget_conf_dist")

@@ -114,7 +114,7 @@ def test_release_is_public_weights_and_certificate_and_the_seed_stays_private(re
 
 @pytest.mark.parametrize("method", ["certified_exact_paper", "certified_lissa"])
 def test_paper_certificate_states_measured_spectrum_and_checked_hypotheses(released, method):
-    from ttp_lightning.certify.certificate import recomputed_sensitivity, required_depth, scale_b
+    from ttp_lightning.certificates.document import recomputed_sensitivity, required_depth, scale_b
 
     cert = json.loads((release_of(released(method)) / "certificate.json").read_text())
     steps = cert["steps"]
@@ -138,7 +138,7 @@ def test_paper_certificate_states_measured_spectrum_and_checked_hypotheses(relea
 
 @pytest.mark.parametrize("method", ["certified_exact", "certified_online"])
 def test_residual_certificate_states_the_stationarity_it_rests_on(released, method):
-    from ttp_lightning.certify.certificate import recomputed_sensitivity
+    from ttp_lightning.certificates.document import recomputed_sensitivity
 
     out = released(method)
     results = json.loads((out / "results.json").read_text())
@@ -162,8 +162,9 @@ def test_residual_certificate_states_the_stationarity_it_rests_on(released, meth
 def test_a_residual_certificate_that_understates_the_residual_fails_the_audit(released, tmp_path, capsys):
     """A provider (or an edit) that states a smaller residual, with Delta, sigma and epsilon recomputed to match:
     every public check passes, the audit remeasures the residual at the private noise-free weights and fails."""
-    from ttp_lightning.certify.certificate import recomputed_sensitivity, sha256_of
+    from ttp_lightning.certificates.document import recomputed_sensitivity
     from ttp_lightning.certify.mechanism import implied_epsilon
+    from ttp_lightning.files import sha256_of
 
     out = released("certified_exact")
     release = release_of(out)
@@ -221,7 +222,7 @@ def test_guarantee_states_what_it_is_conditional_on(released):
     """A Lanczos lambda_min is an estimate above the true one: the guarantee says so instead of stating
     (epsilon, delta) outright. The estimator's share of Delta is deterministic (its measured residual), so no
     condition on the sampled Hessians and no rho remain."""
-    from ttp_lightning.certify.certificate import guarantee_lines
+    from ttp_lightning.certificates.document import guarantee_lines
 
     exact = json.loads((release_of(released("certified_exact_paper")) / "certificate.json").read_text())
     assert not any(line.startswith("conditional on") for line in guarantee_lines(exact))
@@ -348,7 +349,7 @@ def test_deeply_nested_json_is_one_error_line(tmp_path, capsys):
 def test_a_forged_norm_bound_is_exposed_by_the_weights_norm(released, tmp_path, capsys):
     """C = 0.01 stated for weights of norm ~ 5 at the paper's sigma = 1e-3, with Delta, epsilon and the
     mechanism recomputed to match, so that only the released weights' norm can expose it."""
-    from ttp_lightning.certify.certificate import recomputed_sensitivity
+    from ttp_lightning.certificates.document import recomputed_sensitivity
     from ttp_lightning.certify.mechanism import implied_epsilon
 
     release = release_of(released("certified_lissa"))
@@ -361,7 +362,7 @@ def test_a_forged_norm_bound_is_exposed_by_the_weights_norm(released, tmp_path, 
 
 
 def test_never_unlearned_weights_under_an_edited_hash_fail_recompute_and_audit(released, tmp_path, capsys):
-    from ttp_lightning.certify.certificate import sha256_of
+    from ttp_lightning.files import sha256_of
 
     out = released("certified_exact")
     results = json.loads((out / "results.json").read_text())
@@ -418,7 +419,7 @@ def test_hostile_certificate_runs_no_code(released, tmp_path, capsys, where, tar
 
 
 def test_hostile_file_names_and_disguised_pickles_are_refused(released, tmp_path, capsys):
-    from ttp_lightning.certify.certificate import sha256_of
+    from ttp_lightning.files import sha256_of
 
     out = released("certified_exact")
     cert = json.loads((release_of(out) / "certificate.json").read_text())
@@ -505,7 +506,7 @@ def test_a_closed_choice_of_the_certified_schema_fails_at_composition(compose_cf
 
 
 def test_lam_auto_is_the_lipschitz_mixture(compose_cfg):
-    from ttp_lightning.methods.certified.newton import resolve_lam
+    from ttp_lightning.certify.newton import resolve_lam
 
     cfg = compose_cfg("method=certified_lissa", "method.lam=auto", "method.theta=0.8",
                       "method.grad_lipschitz_forget=2", "method.grad_lipschitz_retain=0.5", tiny=False)

@@ -268,7 +268,7 @@ def test_vit_hvp_matches_finite_differences_with_fused_attention_off():
 
 
 def test_certificate_sensitivity_and_depth_come_from_the_stated_constants():
-    from ttp_lightning.certify.certificate import EXACT, ONLINE, recomputed_sensitivity, required_depth
+    from ttp_lightning.certificates.document import EXACT, ONLINE, recomputed_sensitivity, required_depth
 
     estimator = {"repeats": 4}
     steps = [{"lam_min_measured": -0.1, "residual": 0.01, "gradient_norm": 0.2},
@@ -307,7 +307,7 @@ def test_hypotheses_are_checked_with_the_fix_named():
 
 
 def test_projection_onto_the_ball_global_and_per_tensor():
-    from ttp_lightning.methods.certified.newton import project_flat
+    from ttp_lightning.certify.newton import project_flat
 
     vector = torch.tensor([3.0, 4.0, 0.0, 0.5], dtype=torch.float64)
     assert torch.allclose(project_flat(vector, [2, 2], 1.0, "global"), vector / vector.norm())
@@ -325,7 +325,7 @@ def estimator_cfg(**changes):
 
 
 def test_estimated_step_refuses_large_residuals_too_few_steps_and_a_small_scale():
-    from ttp_lightning.methods.certified.newton import estimated_step
+    from ttp_lightning.certify.newton import estimated_step
 
     curv = curvature(lam=4.5)
     direction, record = estimated_step(curv, estimator_cfg(), torch.Generator().manual_seed(0))
@@ -346,8 +346,8 @@ def test_estimated_step_refuses_large_residuals_too_few_steps_and_a_small_scale(
 
 
 def test_released_batchnorm_statistics_are_recomputed_on_the_retain_set_from_the_noised_weights():
+    from ttp_lightning.certify.newton import noised_states
     from ttp_lightning.certify.noise import fresh_seed
-    from ttp_lightning.methods.certified.newton import noised_states
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 3))

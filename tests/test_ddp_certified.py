@@ -9,16 +9,16 @@ import torch
 
 from conftest import TINY_WITHOUT_METHOD, finished, release_of
 from test_certified_cli import LOGREG, PAPER
-from ttp_lightning.certify.certificate import load_weights, noise_free_key
-from ttp_lightning.methods.certified.audit import method_config, rebuild_model
-from ttp_lightning.methods.certified.common import KINDS, request_parts
-from ttp_lightning.methods.certified.newton import (
+from ttp_lightning.certificates.document import load_weights, noise_free_key
+from ttp_lightning.certify.newton import (
     NewtonPath,
     curvature,
     newton_step,
     step_dtype,
     step_generator,
 )
+from ttp_lightning.methods.certified.audit import method_config, rebuild_model
+from ttp_lightning.methods.certified.common import KINDS, request_parts
 from ttp_lightning.models.evaluation import evaluate
 
 CASES = {

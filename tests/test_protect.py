@@ -18,8 +18,8 @@ from torch import nn
 
 from conftest import REPO, finished, release_of
 from ttp_lightning import load_released
-from ttp_lightning.certify.certificate import sha256_of
 from ttp_lightning.errors import EXIT_NOT_PROTECTED
+from ttp_lightning.files import sha256_of
 
 EXAMPLE = REPO / "scripts" / "provider_example.py"
 PROTECT = ["+workflow=protect", "model=mlp", "model.hidden_dim=128", "logger=none",
@@ -196,7 +196,7 @@ def test_bad_provider_input_is_one_error_line_and_nothing_written(run_main, exam
 def test_checkpoint_keys_under_a_lightning_prefix_and_backbone_prefix_load(tmp_path):
     from omegaconf import OmegaConf
 
-    from ttp_lightning.data.sources import DatasetInfo
+    from ttp_lightning.dataset_info import DatasetInfo
     from ttp_lightning.errors import TTPUserError
     from ttp_lightning.models.components import build_classifier
     from ttp_lightning.models.components.checkpoint import load_checkpoint
@@ -218,7 +218,7 @@ def test_checkpoint_keys_under_a_lightning_prefix_and_backbone_prefix_load(tmp_p
 
 
 def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
-    from ttp_lightning.certify.schema import SchemaError
+    from ttp_lightning.certificates.schema import SchemaError
     from ttp_lightning.errors import TTPUserError
 
     folder, checkpoint = examples("pt")
@@ -311,7 +311,7 @@ def save_timm_weights(name: str, path: Path, **kwargs) -> dict:
 
 
 def test_timm_model_finetunes_locally_saved_pretrained_weights(run_main, compose_cfg, tmp_path):
-    from ttp_lightning.data.sources import DatasetInfo
+    from ttp_lightning.dataset_info import DatasetInfo
     from ttp_lightning.models.components import build_classifier
 
     weights = tmp_path / "test_resnet.safetensors"

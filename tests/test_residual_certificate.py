@@ -49,7 +49,7 @@ def exact_optimum(objective, norm_bound):
 
 def bound_at(objective, weights, norm_bound, mu):
     """The run's bound: the smaller of nu = 0 and the multiplier estimate, plus the rounding floor."""
-    from ttp_lightning.methods.certified.residual_step import stationarity_record
+    from ttp_lightning.certify.residual_step import stationarity_record
 
     record = stationarity_record(objective, weights, mu, norm_bound)
     nu = ball_multiplier(objective.evaluate(weights).gradient, weights)
@@ -132,14 +132,14 @@ def test_a_non_convex_objective_is_refused_not_certified():
             solve_on_ball(objective, start, 50.0, SolverSettings(tolerance=1e-12))
     from omegaconf import OmegaConf
 
-    from ttp_lightning.methods.certified.residual_step import mu_of
+    from ttp_lightning.certify.residual_step import mu_of
 
     with pytest.raises(TTPUserError, match=r"mu = lambda - theta P_K .* <= 0"):
         mu_of(OmegaConf.create({"uniformity": "square", "theta": 0.75, "grad_lipschitz_forget": 2.0}), 1.0)
 
 
 def test_a_network_that_is_not_linear_needs_layers_last():
-    from ttp_lightning.methods.certified.residual_step import select_certified_layers
+    from ttp_lightning.certify.residual_step import select_certified_layers
 
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     with pytest.raises(TTPUserError, match="method.layers=last"):
@@ -152,9 +152,9 @@ def test_a_network_that_is_not_linear_needs_layers_last():
 def _far_past(out):
     """||noise-free release - M_theta(D)|| with M_theta(D) solved from zeros to a tolerance 1000x tighter than
     the run's, on the data rebuilt from the certificate, and the certificate's Delta."""
-    from ttp_lightning.certify.certificate import load_weights
+    from ttp_lightning.certificates.document import load_weights
+    from ttp_lightning.certify.residual_step import final_linear, head_objective
     from ttp_lightning.methods.certified.audit import method_config, rebuild_model
-    from ttp_lightning.methods.certified.residual_step import final_linear, head_objective
 
     cert = json.loads((release_of(out) / "certificate.json").read_text())
     datamodule, net = rebuild_model(cert, out / "private" / "start.safetensors",

@@ -19,6 +19,8 @@ from ttp_lightning.cli_checks import (
     normalize_overrides,
 )
 from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
+from ttp_lightning.files import run_folder_lock
+from ttp_lightning.reporting.run_identity import SWEPT_ENV, swept_keys_from_argv
 
 
 def _fail(exc: TTPUserError) -> None:
@@ -60,8 +62,9 @@ def _hydra_main(cfg: DictConfig) -> None:
     from lightning.pytorch.utilities import rank_zero_only
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from ttp_lightning.files import run_folder_lock
-    from ttp_lightning.pipeline import run  # heavy imports after Hydra has parsed --help etc.
+    # the entry point's one deferral: the pipeline (torch, Lightning: seconds) is imported only after the
+    # pre-flight checks and Hydra's --help, so that bad input gets its one line in under a second
+    from ttp_lightning.pipeline import run
     from ttp_lightning.protection import gate_line
 
     try:
@@ -95,8 +98,6 @@ def main() -> None:
     interrupts.install(lambda: _stopped_by("SIGTERM", 128 + signal.SIGTERM, at_once=True))  # outside fits
     sys.argv[1:] = normalize_overrides(sys.argv[1:])
     if any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):  # the jobs name and group their runs by these
-        from ttp_lightning.reporting.run_identity import SWEPT_ENV, swept_keys_from_argv
-
         os.environ[SWEPT_ENV] = ",".join(swept_keys_from_argv(sys.argv[1:]))
     try:
         check_group_choices(sys.argv[1:])

@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.errors import TTPUserError
 
 log = logging.getLogger(__name__)
@@ -421,8 +422,6 @@ class Performance(Callback):
 
 def in_memory_datasets(loaders) -> list:
     """The ImageBatchDatasets behind a loader, a CombinedLoader, or a list / dict of them."""
-    from ttp_lightning.data.batching import ImageBatchDataset
-
     found, stack = [], [loaders]
     while stack:
         item = stack.pop()

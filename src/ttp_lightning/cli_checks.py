@@ -114,7 +114,7 @@ def check_unknown_additions(argv: list[str]) -> None:
                                "and experiment can be added)")
 
 
-def _is_sweep(arg: str) -> bool:
+def is_sweep(arg: str) -> bool:
     """A multirun value list (`a=1,2`): a comma outside brackets and quotes (`a=[1,2]` is one list value)."""
     depth, quote = 0, None
     for char in arg.partition("=")[2]:
@@ -134,7 +134,7 @@ def _is_sweep(arg: str) -> bool:
 def check_composition(argv: list[str]) -> None:
     """Compose the config as Hydra will and turn a failure (an unknown key, a value of the wrong type) into
     one TTPUserError line. Skipped for multirun sweeps and Hydra's own flags (Hydra reports those)."""
-    if any(arg.startswith("-") for arg in argv) or any(_is_sweep(arg) for arg in argv):
+    if any(arg.startswith("-") for arg in argv) or any(is_sweep(arg) for arg in argv):
         return
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -31,6 +31,7 @@ Split = StrEnum("Split", [("official", "official"), ("paper", "paper")])
 ForgetSource = StrEnum("ForgetSource", [("train", "train"), ("test", "test"), ("mixed", "mixed")])
 NearCopies = StrEnum("NearCopies", [(n, n) for n in ("refuse", "match", "outside")])
 Augment = StrEnum("Augment", [("none", "none"), ("crop_flip", "crop_flip")])
+Algorithm = StrEnum("Algorithm", [(n, n) for n in ("alg2_exact_newton", "alg3_hessian_estimator", "alg4_online")])
 Release = StrEnum("Release", [("each", "each"), ("final", "final")])
 Bound = StrEnum("Bound", [(n, n) for n in ("residual", "paper")])
 Layers = StrEnum("Layers", [(n, n) for n in ("all", "last")])
@@ -301,6 +302,7 @@ class ParetoSchema(MethodSchema, TrainingSchema):
 class CertifiedSchema(MethodSchema, TrainingSchema):
     """Algs 2-4 (conf/certified_defaults.yaml and certified_*.yaml); the estimator's settings for Algs 3-4."""
 
+    algorithm: Algorithm = Algorithm["alg2_exact_newton"]
     bound: Bound = Bound["residual"]
     layers: Layers = Layers["all"]
     solver_tolerance: float = 1.0e-10

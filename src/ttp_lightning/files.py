@@ -1,6 +1,7 @@
 """Every file a run writes goes through one rename: written under a temporary name beside its target, then
 moved over it, so a crash, a signal or a full disk never leaves half a file under the real name."""
 
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -9,6 +10,15 @@ from pathlib import Path
 from ttp_lightning.errors import TTPUserError
 
 RUN_LOCK = ".run.lock"  # held by the run writing into a run folder (one run folder, one run)
+
+
+def sha256_of(path: str | Path) -> str:
+    """The file's SHA-256, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], object], mode: int | None = None) -> Path:

@@ -15,8 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.attacks import WORST, evaluate_attacks
 from ttp_lightning.attacks.relearn import relearn_attack
-from ttp_lightning.certify.certificate import AUDIT_FILE, PRIVATE_DIR, write_release
-from ttp_lightning.certify.schema import data_spec, model_spec
+from ttp_lightning.certificates.document import AUDIT_FILE, PRIVATE_DIR, write_release
+from ttp_lightning.certificates.schema import data_spec, model_spec
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.errors import TTPUserError

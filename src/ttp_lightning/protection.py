@@ -25,6 +25,7 @@ from torch import nn
 
 from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
 from ttp_lightning.evaluation import probabilities
+from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
 from ttp_lightning.metrics import conf_dist_of_probs
 
 log = logging.getLogger(__name__)
@@ -169,8 +170,6 @@ def certified_by_gamma(net: nn.Module, images: torch.Tensor, gammas: list[float]
                        ) -> tuple[dict[str, list[float]] | None, str | None]:
     """{gamma: each image's certified CD bound} for every radius, or (None, why) when the network has a layer
     interval propagation does not support (the certified column then reads "-")."""
-    from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
-
     try:
         return {f"{float(g):g}": certified_conf_dist(net, images, float(g), device=device).tolist()
                 for g in gammas}, None

@@ -22,8 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ttp_lightning.certify.certificate import sha256_of
-from ttp_lightning.certify.schema import (
+from ttp_lightning.certificates.schema import (
     SchemaError,
     check_model_spec,
     count,
@@ -37,9 +36,13 @@ from ttp_lightning.certify.schema import (
     one_of,
     record,
 )
+from ttp_lightning.cli_checks import CONF_DIR
+from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.errors import TTPUserError
-from ttp_lightning.files import atomic_tensors, atomic_text, atomic_write
+from ttp_lightning.files import atomic_tensors, atomic_text, atomic_write, sha256_of
+from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.components.checkpoint import first_non_finite
+from ttp_lightning.version import __version__
 
 RELEASE_FORMAT = "ttp_lightning.release/1"
 CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
@@ -87,7 +90,6 @@ def write_hub_release(net: nn.Module, output_dir: str | Path, architecture: dict
     release/, or release_not_protected/ when the release gate failed); returns the folder. A certified release's model.safetensors is already there (the certificate's file,
     under the classifier's `backbone.` names; `certified_file`) and is kept as it is; Alg 4's, which names
     one file per request, gets model.safetensors as a copy of the last one."""
-    from ttp_lightning import __version__
 
     folder = Path(output_dir) / folder_name
     folder.mkdir(parents=True, exist_ok=True)
@@ -185,9 +187,6 @@ def load_released(folder: str | Path, device: str | torch.device = "cpu") -> nn.
     The SHA-256 in config.json proves only that model.safetensors is the file config.json was written with:
     whoever can replace one can rewrite the other. It is no signature; trust the folder as far as you trust where
     it came from (a signed commit, a hub's own signing)."""
-    from ttp_lightning.cli_checks import CONF_DIR
-    from ttp_lightning.data.sources import DatasetInfo
-    from ttp_lightning.models.components import build_classifier
 
     folder = Path(folder).expanduser()
     config = read_release_config(folder)

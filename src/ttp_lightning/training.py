@@ -9,8 +9,10 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig
 
+from ttp_lightning.callbacks import FiniteGuard, Performance, StepTimer, extra_callbacks
 from ttp_lightning.checkpointing import LATEST, RandomState, SignedCheckpointIO, epoch_checkpoint, resume_from
 from ttp_lightning.interrupts import fitting
+from ttp_lightning.progress import progress_callbacks
 
 
 @dataclass
@@ -129,9 +131,6 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
     when training diverges (`settings`: the config section whose lr trains it, named in that line).
     `root_dir` (default: the run's output folder) is where Lightning's SLURM requeue checkpoint goes;
     `guard=False` leaves out the divergence check (a fit with no learning rate)."""
-    from ttp_lightning.callbacks import FiniteGuard, Performance, extra_callbacks
-    from ttp_lightning.progress import progress_callbacks
-
     section = getattr(ctx, settings)
     stage = "pretraining" if settings == "pretrain" else f"method {ctx.method.name}"
     callbacks = [*(callbacks or []), *extra_callbacks(ctx.callbacks),
@@ -168,8 +167,6 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
         ckpt_path = resume_from(folder, ctx.resume, stage)
         if ckpt_path is not None:
             ctx.resumed[stage] = LATEST["epoch"]
-    from ttp_lightning.callbacks import StepTimer
-
     timer = next((c for c in callbacks if isinstance(c, StepTimer)), None)
     if timer is None:
         timer = StepTimer()

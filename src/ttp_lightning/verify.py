@@ -23,6 +23,18 @@ import re
 import sys
 from pathlib import Path
 
+from ttp_lightning.certificates.document import (
+    CERTIFICATE_FILE,
+    check_certificate,
+    guarantee_lines,
+    is_vacuous,
+)
+from ttp_lightning.certificates.schema import check_audit_schema, check_certificate_schema
+from ttp_lightning.errors import TTPUserError
+from ttp_lightning.methods.certified.audit import Mismatch, audit_failures, rebuild_model
+from ttp_lightning.models.evaluation import evaluate
+from ttp_lightning.verify_robust import main as verify_robust
+
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE, EXIT_VACUOUS = 0, 1, 2, 3
 FORGET_CD_TOLERANCE = 1e-4
 MAX_DOCUMENT_BYTES = 64 << 20
@@ -37,9 +49,6 @@ def read_json(path: Path) -> dict:
 
 def recompute_failures(cert: dict, weights: Path, overrides: list[str]) -> list[str]:
     """Rebuild data and model from registered configs; the forget set's fingerprint and forget CD."""
-    from ttp_lightning.methods.certified.audit import Mismatch, rebuild_model
-    from ttp_lightning.models.evaluation import evaluate
-
     try:
         datamodule, net = rebuild_model(cert, weights, overrides)
     except Mismatch as exc:
@@ -72,22 +81,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["robust"]:
-        from ttp_lightning.verify_robust import main as verify_robust
 
         return verify_robust(argv[1:])
     overrides = [a for a in argv if OVERRIDE.match(a)]
     args = _parser().parse_args([a for a in argv if a not in overrides])
 
     from safetensors import SafetensorError
-
-    from ttp_lightning.certify.certificate import (
-        CERTIFICATE_FILE,
-        check_certificate,
-        guarantee_lines,
-        is_vacuous,
-    )
-    from ttp_lightning.certify.schema import check_audit_schema, check_certificate_schema
-    from ttp_lightning.errors import TTPUserError
 
     cert_path = args.certificate / CERTIFICATE_FILE if args.certificate.is_dir() else args.certificate
     try:
@@ -103,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
             failures += recompute_failures(cert, weights[-1], overrides)
             checked.append("forget set and forget CD recomputed")
         if args.audit:
-            from ttp_lightning.methods.certified.audit import audit_failures
 
             audit = check_audit_schema(read_json(args.audit))
             failures += audit_failures(cert, cert_path, audit, args.audit.parent, weights, overrides, args.tolerance)

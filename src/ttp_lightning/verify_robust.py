@@ -22,6 +22,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from ttp_lightning.certificates.schema import SchemaError
+from ttp_lightning.data.forget import fingerprint, set_digest
+from ttp_lightning.data.images import IMAGE_SUFFIXES, Preprocess, inside, read_file
+from ttp_lightning.errors import TTPUserError
+from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
+from ttp_lightning.metrics import conf_dist_of_probs
+from ttp_lightning.protection import stage_summary
+from ttp_lightning.release import load_released, read_release_config
+
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
 CLAIM_TOLERANCE = 1e-4
 DEFAULT_AT_MOST = 0.1
@@ -46,9 +55,6 @@ def _parser() -> argparse.ArgumentParser:
 def image_files(folder: Path) -> list[Path]:
     """Every PNG or JPEG file under `folder` (sorted; hidden files skipped; symbolic links are not followed
     out of it)."""
-    from ttp_lightning.data.images import IMAGE_SUFFIXES, inside
-    from ttp_lightning.errors import TTPUserError
-
     if not folder.is_dir():
         raise TTPUserError(f"{str(folder)!r} is not a folder of images")
     files = [inside(path, folder, "image") for path in sorted(folder.rglob("*"))
@@ -61,8 +67,6 @@ def image_files(folder: Path) -> list[Path]:
 def read_images(files: list[Path], channels: int, image_size: int, resize: bool):
     """uint8 [N, C, H, W] pixels of `files`, decoded as the pipeline decodes forget images."""
     import torch
-
-    from ttp_lightning.data.images import Preprocess, read_file
 
     prep = Preprocess(channels, image_size, resize=resize)
     return torch.stack([read_file(path, prep, "image")[0] for path in files])
@@ -84,14 +88,6 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
 
     import torch
-
-    from ttp_lightning.certify.schema import SchemaError
-    from ttp_lightning.data.forget import fingerprint, set_digest
-    from ttp_lightning.errors import TTPUserError
-    from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
-    from ttp_lightning.metrics import conf_dist_of_probs
-    from ttp_lightning.protection import stage_summary
-    from ttp_lightning.release import load_released, read_release_config
 
     try:
         config = read_release_config(args.release)

@@ -10,6 +10,8 @@ measured ||H|| can refute the P's (`lipschitz_hessian_bound`).
 
 import math
 
+from ttp_lightning.errors import TTPUserError
+
 
 def uniformity_bound(theta: float, retain_size: int, num_classes: int) -> float:
     """Prop.: ||f_{M_theta}(D_f) - uniform||_inf <= sqrt(2 (1 - theta) / theta |D_r| ln K)."""
@@ -82,7 +84,6 @@ def hypothesis_violations(theta: float, lam: float, lam_min: float, hessian_norm
 def check_hypotheses(theta: float, lam: float, lam_min: float, hessian_norm: float, grad_lipschitz_forget: float,
                      grad_lipschitz_retain: float) -> None:
     """Raise TTPUserError with the first of `hypothesis_violations`, if any."""
-    from ttp_lightning.errors import TTPUserError
 
     violations = hypothesis_violations(theta, lam, lam_min, hessian_norm, grad_lipschitz_forget,
                                        grad_lipschitz_retain)

@@ -17,7 +17,8 @@ from ttp_lightning.data.images import (
     nearest_image,
     read_forget_images,
 )
-from ttp_lightning.data.sources import DatasetInfo, load_source
+from ttp_lightning.data.sources import load_source
+from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.errors import TTPUserError, instantiate
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 from ttp_lightning import proofs
+from ttp_lightning.data.arrays import ImageArrays
 from ttp_lightning.data.forget import fingerprint
+from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.files import atomic_tensors
 
@@ -251,7 +253,6 @@ def _read_decoded(entry: Path, image_size):
     then decoded again and rewritten)."""
     from safetensors.torch import load as load_tensors
 
-    from ttp_lightning.data.sources import DatasetInfo, ImageArrays
 
     if not entry.is_file():
         return None
@@ -278,7 +279,6 @@ def _read_decoded(entry: Path, image_size):
 
 
 def _decode_imagefolder(root: Path, train_files, test_files, image_size: int | None, channels: int | None):
-    from ttp_lightning.data.sources import DatasetInfo, ImageArrays
 
     classes = sorted({name for _, name in train_files})
     if len(classes) < 2:

@@ -7,34 +7,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ttp_lightning.data.arrays import ImageArrays
+from ttp_lightning.data.cifar import load_cifar
+from ttp_lightning.data.tinyimagenet import load_tinyimagenet
+from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.errors import TTPUserError
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """What a model needs to know about a data set: shape, classes and normalisation statistics."""
-
-    num_classes: int
-    channels: int
-    image_size: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    has_official_split: bool = True
-    class_names: tuple[str, ...] = ()  # empty: the class indices 0..K-1 are the names
-
-    def names(self) -> tuple[str, ...]:
-        return self.class_names or tuple(str(i) for i in range(self.num_classes))
-
-
-@dataclass
-class ImageArrays:
-    """The official train and test partitions as uint8 [N, C, H, W] images and int64 labels."""
-
-    train_images: torch.Tensor
-    train_labels: torch.Tensor
-    test_images: torch.Tensor
-    test_labels: torch.Tensor
-    class_names: tuple[str, ...] = ()  # from the data set's own files (CIFAR's meta, TinyImageNet's folders)
 
 
 @dataclass(frozen=True)
@@ -74,8 +51,6 @@ def _cifar_loader(name: str) -> Callable:
     """CIFAR's official python files, read without running them (data/cifar.py; torchvision would unpickle)."""
 
     def load(root: Path, download: bool) -> ImageArrays:
-        from ttp_lightning.data.cifar import load_cifar
-
         *arrays, names = load_cifar(name, root, download)
         return ImageArrays(*arrays, class_names=names)
 
@@ -95,8 +70,6 @@ def _load_digits(root: Path, download: bool) -> ImageArrays:
 
 def _load_tinyimagenet(root: Path, download: bool) -> ImageArrays:
     """TinyImageNet as the official zip lays it out (or with val in class folders), read by data/tinyimagenet.py."""
-    from ttp_lightning.data.tinyimagenet import load_tinyimagenet
-
     *arrays, names = load_tinyimagenet(root, download)
     return ImageArrays(*arrays, class_names=names)  # the WordNet ids, as train/'s folders name them
 

@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning import checks
+from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.robust import RADIUS_RUNGS, AdversarialSettings
 from ttp_lightning.callbacks import LrBackoff, RadiusFromRetainRule, check_method_callbacks, method_callbacks
 from ttp_lightning.data.datamodule import TTPDataModule
@@ -59,8 +60,6 @@ class Pareto(Method):
 
 def check_adversarial(adversarial: DictConfig) -> None:
     """Robust Alg 1's inner attack and early-stopping attack settings."""
-    from ttp_lightning.attacks import OBJECTIVES
-
     checks.positive(adversarial.gamma, "method.adversarial.gamma")
     if adversarial.train_gamma is not None:
         checks.positive(adversarial.train_gamma, "method.adversarial.train_gamma")

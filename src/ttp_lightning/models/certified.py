@@ -15,13 +15,10 @@ import warnings
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ttp_lightning.certify.noise import fresh_seed
-from ttp_lightning.data.batching import ImageBatchDataset
-from ttp_lightning.methods.certified.newton import (
+from ttp_lightning.certify.newton import (
     NewtonPath,
     curvature,
     newton_step,
@@ -29,7 +26,9 @@ from ttp_lightning.methods.certified.newton import (
     step_dtype,
     step_generator,
 )
-from ttp_lightning.methods.certified.residual_step import residual_step
+from ttp_lightning.certify.noise import fresh_seed
+from ttp_lightning.certify.residual_step import residual_step
+from ttp_lightning.data.batching import ImageBatchDataset
 
 
 class CertifiedStepModule(L.LightningModule):
@@ -39,7 +38,7 @@ class CertifiedStepModule(L.LightningModule):
     holds the noise-free weights and the certificate record of every step, `noise_seed` the release's
     secret seed and `instances` the images this process ran through the curvature (its share of the work)."""
 
-    def __init__(self, net: nn.Module, parts: list[tuple[ImageBatchDataset, ImageBatchDataset]], settings: DictConfig,
+    def __init__(self, net: nn.Module, parts: list[tuple[ImageBatchDataset, ImageBatchDataset]], settings,
                  kind: str, norm_bound: float, projection: str):
         super().__init__()
         self.net, self.parts, self.settings, self.kind = net, parts, settings, kind

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ttp_lightning.attacks.suite import WORST
-from ttp_lightning.certify.certificate import is_vacuous
+from ttp_lightning.certificates.document import is_vacuous
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.files import atomic_text, atomic_write
 from ttp_lightning.protection import KINDS, unrequired_note

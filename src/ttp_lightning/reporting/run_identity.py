@@ -11,6 +11,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from ttp_lightning.cli_checks import is_sweep
+
 SWEPT_ENV = "TTP_SWEPT"
 MAX_GROUP = 120  # wandb's limit is 128 characters
 
@@ -33,12 +35,10 @@ def flat_config(cfg: DictConfig) -> dict:
 
 def swept_keys_from_argv(argv: list[str]) -> list[str]:
     """The keys a multirun command line sweeps (`method.theta=0.25,0.75` -> method.theta)."""
-    from ttp_lightning.cli_checks import _is_sweep
-
     keys = []
     for arg in argv:
         key = arg.lstrip("+~").partition("=")[0]
-        if "=" in arg and _is_sweep(arg) and not key.startswith("hydra."):
+        if "=" in arg and is_sweep(arg) and not key.startswith("hydra."):
             keys.append(key)
     return keys
 

@@ -20,6 +20,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
+
 METHOD_LABELS = {"retrain": "Retrain", "synthetic": "Synthetic", "labeldp": "LabelDP",
                  "gaussian_uniform": "GaussianUniform",
                  "pareto": "Alg 1", "pareto_robust": "Alg 1 (robust)", "certified_exact": "Cert. (Alg 2)", "certified_lissa": "Cert. (Alg 3)",
@@ -185,8 +187,6 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(markdown)
     print(markdown, end="")
     if args.wandb:
-        from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
-
         where = args.out.parent if args.out else (args.paths[0] if args.paths[0].is_dir() else args.paths[0].parent)
         run_dir = log_summary(f"{args.layout}-tables", where,
                               tables={t.title: (t.header, t.rows) for t in tables}, group=sweep_group(all_results))

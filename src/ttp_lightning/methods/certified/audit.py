@@ -12,24 +12,24 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ttp_lightning.certify.certificate import (
+from ttp_lightning.certificates.document import (
     load_weights,
     noise_free_key,
-    sha256_of,
     sha256_of_vector,
 )
-from ttp_lightning.certify.schema import rebuild_configs
-from ttp_lightning.data import build_datamodule
-from ttp_lightning.evaluation import eval_device
-from ttp_lightning.methods.certified.common import KINDS, request_parts
-from ttp_lightning.methods.certified.newton import newton_path, noised_states
-from ttp_lightning.methods.certified.residual_step import (
+from ttp_lightning.certificates.schema import rebuild_configs
+from ttp_lightning.certify.newton import newton_path, noised_states
+from ttp_lightning.certify.residual_step import (
     final_linear,
     head_objective,
     mu_of,
     select_certified_layers,
     stationarity_record,
 )
+from ttp_lightning.data import build_datamodule
+from ttp_lightning.evaluation import eval_device
+from ttp_lightning.files import sha256_of
+from ttp_lightning.methods.certified.common import KINDS, request_parts
 from ttp_lightning.models.components import build_classifier
 
 STEP_KEYS = ("gradient_norm", "lam_min_measured", "hessian_norm_measured", "residual", "step_norm", "scale")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig
 from torch import nn
 
-from ttp_lightning.certify.certificate import (
+from ttp_lightning.certificates.document import (
     ESTIMATOR,
     EXACT,
     ONLINE,
@@ -17,13 +17,13 @@ from ttp_lightning.certify.certificate import (
     is_vacuous,
     recomputed_sensitivity,
 )
+from ttp_lightning.certify import newton
 from ttp_lightning.certify.hvp import refresh_batchnorm, trainable
 from ttp_lightning.certify.mechanism import implied_epsilon, noise_sigma
+from ttp_lightning.certify.newton import ESTIMATED, NewtonPath, noised_states, resolve_lam
+from ttp_lightning.certify.residual_step import mu_of, select_certified_layers
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import eval_device
-from ttp_lightning.methods.certified import newton
-from ttp_lightning.methods.certified.newton import ESTIMATED, NewtonPath, noised_states, resolve_lam
-from ttp_lightning.methods.certified.residual_step import mu_of, select_certified_layers
 from ttp_lightning.methods.output import CertifiedRelease, MethodOutput
 from ttp_lightning.methods.pareto import finetune
 from ttp_lightning.models.certified import CertifiedStepModule, quiet_no_optimizer

@@ -4,7 +4,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ttp_lightning.data.sources import DatasetInfo
+from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.errors import instantiate
 
 

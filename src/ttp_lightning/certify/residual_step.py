@@ -12,7 +12,6 @@ import copy
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning.certify.hvp import trainable
@@ -78,7 +77,7 @@ def head_features(net: nn.Module, head: nn.Linear, datasets: list[ImageBatchData
     return matrices
 
 
-def instance_losses(cfg: DictConfig):
+def instance_losses(cfg):
     """(forget, retain) per-instance losses of one logit vector: the uniformity loss at the temperature, and
     cross-entropy against the label."""
     uniformity, temperature = PER_INSTANCE_LOSSES[cfg.uniformity], float(cfg.forget_temperature)
@@ -87,7 +86,7 @@ def instance_losses(cfg: DictConfig):
     return forget, retain
 
 
-def head_objective(net: nn.Module, head: nn.Linear, cfg: DictConfig, lam: float, retain: ImageBatchDataset,
+def head_objective(net: nn.Module, head: nn.Linear, cfg, lam: float, retain: ImageBatchDataset,
                    forget: ImageBatchDataset) -> LinearHeadObjective:
     forget_loss, retain_loss = instance_losses(cfg)
     theta = float(cfg.theta)
@@ -101,7 +100,7 @@ def head_vector(head: nn.Linear) -> torch.Tensor:
     return torch.cat([head.weight.detach().reshape(-1), head.bias.detach()]).double().cpu()
 
 
-def mu_of(cfg: DictConfig, lam: float) -> tuple[float, str]:
+def mu_of(cfg, lam: float) -> tuple[float, str]:
     mu, rule = strong_convexity(cfg.uniformity, lam, float(cfg.theta), float(cfg.grad_lipschitz_forget))
     if not mu > 0:
         raise TTPUserError(f"mu = lambda - theta P_K = {lam:.4g} - {cfg.theta} x {cfg.grad_lipschitz_forget:.4g} <= 0: "
@@ -127,7 +126,7 @@ def stationarity_record(objective: LinearHeadObjective, weights: torch.Tensor, m
             "rounding_floor": floor, "weights_norm": norm, "distance_bound": bound}
 
 
-def residual_step(net: nn.Module, cfg: DictConfig, lam: float, retain: ImageBatchDataset, forget: ImageBatchDataset,
+def residual_step(net: nn.Module, cfg, lam: float, retain: ImageBatchDataset, forget: ImageBatchDataset,
                   norm_bound: float) -> tuple[torch.Tensor, dict]:
     """Solve the head to M_theta(D) from its current weights, write the solution into the model, and return
     (the noise-free certified weights, float64, and the step's certificate record)."""

@@ -23,6 +23,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from ttp_lightning.certificates.schema import AUDIT_FORMAT, CERTIFICATE_FORMAT
 from ttp_lightning.certify.bounds import (
     estimator_depth,
     estimator_scale_b,
@@ -37,8 +38,7 @@ from ttp_lightning.certify.residual import (
     estimator_error_bound,
     strong_convexity,
 )
-from ttp_lightning.certify.schema import AUDIT_FORMAT, CERTIFICATE_FORMAT
-from ttp_lightning.files import atomic_tensors, atomic_text
+from ttp_lightning.files import atomic_tensors, atomic_text, sha256_of
 
 CERTIFICATE_FILE, AUDIT_FILE = "certificate.json", "audit.json"
 RELEASE_DIR, PRIVATE_DIR = "release", "private"
@@ -48,14 +48,6 @@ RELATIVE_TOLERANCE = 1e-6
 NOISE_NORM_FAILURE = 1e-9   # the released-norm check fails a genuine release with at most this probability
 EXACT_RESIDUAL_LIMIT = 1e-6  # a Cholesky solve whose residual is above this is no exact Newton step
 DEFAULT_VACUOUS_ABOVE = 10.0
-
-
-def sha256_of(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def sha256_of_vector(vector: torch.Tensor) -> str:

@@ -1,28 +1,43 @@
-"""The base of the certified learners (Algs 2-4, one subclass each in exact.py, lissa.py, online.py): their
-settings checks, and the one procedure they share (common.py) with `algorithm` choosing the Newton step."""
+"""The certified learners (Algs 2-4) as one Method: `method.algorithm` (set by conf/method/certified_*.yaml)
+chooses how the Newton step is solved, and all three share one procedure (common.py):
+
+- alg2_exact_newton (certified_exact): one Newton step to the regularised Pareto optimum with the explicit
+  Hessian (Cholesky, float64; its exact spectrum gives lambda_min and ||H||), then Gaussian noise calibrated to
+  the step's sensitivity Delta (eq. `algo_exact_hessian_eq`);
+- alg3_hessian_estimator (certified_lissa): the Newton step with the stochastic inverse-Hessian estimator of
+  Thm. `asymptotically_unbiased_estimator` (Hessian-vector products only; lambda_min and ||H|| by Lanczos);
+- alg4_online (certified_online): forget requests D_{f_1}, ..., D_{f_k} one after another, one estimated
+  Newton step each, w~_i = Pi(w~_{i-1} - P_n / J) at w~_{i-1} on (D_{f_i}, D_{r_i}); D_{f_i} is every instance
+  requested so far and D_{r_i} the rest (App. "Online Algorithm"). `method.release=each` releases the model
+  after every request with fresh noise (the k releases compose: sigma is calibrated so that all k together
+  are (epsilon, delta)-indistinguishable from the k exact Pareto optima, certify/mechanism.py); `final`
+  releases only w-_k (the paper's Alg 4; Prop. `bound_sequential`). Never sigma = Delta / (k epsilon), the
+  paper's formula, which understates epsilon (README, erratum).
+"""
 
 from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning import checks
-from ttp_lightning.certify.certificate import EXACT, ONLINE
+from ttp_lightning.certificates.document import ONLINE
+from ttp_lightning.certify.newton import resolve_lam
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.base import Method
-from ttp_lightning.methods.certified.newton import resolve_lam
+from ttp_lightning.methods.certified.common import run_certified
 from ttp_lightning.methods.output import MethodOutput
 
 
 class Certified(Method):
-    """A certified learner; `algorithm` picks how the Newton step is solved."""
+    """A certified learner; `settings.algorithm` picks how the Newton step is solved."""
 
-    algorithm = EXACT
+    def __init__(self, **settings):
+        super().__init__(**settings)
+        self.algorithm = str(self.settings.algorithm)
 
     def check(self, cfg: DictConfig) -> None:
         check_certified(cfg, online=self.algorithm == ONLINE)
 
     def run(self, ctx, pretrained: nn.Module, datamodule, make_net) -> MethodOutput:
-        from ttp_lightning.methods.certified.common import run_certified
-
         return run_certified(ctx, pretrained, datamodule, self.algorithm)
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 
 from ttp_lightning.certify.bounds import check_hypotheses, estimator_depth, estimator_scale_b
 from ttp_lightning.certify.estimator import stochastic_inverse_hvp
@@ -45,14 +44,14 @@ class NewtonPath:
     extras: list[dict] = field(default_factory=list)  # per step, for results.json only (not the certificate)
 
 
-def resolve_lam(cfg: DictConfig) -> float:
+def resolve_lam(cfg) -> float:
     """lambda, or for `auto` the App. "Eliminating Hyperparameters" choice theta P_K + (1 - theta) P_A."""
     if cfg.lam == "auto":
         return cfg.theta * cfg.grad_lipschitz_forget + (1.0 - cfg.theta) * cfg.grad_lipschitz_retain
     return float(cfg.lam)
 
 
-def curvature(net, cfg: DictConfig, retain: ImageBatchDataset, forget: ImageBatchDataset,
+def curvature(net, cfg, retain: ImageBatchDataset, forget: ImageBatchDataset,
               dtype: torch.dtype = torch.float32, sharded: bool = False) -> ParetoCurvature:
     return ParetoCurvature(net, retain, forget, cfg.theta, UNIFORMITY_LOSSES[cfg.uniformity], lam=resolve_lam(cfg),
                            forget_temperature=cfg.forget_temperature, chunk_size=cfg.chunk_size, dtype=dtype,
@@ -68,12 +67,12 @@ def project_flat(vector: torch.Tensor, sizes: list[int], bound: float, mode: str
     return torch.cat(parts)
 
 
-def lam_min_for_delta(cfg: DictConfig, spectrum: Spectrum) -> float:
+def lam_min_for_delta(cfg, spectrum: Spectrum) -> float:
     """Delta uses min(stated, measured) lambda_min."""
     return min(float(cfg.lam_min), spectrum.lam_min)
 
 
-def _checked(cfg: DictConfig, curv: ParetoCurvature, spectrum: Spectrum) -> float:
+def _checked(cfg, curv: ParetoCurvature, spectrum: Spectrum) -> float:
     lam_min = lam_min_for_delta(cfg, spectrum)
     check_hypotheses(curv.theta, curv.lam, lam_min, spectrum.norm, cfg.grad_lipschitz_forget,
                      cfg.grad_lipschitz_retain)
@@ -102,7 +101,7 @@ def cholesky_direction(curv: ParetoCurvature, hessian: torch.Tensor) -> tuple[to
     return direction, gradient, residual
 
 
-def exact_step(curv: ParetoCurvature, cfg: DictConfig) -> tuple[torch.Tensor, dict]:
+def exact_step(curv: ParetoCurvature, cfg) -> tuple[torch.Tensor, dict]:
     """Alg 2: the Cholesky solve on the explicit Hessian, after its exact spectrum and the hypotheses."""
     hessian = exact_hessian(curv, cfg.max_exact_params)
     spectrum = exact_spectrum(hessian, shift=curv.lam)
@@ -111,14 +110,14 @@ def exact_step(curv: ParetoCurvature, cfg: DictConfig) -> tuple[torch.Tensor, di
     return direction, _record(curv, gradient, direction, residual, spectrum)
 
 
-def measured_spectrum(curv: ParetoCurvature, cfg: DictConfig, generator: torch.Generator) -> Spectrum:
+def measured_spectrum(curv: ParetoCurvature, cfg, generator: torch.Generator) -> Spectrum:
     """Algs 3-4: Lanczos on H (full-data HVPs without the lambda I term)."""
     size = sum(p.numel() for p in curv.params)
     return lanczos_spectrum(lambda v: curv.hvp(v) - curv.lam * v, size, cfg.lanczos_iterations,
                             cfg.spectrum_margin, generator, curv.device, curv.dtype)
 
 
-def estimated_step(curv: ParetoCurvature, cfg: DictConfig, generator: torch.Generator) -> tuple[torch.Tensor, dict]:
+def estimated_step(curv: ParetoCurvature, cfg, generator: torch.Generator) -> tuple[torch.Tensor, dict]:
     """Algs 3-4: P_n / J from the stochastic inverse-Hessian estimator, with J >= B (the largest sampled
     Hessian's norm under the stated constants) and n at least what the bound requires; refuses a
     direction whose residual ||(H + lambda I) p - grad|| / ||grad|| is above `max_residual` (the chain ran on
@@ -157,7 +156,7 @@ def estimated_step(curv: ParetoCurvature, cfg: DictConfig, generator: torch.Gene
     return direction, _record(curv, gradient, direction, residual, spectrum, scale, depth)
 
 
-def distance_to_exact(curv: ParetoCurvature, cfg: DictConfig, direction: torch.Tensor) -> float:
+def distance_to_exact(curv: ParetoCurvature, cfg, direction: torch.Tensor) -> float:
     """||p - p_exact|| / ||p_exact||, p_exact the Cholesky solve of Alg 2 on a float64 copy of the model."""
     exact_curv = ParetoCurvature(copy.deepcopy(curv.net), curv.retain, curv.forget, curv.theta, curv.uniformity,
                                  lam=curv.lam, forget_temperature=curv.forget_temperature,
@@ -166,12 +165,12 @@ def distance_to_exact(curv: ParetoCurvature, cfg: DictConfig, direction: torch.T
     return ((direction.double().cpu() - exact.cpu()).norm() / exact.norm().clamp(min=1e-30)).item()
 
 
-def step_generator(cfg: DictConfig, kind: str) -> torch.Generator | None:
+def step_generator(cfg, kind: str) -> torch.Generator | None:
     """The estimator's random stream (the same on every DDP rank), or None for the exact step."""
     return torch.Generator().manual_seed(int(cfg.estimator_seed)) if kind == ESTIMATED else None
 
 
-def newton_step(curv: ParetoCurvature, cfg: DictConfig, kind: str, generator: torch.Generator | None,
+def newton_step(curv: ParetoCurvature, cfg, kind: str, generator: torch.Generator | None,
                 norm_bound: float, projection: str, path: NewtonPath) -> None:
     """One step of Algs 2-4 from the curvature's current weights: the direction, w~ = Pi(w - direction) (float64)
     written back into the model and appended to `path` with its certificate record."""
@@ -181,7 +180,7 @@ def newton_step(curv: ParetoCurvature, cfg: DictConfig, kind: str, generator: to
         extras = {}
     else:
         direction, record = estimated_step(curv, cfg, generator)
-        extras = {"direction_vs_exact": distance_to_exact(curv, cfg, direction)} if cfg.get("compare_exact") else {}
+        extras = {"direction_vs_exact": distance_to_exact(curv, cfg, direction)} if cfg.get("compare_exact", False) else {}
     unprojected = weights - direction.double().to(weights.device)
     record["norm_before_projection"] = unprojected.norm().item()
     projected = project_flat(unprojected, [p.numel() for p in curv.params], norm_bound, projection)
@@ -195,7 +194,7 @@ def step_dtype(kind: str) -> torch.dtype:
     return torch.float64 if kind == EXACT else torch.float32
 
 
-def newton_path(net, parts: list[tuple[ImageBatchDataset, ImageBatchDataset]], cfg: DictConfig, kind: str,
+def newton_path(net, parts: list[tuple[ImageBatchDataset, ImageBatchDataset]], cfg, kind: str,
                 norm_bound: float, projection: str) -> NewtonPath:
     """One step per (retain, forget) part in this process (the audit's rerun; a run takes them through
     CertifiedStepModule), each from the previous step's projected weights (Alg 4's

@@ -1,0 +1,16 @@
+"""A data set in memory: its official partitions as uint8 NCHW tensors with integer labels."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ImageArrays:
+    """The official train and test partitions as uint8 [N, C, H, W] images and int64 labels."""
+
+    train_images: torch.Tensor
+    train_labels: torch.Tensor
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+    class_names: tuple[str, ...] = ()  # from the data set's own files (CIFAR's meta, TinyImageNet's folders)

@@ -43,16 +43,16 @@ def run_job(overrides: list[str], out: Path) -> dict:
 def released_model(results: dict, out: Path):
     from ttp_lightning.data import build_datamodule
     from ttp_lightning.models.components import build_classifier
+    from ttp_lightning.release import load_released
 
     datamodule = build_datamodule(OmegaConf.create(results["config"]["data"]))
-    net = build_classifier(OmegaConf.create(results["config"]["model"]), datamodule.info)
     weights = out / results["weights_file"]
-    if weights.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    if "certificate" not in results:  # the release folder (config.json + model.safetensors)
+        return load_released(weights.parent, device="cpu"), datamodule.dataset("forget")
+    from safetensors.torch import load_file
 
-        net.load_state_dict(load_file(weights))
-    else:
-        net.load_state_dict(torch.load(weights, weights_only=True))
+    net = build_classifier(OmegaConf.create(results["config"]["model"]), datamodule.info)
+    net.load_state_dict(load_file(weights))
     return net.eval(), datamodule.dataset("forget")
 
 

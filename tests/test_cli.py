@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, TINY_WITHOUT_METHOD, finished
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.evaluation import evaluate
+from ttp_lightning.release import load_released
 from ttp_lightning.reporting.tables import main as tables_main
 
 METRIC_KEYS = {"retain_acc", "test_acc", "forget_acc", "forget_conf_dist", "retain_conf_dist", "test_conf_dist",
@@ -53,8 +53,9 @@ def test_default_job_writes_the_results_contract(run_cli, tmp_path):
     assert len(softmax) == 5 and all(abs(sum(row["softmax"]) - 1) < 1e-4 for row in softmax)
     # the released weights are the evaluated model
     datamodule = build_datamodule(OmegaConf.create(results["config"]["data"]))
-    net = build_classifier(OmegaConf.create(results["config"]["model"]), datamodule.info)
-    net.load_state_dict(torch.load(tmp_path / "out" / results["weights_file"], weights_only=True))
+    assert results["weights_file"] == "release/model.safetensors" and "state_dict_file" not in results
+    assert not (tmp_path / "out" / "model.pt").exists()  # the weights are written once, as the release
+    net = load_released(tmp_path / "out" / "release")
     assert evaluate(net, datamodule)["forget_conf_dist"] == pytest.approx(alg1["forget_conf_dist"], abs=1e-6)
     # results.json names the forget instances: an auditor recomputes the fingerprint from the indices alone
     from ttp_lightning.data.forget import fingerprint

@@ -87,13 +87,13 @@ def test_an_unchanged_model_ends_in_exit_4_with_a_folder_that_says_so(run_main, 
     out_dir = tmp_path / "out"
     assert not (out_dir / PROTECTED_DIR).exists() and not (out_dir / "model.pt").exists()
     folder = out_dir / NOT_PROTECTED_DIR
-    assert {"model.safetensors", "config.json", "MODEL_CARD.md", "model.pt"} <= {p.name for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "MODEL_CARD.md"} == {p.name for p in folder.iterdir()}
     card = (folder / "MODEL_CARD.md").read_text()
     assert card.splitlines()[0].endswith("NOT PROTECTED") and "do not publish it as protected" in card
     assert json.loads((folder / "config.json").read_text())["protection"]["protected"] is False
     gate = results["release_gate"]
     assert not gate["passed"] and len(gate["failing_images"]) == 20 and results["weights_file"] == \
-        f"{NOT_PROTECTED_DIR}/model.pt"
+        f"{NOT_PROTECTED_DIR}/model.safetensors"
     assert "release gate: NOT PROTECTED" in out
     assert [row["id"] for row in results["forget_per_image"]] == [f"train:{i}" for i in results["data"]["forget_indices"]]
 

@@ -131,6 +131,7 @@ class MainSchema:
     threads: Any = "auto"
     checkpoint_every_n_epochs: int = 1
     resume: bool = True
+    state_dict: bool = False
     progress_bar_refresh_rate: int = 20
     required: list[str] = field(default_factory=list)
     performance: PerformanceSchema = field(default_factory=PerformanceSchema)

@@ -336,8 +336,10 @@ def _write_outputs(results: dict, output, cfg: DictConfig, datamodule, metrics: 
         results["audit_file"] = f"{PRIVATE_DIR}/{AUDIT_FILE}"
         results["noise_free"] = output.release.noise_free
     else:
-        weights = write_weights(output.net, Path(output_dir) / ("" if results["release_gate"]["passed"] else folder))
-        results["weights_file"] = str(weights.relative_to(output_dir))
+        results["weights_file"] = f"{folder}/{WEIGHTS}"  # publish() writes it
+        if cfg.state_dict:  # asked for: the raw state_dict too
+            weights = write_weights(output.net, Path(output_dir) / ("" if results["release_gate"]["passed"] else folder))
+            results["state_dict_file"] = str(weights.relative_to(output_dir))
     attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn")) \
         if "attacks" in results else None
     certificate_line = format_certificate_line(results["certificate"], cfg.method.vacuous_above) \

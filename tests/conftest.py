@@ -26,6 +26,14 @@ TINY = [
     "method.epochs=15",
     "data.forget.size=20",
 ]
+def registered_loader(name: str):
+    """conf/data/<name>.yaml's loader (a data.sources.Source), built as Hydra builds it."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    return instantiate(OmegaConf.load(CONF_DIR / "data" / f"{name}.yaml").loader)
+
+
 TINY_WITHOUT_METHOD = [o for o in TINY if not o.startswith("method.")]  # for methods without Alg 1 epochs
 
 

@@ -10,11 +10,14 @@ from torch import nn
 from conftest import CONF_DIR
 from test_modules import tiny_sets
 from ttp_lightning.attacks import (
+    APGD,
+    FGSM,
     OBJECTIVES,
+    PGD,
     WORST,
+    GaussianNoise,
     Probe,
     adaptive_attack,
-    apgd,
     apgd_checkpoints,
     evaluate_attacks,
     fgsm_attack,
@@ -23,11 +26,13 @@ from ttp_lightning.attacks import (
     smooth_relu_gradients,
     zero_gradient_mask,
 )
+from ttp_lightning.attacks.apgd import apgd
 from ttp_lightning.data.batching import ImageBatchDataset
 
 DEFAULTS = OmegaConf.load(CONF_DIR / "attacks" / "adaptive.yaml")
-PAPER = OmegaConf.merge(DEFAULTS, {"names": ["gaussian", "fgsm", "pgd"], "relu_gradient_beta": None,
-                                   "gammas": [2, 8]})
+PAPER = OmegaConf.merge(DEFAULTS, {"relu_gradient_beta": None, "gammas": [2, 8]})
+PAPER_SUITE = {"gaussian": GaussianNoise(), "fgsm": FGSM(), "pgd": PGD()}  # conf/attacks/paper.yaml's suite
+ADAPTIVE_SUITE = {"gaussian": GaussianNoise(), "apgd": APGD()}  # conf/attacks/adaptive.yaml's
 FAST = OmegaConf.merge(DEFAULTS, {"apgd_steps": 30, "restarts": 2, "gammas": [2, 8]})
 
 
@@ -79,7 +84,7 @@ def test_apgd_checkpoints_follow_croce_and_hein():
 def test_evaluation_reports_every_attack_gamma_and_the_clean_scores():
     _, forget = tiny_sets(n_forget=9)
     net = model()
-    scores = evaluate_attacks(net, forget, OmegaConf.merge(PAPER, {"chunk_size": 4}))["scores"]
+    scores = evaluate_attacks(net, forget, OmegaConf.merge(PAPER, {"chunk_size": 4}), PAPER_SUITE)["scores"]
     assert set(scores) == {"none", "gaussian", "fgsm", "pgd", WORST} and set(scores["pgd"]) == {"2", "8"}
     assert all(0 <= s["forget_acc"] <= 1 for per_gamma in scores.values() for s in per_gamma.values())
     images, labels = forget.everything()
@@ -114,11 +119,11 @@ def test_masking_detector_sees_every_relu_off_and_the_default_attack_gets_throug
     images, labels = forget.everything()
     assert zero_gradient_mask(net, images, labels, None).all()  # every exact gradient is zero
     assert not zero_gradient_mask(net, images, labels, 10.0).any()
-    paper = evaluate_attacks(net, forget, PAPER)
+    paper = evaluate_attacks(net, forget, PAPER, PAPER_SUITE)
     assert paper["checks"]["zero_gradient_share"] == 1.0
     assert paper["scores"]["none"]["0"]["forget_conf_dist"] == pytest.approx(0.0, abs=1e-6)  # uniform
     assert paper["scores"]["pgd"]["8"]["forget_conf_dist"] == pytest.approx(0.0, abs=1e-6)  # fooled: no move
-    adaptive = evaluate_attacks(net, forget, FAST)
+    adaptive = evaluate_attacks(net, forget, FAST, ADAPTIVE_SUITE)
     assert adaptive["checks"]["zero_gradient_share"] == 1.0 and adaptive["checks"]["zero_gradient_share_surrogate"] == 0
     assert adaptive["scores"]["none"] == paper["scores"]["none"]  # the forward pass is the real model's
     assert adaptive["scores"]["apgd"]["8"]["forget_conf_dist"] > 0.6
@@ -145,7 +150,7 @@ def test_surrogate_covers_functional_relu_and_leaves_outputs_exact():
 def test_worst_case_never_drops_with_gamma_and_unbounded_restores_confidence():
     _, forget = tiny_sets(n_forget=12)
     net = model()
-    result = evaluate_attacks(net, forget, OmegaConf.merge(FAST, {"gammas": [1, 2, 5, 8, 16]}),
+    result = evaluate_attacks(net, forget, OmegaConf.merge(FAST, {"gammas": [1, 2, 5, 8, 16]}), ADAPTIVE_SUITE,
                               reference_conf_dist=0.05)
     worst = [result["scores"][WORST][g]["forget_conf_dist"] for g in ("1", "2", "5", "8", "16")]
     assert worst == sorted(worst) and worst[-1] > worst[0]
@@ -156,7 +161,7 @@ def test_worst_case_never_drops_with_gamma_and_unbounded_restores_confidence():
 
 def test_unbounded_check_says_when_the_table_is_only_a_lower_bound():
     net, forget = dead_relu_model(), dead_relu_forget()
-    checks = evaluate_attacks(net, forget, PAPER, reference_conf_dist=0.9)["checks"]  # pgd: 50 steps of 1e-3
+    checks = evaluate_attacks(net, forget, PAPER, PAPER_SUITE, reference_conf_dist=0.9)["checks"]  # pgd: 50 steps of 1e-3
     assert checks["unbounded"]["restored"] is False and "lower bound" in checks["unbounded"]["note"]
 
 
@@ -174,7 +179,7 @@ class RandomisedDefence(nn.Module):
 def test_randomised_models_are_detected_and_attacked_with_eot():
     _, forget = tiny_sets(n_forget=8)
     torch.manual_seed(0)
-    result = evaluate_attacks(RandomisedDefence(model()), forget, FAST)
+    result = evaluate_attacks(RandomisedDefence(model()), forget, FAST, ADAPTIVE_SUITE)
     assert result["checks"]["randomised"] is True and result["checks"]["eot_samples"] == DEFAULTS.eot_samples
     assert result["scores"]["apgd"]["8"]["forget_conf_dist"] > result["scores"]["none"]["0"]["forget_conf_dist"]
 

@@ -3,16 +3,17 @@ import json
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from conftest import MNIST_ROOT, needs_mnist
-from ttp_lightning.data import TTPDataModule, batching
+from conftest import MNIST_ROOT, needs_mnist, registered_loader
+from ttp_lightning.data import TTPDataModule, batching, build_datamodule
 from ttp_lightning.data.batching import ShardedBatchSampler, random_crop_flip
 from ttp_lightning.data.forget import select_forget, select_forget_requests
 from ttp_lightning.errors import TTPUserError
 
 
 def digits(**kwargs) -> TTPDataModule:
-    dm = TTPDataModule(name="digits", split="paper", **kwargs)
+    dm = TTPDataModule(name="digits", loader=registered_loader("digits"), split="paper", **kwargs)
     dm.setup()
     return dm
 
@@ -62,7 +63,7 @@ def test_forget_source_mixed_draws_the_test_fraction_from_the_test_set():
         digits(forget={"size": 20, "source": "mixed", "test_fraction": 1.5})
     with pytest.raises(TTPUserError, match="data.forget.size=600 is not allowed; choose 1..538 \\(test set size 539\\)"):
         digits(forget={"size": 600, "source": "test"})
-    with pytest.raises(TTPUserError, match="data.forget.source='holdout' is not allowed; choose one of: train, test"):
+    with pytest.raises(TTPUserError, match=r"data.forget.source: Invalid value 'holdout', expected one of \[train, test, mixed\]"):
         digits(forget={"source": "holdout"})
     with pytest.raises(TTPUserError, match="data.forget.requests needs data.forget.source=train"):
         digits(forget={"requests": [5, 5], "source": "test"})
@@ -108,24 +109,27 @@ def test_forget_requests_are_disjoint_and_build_cumulative_parts(tmp_path):
 
 
 def test_bad_data_settings_name_the_value():
-    with pytest.raises(TTPUserError, match="unknown data set 'nope'"):
+    with pytest.raises(TTPUserError, match="data set 'nope' names no loader"):
         TTPDataModule(name="nope").setup()
-    with pytest.raises(TTPUserError, match="data.split='random'"):
-        TTPDataModule(name="digits", split="random")
+    with pytest.raises(TTPUserError, match=r"data.split: Invalid value 'random', expected one of \[official, paper\]"):
+        build_datamodule(OmegaConf.create({"_target_": "ttp_lightning.data.TTPDataModule", "name": "digits",
+                                           "split": "random"}))
+    with pytest.raises(TTPUserError, match=r"data.forget.source: Invalid value 'holdout'"):
+        TTPDataModule(name="digits", loader=registered_loader("digits"), forget={"source": "holdout"})
     with pytest.raises(TTPUserError, match="no official test split"):
-        TTPDataModule(name="digits", split="official").setup()
+        TTPDataModule(name="digits", loader=registered_loader("digits"), split="official").setup()
 
 
 def test_missing_files_give_one_line_with_path_and_expected_files(tmp_path):
     with pytest.raises(TTPUserError) as info:
-        TTPDataModule(name="mnist", root=str(tmp_path)).setup()
+        TTPDataModule(name="mnist", loader=registered_loader("mnist"), root=str(tmp_path)).setup()
     message = str(info.value)
     assert "\n" not in message and str(tmp_path) in message and "train-images-idx3-ubyte" in message
 
 
 @needs_mnist
 def test_mnist_official_split_and_subset():
-    dm = TTPDataModule(name="mnist", root=str(MNIST_ROOT), forget={"size": 100}, max_test_size=500)
+    dm = TTPDataModule(name="mnist", loader=registered_loader("mnist"), root=str(MNIST_ROOT), forget={"size": 100}, max_test_size=500)
     dm.setup()
     assert len(dm.train_labels) == 60000 and len(dm.test_labels) == 500
     images, _labels = dm.dataset("forget")[[0, 1]]

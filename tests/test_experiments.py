@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from conftest import CONF_DIR
-from ttp_lightning.data import DATA_SOURCES
+from conftest import CONF_DIR, registered_loader
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.validation import validate_config
 
@@ -28,7 +27,7 @@ def test_experiment_composes_validates_and_builds(compose_cfg, name):
     dataset, rest = name.split("_", 1)  # <dataset>_<model>[_<variant>]
     assert cfg.data.name == dataset and rest.startswith(cfg.hydra.runtime.choices.model)
     validate_config(cfg)
-    info = DATA_SOURCES[dataset].info
+    info = registered_loader(dataset).info
     net = build_classifier(cfg.model, info).eval()
     with torch.no_grad():
         logits = net(torch.rand(1, info.channels, info.image_size, info.image_size))

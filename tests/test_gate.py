@@ -9,6 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from conftest import registered_loader
 from ttp_lightning.data.batching import ShardedBatchSampler
 from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
 from ttp_lightning.protection import (
@@ -127,7 +128,7 @@ def test_every_rank_sees_every_forget_image(monkeypatch):
     assert list(sharded) == []  # what a sharded forget loader gave before
     from ttp_lightning.data.datamodule import TTPDataModule
 
-    datamodule = TTPDataModule("digits", split="paper", forget={"size": 5}, forget_batch_size=10)
+    datamodule = TTPDataModule("digits", registered_loader("digits"), split="paper", forget={"size": 5}, forget_batch_size=10)
     datamodule.setup()
     batches = list(datamodule.pareto_dataloader().iterables["forget"])
     assert len(batches) == 1 and sorted(batches[0][1].tolist()) == sorted(datamodule.dataset("forget").labels.tolist())
@@ -174,7 +175,7 @@ def test_verify_robust_rechecks_a_release_from_its_weights_and_the_images(run_ma
                                      "attacks.apgd_steps=10", "attacks.restarts=1", "attacks.relearn.enabled=false")
     assert code == 0, err
     release = tmp_path / "out" / PROTECTED_DIR
-    datamodule = TTPDataModule("digits", split="paper", forget={"size": 20})
+    datamodule = TTPDataModule("digits", registered_loader("digits"), split="paper", forget={"size": 20})
     datamodule.setup()
     forget_dir, other_dir = tmp_path / "forget", tmp_path / "other"
     _write_pngs(forget_dir / "any" / "sub", datamodule.train_images[datamodule.forget_indices])

@@ -3,8 +3,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from conftest import CONF_DIR
-from ttp_lightning.data import DATA_SOURCES
+from conftest import CONF_DIR, registered_loader
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.components.classifier import Classifier
 
@@ -21,7 +20,7 @@ def last_affine(module: nn.Module) -> nn.Linear:
 @pytest.mark.parametrize("name", ["logreg", "mlp", "resnet8", "resnet18", "resnet50"])
 @pytest.mark.parametrize("dataset", ["digits", "mnist", "cifar10"])
 def test_models_give_logits_for_each_input_shape(name, dataset):
-    info = DATA_SOURCES[dataset].info
+    info = registered_loader(dataset).info
     model = build_classifier(model_cfg(name), info).eval()
     logits = model(torch.rand(2, info.channels, info.image_size, info.image_size))
     assert logits.shape == (2, info.num_classes)
@@ -35,7 +34,7 @@ def test_models_give_logits_for_each_input_shape(name, dataset):
 
 
 def test_resnet_depths():
-    info = DATA_SOURCES["cifar10"].info
+    info = registered_loader("cifar10").info
     count = lambda name: sum(p.numel() for p in build_classifier(model_cfg(name), info).parameters())
     assert count("resnet8") < count("resnet18") < count("resnet50")
     assert 11.0e6 < count("resnet18") < 11.3e6  # the standard CIFAR ResNet18 size
@@ -43,7 +42,7 @@ def test_resnet_depths():
 
 @pytest.mark.parametrize("name,low,high", [("vit_s_16", 20e6, 23e6)])
 def test_vit_builds_for_small_images(name, low, high):
-    info = DATA_SOURCES["cifar100"].info
+    info = registered_loader("cifar100").info
     model = build_classifier(model_cfg(name), info).eval()
     assert low < sum(p.numel() for p in model.parameters()) < high
     assert model(torch.rand(1, 3, 32, 32)).shape == (1, 100)

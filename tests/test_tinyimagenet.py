@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ttp_lightning.data.sources import load_source
+from conftest import registered_loader
 from ttp_lightning.data.tinyimagenet import load_tinyimagenet
 from ttp_lightning.errors import TTPUserError
 
@@ -99,11 +99,11 @@ def test_a_bad_file_or_line_is_one_error_naming_it(tmp_path, damage, message):
 def test_load_source_names_the_200_classes_and_a_missing_folder_is_not_found(tmp_path):
     with pytest.raises(TTPUserError, match=r"data set 'tinyimagenet' not found under .* and data.download=false "
                                            r"\(expected tiny-imagenet-200/train/<wnid>/images/\*\.JPEG"):
-        load_source("tinyimagenet", tmp_path, download=False)
+        registered_loader("tinyimagenet").load("tinyimagenet", tmp_path, download=False)
     _, wnids = write_tiny(tmp_path, classes=200, per_class=1)
-    info, arrays = load_source("tinyimagenet", tmp_path, download=False)
+    info, arrays = registered_loader("tinyimagenet").load("tinyimagenet", tmp_path, download=False)
     assert info.class_names == tuple(wnids) and info.num_classes == 200 and info.image_size == 64
     assert arrays.train_images.shape == (200, 3, 64, 64) and arrays.test_images.shape == (200, 3, 64, 64)
     assert_labels_follow_pixels(arrays.test_images, arrays.test_labels)
     with pytest.raises(TTPUserError, match=re.escape("has no automatic download; set data.download=false")):
-        load_source("tinyimagenet", tmp_path, download=True)
+        registered_loader("tinyimagenet").load("tinyimagenet", tmp_path, download=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 from ttp_lightning.errors import TTPUserError
 
 CONF_DIR = Path(__file__).parent / "conf"
-GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "experiment", "optimizer", "schedule",
+GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "attack", "experiment", "optimizer", "schedule",
           "callbacks", "workflow")
 _OVERRIDE = re.compile(r"^[+~]{0,2}(?P<group>" + "|".join(GROUPS) + r")(@[\w.]+)?=(?P<value>[^\s]*)$")
 
@@ -97,8 +97,8 @@ def check_output_dir(argv: list[str], cwd: Path | None = None) -> None:
                                "run from a writable folder or set hydra.run.dir=<writable folder>")
 
 
-ADDABLE = ("experiment", "trainer.", "logger.", "hydra.", "callbacks.")  # `+key=` may add these (passed to
-# Lightning/Hydra; callbacks.NAME adds a Lightning callback)
+ADDABLE = ("experiment", "trainer.", "logger.", "hydra.", "callbacks.", "attack@attacks.suite.")  # `+key=` may add
+# these (passed to Lightning/Hydra; callbacks.NAME adds a Lightning callback, attack@attacks.suite.NAME an attack)
 
 
 def check_unknown_additions(argv: list[str]) -> None:
@@ -110,8 +110,8 @@ def check_unknown_additions(argv: list[str]) -> None:
         key = arg[1:].split("=", 1)[0]
         if not key.startswith(ADDABLE):
             raise TTPUserError(f"unknown key {key!r}: `+{key}=...` adds a setting ttp_lightning never reads; "
-                               "see `--cfg job` for the settings there are (only trainer.*, logger.*, callbacks.*, hydra.* "
-                               "and experiment can be added)")
+                               "see `--cfg job` for the settings there are (only trainer.*, logger.*, callbacks.*, hydra.*, "
+                               "attack@attacks.suite.* and experiment can be added)")
 
 
 def is_sweep(arg: str) -> bool:

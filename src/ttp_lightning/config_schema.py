@@ -13,6 +13,8 @@ from enum import StrEnum
 from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from ttp_lightning import checks
 from ttp_lightning.errors import TTPUserError
@@ -35,7 +37,6 @@ Algorithm = StrEnum("Algorithm", [(n, n) for n in ("alg2_exact_newton", "alg3_he
 Release = StrEnum("Release", [("each", "each"), ("final", "final")])
 Bound = StrEnum("Bound", [(n, n) for n in ("residual", "paper")])
 Layers = StrEnum("Layers", [(n, n) for n in ("all", "last")])
-AttackName = StrEnum("AttackName", [(n, n) for n in ("gaussian", "fgsm", "pgd", "apgd")])
 GateKind = StrEnum("GateKind", [(n, n) for n in ("clean", "attacked", "certified")])
 AttackObjective = StrEnum("AttackObjective", [(n, n) for n in ("logsumexp", "max_softmax", "ce_pretrained")])
 
@@ -169,6 +170,7 @@ class DataSchema:
 
     _target_: str = "ttp_lightning.data.TTPDataModule"
     name: str = "digits"
+    loader: Any = None  # how the data set's files are read: a Source's config (data/sources.py); null: imagefolder
     root: str = "data"
     download: bool = False
     split: Split = Split["official"]
@@ -425,7 +427,7 @@ class AttacksSchema:
     """conf/attacks (the attack evaluation of every stage's model on the forget set)."""
 
     enabled: bool = True
-    names: list[AttackName] = field(default_factory=lambda: [AttackName["gaussian"], AttackName["apgd"]])
+    suite: dict[str, Any] = field(default_factory=dict)  # name -> an attack's config (conf/attack), or null
     gammas: list[float] = field(default_factory=lambda: [1.0, 2.0, 5.0, 8.0])
     robust_gamma: float = 8.0
     surrogate_betas: list[float | None] = field(default_factory=lambda: [None, 10.0, 1.0])
@@ -445,6 +447,13 @@ class AttacksSchema:
     def __post_init__(self) -> None:
         if not self.enabled:
             return
+        if not any(settings is not None for settings in self.suite.values()):
+            raise TTPUserError("attacks.suite has no attack; add one, e.g. +attack@attacks.suite.apgd=apgd, or set "
+                               "attacks.enabled=false")
+        for name, settings in self.suite.items():
+            if settings is not None and not (isinstance(settings, dict) and settings.get("_target_")):
+                raise TTPUserError(f"attacks.suite.{name}={settings!r} is not allowed; give an attack's config "
+                                   "(conf/attack/<name>.yaml: `_target_: <module>.<Attack subclass>`) or null")
         for gamma in self.gammas:
             checks.positive(gamma, "attacks.gammas")
         _at_least_zero(self.alpha, "attacks.alpha")
@@ -478,12 +487,20 @@ def register() -> None:
         store.store(group="schema", name=name, node=node)
 
 
+def as_schema(schema: type, values, key: str):
+    """`values` (a typed section, a plain mapping or None) as `schema`'s object: closed choices coerced to
+    their enums and checked, every range checked (__post_init__); a bad value is one line naming it."""
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(schema), values if values is not None else {})
+    except OmegaConfBaseException as exc:
+        where = f"{key}.{exc.full_key}" if getattr(exc, "full_key", None) else key
+        raise TTPUserError(f"{where}: {str(exc).splitlines()[0]}") from None
+    return typed(node, key)
+
+
 def typed(section, key: str):
     """The section as its schema's object (running the range checks); the section itself when untyped.
     OmegaConf's own errors (which only a section edited after composition can raise) become one line."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     if section is None or OmegaConf.get_type(section) in (dict, None):
         return section
     try:

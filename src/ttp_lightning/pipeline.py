@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from ttp_lightning.attacks import WORST, evaluate_attacks
+from ttp_lightning.attacks import WORST, build_suite, evaluate_attacks
 from ttp_lightning.attacks.relearn import relearn_attack
 from ttp_lightning.certificates.document import AUDIT_FILE, PRIVATE_DIR, write_release
 from ttp_lightning.certificates.schema import data_spec, model_spec
@@ -138,7 +138,7 @@ def identity(cfg: DictConfig, datamodule) -> dict:
     }
 
 
-def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig) -> dict:
+def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig, attacks: dict) -> dict:
     """The attack evaluation of each stage's model on the forget set: results["attacks"] (scores),
     results["attack_checks"] and, in each stage's metrics, forget_robust_conf_dist (the worst attack at
     `robust_gamma`). Attackers aim for the pretrained model's predictions and must restore its forget CD.
@@ -149,7 +149,7 @@ def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig) -> d
     results["attacks"], results["attack_checks"], per_image = {}, {}, {}
     gamma = f"{float(cfg.robust_gamma):g}"  # validated: one of the gammas
     for stage, net in models.items():
-        evaluation = evaluate_attacks(net, forget, cfg, targets=targets, reference_conf_dist=reference)
+        evaluation = evaluate_attacks(net, forget, cfg, attacks, targets=targets, reference_conf_dist=reference)
         results["attacks"][stage], results["attack_checks"][stage] = evaluation["scores"], evaluation["checks"]
         results["metrics"][stage]["forget_robust_conf_dist"] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
         per_image[stage] = evaluation["worst_per_image"][gamma]
@@ -219,6 +219,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     route_lightning_logs_to_hydra()
     quiet_lightning()
     method = validate_config(cfg)  # builds the method from cfg.method._target_ and checks its settings
+    attacks = build_suite(cfg.attacks.suite) if cfg.attacks.enabled else {}  # conf/attack, by _target_
     datamodule = build_datamodule(cfg.data)
     gate = GateSettings.from_config(cfg.release_gate, robust_method=cfg.method.get("adversarial") is not None
                                     and bool(cfg.attacks.enabled))
@@ -232,7 +233,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     ctx = RunContext.from_config(cfg, logger=build_logger(cfg, identity), output_dir=output_dir)
     ctx.identity = identity
     try:
-        return _stages(cfg, ctx, method, datamodule, make_net, gate)
+        return _stages(cfg, ctx, method, attacks, datamodule, make_net, gate)
     except BaseException:
         abort_logger(ctx.logger)
         raise
@@ -245,7 +246,8 @@ def abort_logger(logger) -> None:
         end_logger(logger, "failed")
 
 
-def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net, gate: GateSettings) -> dict | None:
+def _stages(cfg: DictConfig, ctx: RunContext, method, attacks: dict, datamodule, make_net,
+            gate: GateSettings) -> dict | None:
     """pretrain (cached) -> method -> evaluation, attacks -> results.json, release, table, logger."""
     output_dir = ctx.output_dir
     pretrained = make_net()
@@ -288,9 +290,9 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, datamodule, make_net, gate
     models = {"pretrain": pretrained, cfg.method.name: output.net}
     attacked = {}
     if cfg.attacks.enabled:
-        log.info("attacking the forget set: %s at gamma %s/255", ", ".join(map(str, cfg.attacks.names)),
+        log.info("attacking the forget set: %s at gamma %s/255", ", ".join(attacks),
                  ", ".join(f"{float(g):g}" for g in cfg.attacks.gammas))
-        attacked = attack_models(results, models, datamodule, cfg.attacks)
+        attacked = attack_models(results, models, datamodule, cfg.attacks, attacks)
     note = account_per_image(results, models, datamodule, cfg, attacked, gate.conf_dist_at_most)
     results["release_gate"] = judge(results["forget_per_image"], cfg.method.name, metrics[cfg.method.name], gate,
                                     float(cfg.attacks.robust_gamma), note)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ttp_lightning.attacks.base import Attack
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 
@@ -150,3 +151,13 @@ def _restarts_and_objectives(model, images, gamma, generator, cfg, targets, warm
     best_pair = confidence.argmax(dim=0)
     picked = torch.arange(n, device=images.device)
     return found.most_confident.view(shape)[best_pair, picked], confidence[best_pair, picked]
+
+
+class APGD(Attack):
+    """conf/attack/apgd.yaml: `adaptive_attack`, APGD under every ReLU surrogate, restart and objective."""
+
+    own_surrogates = True
+
+    def __call__(self, model, images, gamma, generator, cfg, *, targets, warm_start=None, samples=1) -> torch.Tensor:
+        return adaptive_attack(model, images, gamma, generator, cfg, targets=targets, warm_start=warm_start,
+                               samples=samples)

@@ -14,6 +14,8 @@ tables with them, the default evaluation (attacks/apgd.py) is the adaptive one.
 import torch
 from torch import nn
 
+from ttp_lightning.attacks.base import Attack
+
 
 def _confidence_gradient_sign(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
     with torch.enable_grad():
@@ -46,3 +48,26 @@ def pgd_attack(model: nn.Module, images: torch.Tensor, gamma: float, generator: 
         adversarial = adversarial + cfg.pgd_step_size * _confidence_gradient_sign(model, adversarial)
         adversarial = torch.min(torch.max(adversarial, images - gamma), images + gamma).clamp(0, 1)
     return adversarial.detach()
+
+
+class GaussianNoise(Attack):
+    """conf/attack/gaussian.yaml: x + N(0, gamma^2), clipped to [0, 1]."""
+
+    random = True
+
+    def __call__(self, model, images, gamma, generator, cfg, **_) -> torch.Tensor:
+        return gaussian_attack(model, images, gamma, generator, cfg)
+
+
+class FGSM(Attack):
+    """conf/attack/fgsm.yaml: one signed-gradient step of logsumexp from a symmetry-breaking start."""
+
+    def __call__(self, model, images, gamma, generator, cfg, **_) -> torch.Tensor:
+        return fgsm_attack(model, images, gamma, generator, cfg)
+
+
+class PGD(Attack):
+    """conf/attack/pgd.yaml: attacks.pgd_steps signed-gradient steps of logsumexp, projected onto the ball."""
+
+    def __call__(self, model, images, gamma, generator, cfg, **_) -> torch.Tensor:
+        return pgd_attack(model, images, gamma, generator, cfg)

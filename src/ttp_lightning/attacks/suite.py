@@ -19,25 +19,41 @@ Checks, per model:
 """
 
 import time
-from collections.abc import Callable
 from itertools import pairwise
 
+import hydra
 import torch
 from torch import nn
 
-from ttp_lightning.attacks.apgd import adaptive_attack
+from ttp_lightning.attacks.base import Attack
 from ttp_lightning.attacks.objectives import OBJECTIVES
-from ttp_lightning.attacks.paper import fgsm_attack, gaussian_attack, pgd_attack
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device
 
-ATTACKS: dict[str, Callable] = {"gaussian": gaussian_attack, "fgsm": fgsm_attack, "pgd": pgd_attack,
-                                "apgd": adaptive_attack}
-RANDOM_ATTACKS = ("gaussian",)
-OWN_SURROGATES = ("apgd",)  # chooses its ReLU surrogates itself (attacks.surrogate_betas)
 WORST = "worst"
 UNBOUNDED = 255
+
+
+def build_suite(suite) -> dict[str, Attack]:
+    """The attacks of `attacks.suite`, in its order, each built by Hydra from its `_target_` (null entries,
+    attacks left out, are skipped)."""
+    attacks = {}
+    for name, settings in suite.items():
+        if settings is None:
+            continue
+        try:
+            attack = hydra.utils.instantiate(settings)
+        except Exception as exc:  # an unimportable or wrong target: one line naming it
+            cause = exc.__cause__ or exc
+            raise TTPUserError(f"attacks.suite.{name}._target_={settings.get('_target_')} cannot be built "
+                               f"({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})") from exc
+        if not isinstance(attack, Attack):
+            raise TTPUserError(f"attacks.suite.{name}._target_={settings.get('_target_')} is not a "
+                               "ttp_lightning.attacks.base.Attack subclass")
+        attacks[str(name)] = attack
+    return attacks
 
 
 def is_randomised(model: nn.Module, images: torch.Tensor) -> bool:
@@ -69,10 +85,10 @@ def zero_gradient_mask(model: nn.Module, images: torch.Tensor, targets: torch.Te
     return zero
 
 
-def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg, targets: torch.Tensor | None = None,
-                     reference_conf_dist: float | None = None) -> dict:
+def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg, attacks: dict[str, Attack],
+                     targets: torch.Tensor | None = None, reference_conf_dist: float | None = None) -> dict:
     """{"scores": {attack: {gamma (/255): {forget_conf_dist, forget_acc}}} with "none" (clean) and "worst"
-    (per image the most confident of all attacks), "checks": {...}, "worst_per_image": {gamma: [each image's
+    (per image the most confident of all `attacks`, built by `build_suite`), "checks": {...}, "worst_per_image": {gamma: [each image's
     CD at its most confident point]}}. `targets`: the labels an adversary wants
     back (the pretrained model's predictions; default the true labels). `reference_conf_dist`: the forget CD
     the unbounded attack should restore (the pretrained model's)."""
@@ -87,17 +103,17 @@ def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg, targets: 
         num_classes = model(images[:1]).shape[-1]
     randomised = is_randomised(model, images[: min(len(images), 16)])
     samples = int(cfg.eot_samples) if randomised else 1
-    betas = [b for b in [cfg.get("relu_gradient_beta"), *(cfg.surrogate_betas if "apgd" in cfg.names else [])]
-             if b is not None]
+    own = any(attack.own_surrogates for attack in attacks.values())
+    betas = [b for b in [cfg.get("relu_gradient_beta"), *(cfg.surrogate_betas if own else [])] if b is not None]
     gammas = sorted(float(g) for g in cfg.gammas)
     chunk = int(cfg.get("chunk_size", 512))
-    per_image = _attack_per_image(model, images, labels, targets, cfg, gammas, samples, chunk)
+    per_image = _attack_per_image(model, images, labels, targets, cfg, attacks, gammas, samples, chunk)
     scores = {attack: {_key(g): _summary(*by_gamma[g], num_classes) for g in by_gamma}
               for attack, by_gamma in per_image.items() if attack != "unbounded"}
     scores = _in_config_order(scores, cfg.gammas)
     checks = {"randomised": randomised, "eot_samples": samples,
               **_masking(model, images, targets, max(betas, default=None), chunk),
-              **_monotonicity(per_image, gammas, num_classes)}
+              **_monotonicity(per_image, gammas, num_classes, [n for n, a in attacks.items() if a.random])}
     if "unbounded" in per_image:
         checks["unbounded"] = _unbounded(per_image["unbounded"][UNBOUNDED], num_classes, reference_conf_dist)
     model.train(was_training)
@@ -107,16 +123,16 @@ def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg, targets: 
     return {"scores": scores, "checks": checks, "worst_per_image": worst}
 
 
-def _attack_per_image(model, images, labels, targets, cfg, gammas, samples, chunk) -> dict:
+def _attack_per_image(model, images, labels, targets, cfg, attacks, gammas, samples, chunk) -> dict:
     """{attack: {gamma: (confidence, correct) per image}}; gamma 255 under "unbounded" for the gradient
     attacks. Generators are seeded per (attack, gamma) and consumed chunk by chunk, as the paper's attacks
     always were, so two models face the same random draws."""
-    names = [str(name) for name in cfg.names]  # plain strings (the schema gives StrEnum members) for results
+    names = list(attacks)
     generators = {(name, g): torch.Generator().manual_seed(int(cfg.seed)) for name in names
                   for g in [*gammas, UNBOUNDED]}
     per_image: dict = {"none": {0.0: [[], []]}, WORST: {g: [[], []] for g in gammas}}
     per_image.update({name: {g: [[], []] for g in gammas} for name in names})
-    gradient_attacks = [name for name in names if name not in RANDOM_ATTACKS]
+    gradient_attacks = [name for name in names if not attacks[name].random]
     if cfg.get("unbounded_check", True) and gradient_attacks:
         per_image["unbounded"] = {UNBOUNDED: [[], []]}
     for start in range(0, len(images), chunk):
@@ -125,24 +141,25 @@ def _attack_per_image(model, images, labels, targets, cfg, gammas, samples, chun
         _append(per_image["none"][0.0], clean)
         worst_x, worst = x, clean
         for gamma in gammas:
-            worst_x, worst = _radius(model, x, y, t, cfg, names, gamma, generators, samples, worst_x, worst,
-                                     per_image)
+            worst_x, worst = _radius(model, x, y, t, cfg, attacks, names, gamma, generators, samples, worst_x,
+                                     worst, per_image)
             _append(per_image[WORST][gamma], worst)
         if "unbounded" in per_image:
-            _, unbounded = _radius(model, x, y, t, cfg, gradient_attacks, UNBOUNDED, generators, samples,
-                                   worst_x, worst, None)
+            _, unbounded = _radius(model, x, y, t, cfg, attacks, gradient_attacks, UNBOUNDED, generators,
+                                   samples, worst_x, worst, None)
             _append(per_image["unbounded"][UNBOUNDED], unbounded)
     return {attack: {g: (torch.cat(c), torch.cat(r)) for g, (c, r) in by_gamma.items()}
             for attack, by_gamma in per_image.items()}
 
 
-def _radius(model, x, y, t, cfg, names, gamma, generators, samples, worst_x, worst, per_image):
+def _radius(model, x, y, t, cfg, attacks, names, gamma, generators, samples, worst_x, worst, per_image):
     """Every attack in `names` at one radius, each free to start from `worst_x`; returns the new worst
     point and score per image (never below `worst`)."""
     for name in names:
-        with smooth_relu_gradients(None if name in OWN_SURROGATES else cfg.get("relu_gradient_beta")):
-            attacked = ATTACKS[name](model, x, gamma / 255.0, generators[(name, gamma)], cfg, targets=t,
-                                     warm_start=worst_x, samples=samples).detach()
+        attack = attacks[name]
+        with smooth_relu_gradients(None if attack.own_surrogates else cfg.get("relu_gradient_beta")):
+            attacked = attack(model, x, gamma / 255.0, generators[(name, gamma)], cfg, targets=t,
+                              warm_start=worst_x, samples=samples).detach()
         scored = confidence_and_correct(model, attacked, y, samples)
         if per_image is not None:
             _append(per_image[name][gamma], scored)
@@ -185,14 +202,14 @@ def _masking(model, images, targets, beta, chunk: int) -> dict:
     return out
 
 
-def _monotonicity(per_image: dict, gammas: list[float], num_classes: int) -> dict:
+def _monotonicity(per_image: dict, gammas: list[float], num_classes: int, random: list[str]) -> dict:
     """The worst case per image must not drop as gamma grows; per-attack mean curves that drop are listed."""
     tolerance = 1e-6
     worst = [per_image[WORST][g][0] for g in gammas]
     monotone = all(bool((later >= earlier - tolerance).all()) for earlier, later in pairwise(worst))
     drops = []
     for attack, by_gamma in per_image.items():
-        if attack in ("none", "unbounded", WORST, *RANDOM_ATTACKS):
+        if attack in ("none", "unbounded", WORST, *random):
             continue
         means = [_summary(*by_gamma[g], num_classes)["forget_conf_dist"] for g in gammas]
         drops += [f"{attack}: CD {a:.4f} at {_key(g1)}/255 > {b:.4f} at {_key(g2)}/255"

@@ -156,9 +156,9 @@ DATA_FIELDS: dict[str, Check] = {
                       "test_fraction": fraction, "requests": optional(list_of(count, 10_000)),
                       "from_file": boolean}),
 }
-# Never taken from a certificate: where the data lives and whether to download it are the verifier's
-# choices (command line), an index file is a path on the provider's machine, _target_ is code.
-DATA_EXCLUDED = ("_target_", "root", "download", "num_workers")
+# Never taken from a certificate (DATA_FIELDS names what is): where the data lives and whether to download it
+# are the verifier's choices (command line), an index file is a path on the provider's machine, `_target_`
+# and `loader` are code (the loader comes from this package's registered conf/data/<name>.yaml).
 
 
 def _model_field(default) -> Check | None:

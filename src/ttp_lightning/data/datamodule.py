@@ -1,12 +1,14 @@
 """One LightningDataModule for every registered data set: split, forget/retain selection, loaders."""
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
+from omegaconf import OmegaConf
 
+from ttp_lightning.config_schema import DataSchema, ForgetSchema, as_schema
 from ttp_lightning.data.batching import ImageBatchDataset, batch_loader
 from ttp_lightning.data.forget import fingerprint, select_forget, select_forget_requests, set_digest
 from ttp_lightning.data.images import (
@@ -17,27 +19,11 @@ from ttp_lightning.data.images import (
     nearest_image,
     read_forget_images,
 )
-from ttp_lightning.data.sources import load_source
+from ttp_lightning.data.sources import Source
 from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.errors import TTPUserError, instantiate
 
 log = logging.getLogger(__name__)
-
-SPLITS = ("official", "paper")
-FORGET_SOURCES = ("train", "test", "mixed")
-NEAR_COPY_POLICIES = ("refuse", "match", "outside")
-
-
-@dataclass
-class ForgetConfig:
-    size: int | None = 100
-    seed: int = 0
-    indices_file: str | None = None
-    requests: list | None = None  # a sequence of forget requests (Alg 4); replaces size and indices_file
-    source: str = "train"         # train | test (instances from outside the training data) | mixed
-    test_fraction: float = 0.5    # mixed: the share of D_f drawn from the test set
-    images: str | None = None     # a folder of forget images (replaces size, indices_file, requests, source)
-    near_copies: str = "refuse"   # images: one that is no training image but nearly one (refuse | match | outside)
 
 
 class TTPDataModule(L.LightningDataModule):
@@ -54,32 +40,23 @@ class TTPDataModule(L.LightningDataModule):
     (the authors' code feeds raw [0, 1] pixels on the MNIST family).
     """
 
-    def __init__(self, name: str, root: str = "data", download: bool = False, split: str = "official",
+    def __init__(self, name: str, loader: Source | None = None, root: str = "data", download: bool = False,
+                 split: str = "official",
                  train_fraction: float = 0.7, split_seed: int = 0, forget: dict | None = None,
                  batch_size: int = 128, forget_batch_size: int = 10, eval_batch_size: int = 1024,
                  augment: str = "none", normalize: bool = True, max_train_size: int | None = None, max_test_size: int | None = None,
                  num_workers: int = 0, seed: int = 0, image_size: int | None = None, channels: int | None = None,
                  mean: list | None = None, std: list | None = None, decoded_cache: str | None = None):
         super().__init__()
-        if split not in SPLITS:
-            raise TTPUserError(f"data.split={split!r} is not allowed; choose one of: {', '.join(SPLITS)}")
-        if not 0.0 < train_fraction < 1.0:
-            raise TTPUserError(f"data.train_fraction={train_fraction} is not allowed; choose a value in (0, 1)")
-        if augment not in ("none", "crop_flip"):
-            raise TTPUserError(f"data.augment={augment!r} is not allowed; choose one of: none, crop_flip")
-        for key, value in (("batch_size", batch_size), ("forget_batch_size", forget_batch_size),
-                           ("eval_batch_size", eval_batch_size)):
-            if int(value) < 1:
-                raise TTPUserError(f"data.{key}={value} is not allowed; choose a positive integer")
-        self.name, self.root, self.download = name, root, download
+        if loader is None and name != "imagefolder":
+            raise TTPUserError(f"data set {name!r} names no loader; its conf/data/{name}.yaml needs `loader: "
+                               "{_target_: <module>.<Source subclass>, ...}` (README, Adding a data set)")
+        if loader is not None and not isinstance(loader, Source):
+            raise TTPUserError(f"data.loader of data set {name!r} is a {type(loader).__name__}, not a "
+                               "ttp_lightning.data.sources.Source")
+        self.name, self.loader, self.root, self.download = name, loader, root, download
         self.split, self.train_fraction, self.split_seed = split, train_fraction, split_seed
-        self.forget_cfg = ForgetConfig(**(forget or {}))
-        if self.forget_cfg.source not in FORGET_SOURCES:
-            raise TTPUserError(f"data.forget.source={self.forget_cfg.source!r} is not allowed; "
-                               f"choose one of: {', '.join(FORGET_SOURCES)}")
-        if self.forget_cfg.near_copies not in NEAR_COPY_POLICIES:
-            raise TTPUserError(f"data.forget.near_copies={self.forget_cfg.near_copies!r} is not allowed; "
-                               f"choose one of: {', '.join(NEAR_COPY_POLICIES)}")
+        self.forget_cfg = as_schema(ForgetSchema, forget, "data.forget")  # the one forget schema, checked
         self.batch_size, self.forget_batch_size, self.eval_batch_size = batch_size, forget_batch_size, eval_batch_size
         self.augment, self.normalize, self.num_workers, self.seed = augment, normalize, num_workers, seed
         self.max_train_size, self.max_test_size = max_train_size, max_test_size
@@ -98,7 +75,7 @@ class TTPDataModule(L.LightningDataModule):
         if self.name == "imagefolder":
             info, arrays, prep = load_imagefolder(self.root, self.image_size, self.channels, self.decoded_cache)
         else:
-            info, arrays = load_source(self.name, self.root, self.download)
+            info, arrays = self.loader.load(self.name, self.root, self.download)
             prep = Preprocess(info.channels, info.image_size)
         if self.split == "official" and not info.has_official_split:
             raise TTPUserError(f"data set {self.name!r} has no official test split; use data.split=paper")
@@ -367,7 +344,10 @@ class TTPDataModule(L.LightningDataModule):
 
 
 def build_datamodule(data_cfg) -> TTPDataModule:
-    """Instantiate the `data` config and set it up (bad data options end in the usual one-line error)."""
+    """Instantiate the `data` config (its loader too) and set it up; a config that did not come through the
+    typed schema (a results.json's) is checked by it first, so bad data options end in the usual one line."""
+    if OmegaConf.get_type(data_cfg) is not DataSchema:  # a composed config was checked by validate_config
+        as_schema(DataSchema, data_cfg, "data")
     datamodule = instantiate(data_cfg)
     datamodule.setup()
     return datamodule

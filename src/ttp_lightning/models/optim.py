@@ -6,8 +6,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-PROJECTIONS = ("global", "per_tensor")
-
 
 def optimizer_settings(section: DictConfig, fused: str = "auto") -> dict:
     """The `optimizer` and `schedule` configs of a training section (`pretrain`, `method`), resolved into plain

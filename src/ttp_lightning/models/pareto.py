@@ -15,8 +15,6 @@ from ttp_lightning.models.optim import configure_optimizer
 from ttp_lightning.nn_modes import batchnorm_in_eval_mode, evaluating
 from ttp_lightning.objectives import PER_INSTANCE_LOSSES, combine_gradients, reduce_forget, retain_loss
 
-MODES = ("minibatch", "fullbatch")
-
 
 class ParetoFinetuneModule(PartsValidationMixin):
     """Two ways to optimise the Pareto objective.

@@ -1,0 +1,25 @@
+"""What an attack is: one YAML in conf/attack/ whose `_target_` names an Attack subclass, plus that class.
+
+`attacks.suite` (conf/attacks/*.yaml) lists the attacks a run uses, each built by Hydra from its YAML;
+`+attack@attacks.suite.NAME=NAME` adds one, `attacks.suite.NAME=null` leaves one out. The evaluation
+(suite.py) calls every attack per chunk of forget images and radius, each free to start from the most
+confident point found so far, and keeps per image the most confident point of all.
+"""
+
+import torch
+from torch import nn
+
+
+class Attack:
+    """Base class. `random`: it draws noise and reads no gradient (left out of the unbounded check and of the
+    drop check on mean curves); `own_surrogates`: it chooses its ReLU surrogates itself (attacks.surrogate_betas),
+    the others run under attacks.relu_gradient_beta."""
+
+    random: bool = False
+    own_surrogates: bool = False
+
+    def __call__(self, model: nn.Module, images: torch.Tensor, gamma: float, generator: torch.Generator, cfg, *,
+                 targets: torch.Tensor, warm_start: torch.Tensor | None = None, samples: int = 1) -> torch.Tensor:
+        """Images within the L-inf ball of radius `gamma` around `images` (Gaussian noise: standard deviation
+        `gamma`), in [0, 1]; `cfg` holds the evaluation's shared settings (conf/attacks)."""
+        raise NotImplementedError(f"{type(self).__name__}.__call__")

@@ -36,7 +36,7 @@ def _cache_ctx(tmp_path, **trainer):
     from ttp_lightning.training import RunContext
 
     return RunContext(trainer=OmegaConf.create({"devices": 1, "strategy": "auto", **trainer}),
-                      pretrain=OmegaConf.create({"use_cache": True}), method=OmegaConf.create({}),
+                      pretrain=OmegaConf.create({"use_cache": True}),
                       cache_dir=str(tmp_path))
 
 

@@ -2,7 +2,12 @@
 
 import json
 
-from ttp_lightning.reporting.tables import main
+from omegaconf import OmegaConf
+
+from conftest import CONF_DIR
+from ttp_lightning.reporting.tables import main, method_label
+
+LABELS = {path.stem: OmegaConf.load(path).get("label") for path in (CONF_DIR / "method").glob("*.yaml")}
 
 
 def fake_results(theta: float, forget_cd: float, method: str = "certified_exact") -> dict:
@@ -10,7 +15,14 @@ def fake_results(theta: float, forget_cd: float, method: str = "certified_exact"
     return {"method": method, "metrics": {"pretrain": {"retain_acc": 0.93, "test_acc": 0.92, "forget_conf_dist": 0.7},
                                           method: metrics},
             "config": {"data": {"name": "mnist"}, "model": {"_target_": "ttp_lightning.models.components.linear.LogReg"},
-                       "method": {"name": method, "theta": theta}}}
+                       "method": {"name": method, "label": LABELS.get(method), "theta": theta}}}
+
+
+def test_a_method_is_labelled_by_its_yaml_and_else_by_its_name():
+    assert method_label(fake_results(0.5, 0.1, "certified_exact")) == "Cert. (Alg 2)"
+    assert method_label(fake_results(0.5, 0.1, "pareto"), "pretrain") == "pretrain"
+    unlabelled = fake_results(0.5, 0.1, "my_method")
+    assert method_label(unlabelled) == "my_method"
 
 
 def test_sweep_folder_becomes_one_table_sorted_by_theta(tmp_path, capsys):

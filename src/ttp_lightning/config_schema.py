@@ -224,6 +224,7 @@ class MethodSchema:
 
     _target_: str = "???"
     name: str = "???"
+    label: str | None = None  # how tables, figures and the model card name it (null: its name)
     theta: float | None = None
     mode: Mode | None = None
     gradient_surgery: bool | None = None

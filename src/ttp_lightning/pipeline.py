@@ -54,7 +54,6 @@ from ttp_lightning.reporting.results import (
     write_weights,
 )
 from ttp_lightning.reporting.run_identity import flat_config, run_identity
-from ttp_lightning.reporting.tables import METHOD_LABELS
 from ttp_lightning.reporting.wandb_charts import log_run_charts
 from ttp_lightning.training import RunContext, choose_threads, multiply_accumulates
 from ttp_lightning.validation import validate_config
@@ -193,18 +192,18 @@ def weights_changed(before, after) -> bool:
     return first.keys() != second.keys() or any(not torch.equal(first[k].cpu(), second[k].cpu()) for k in first)
 
 
-def method_key(ctx: RunContext, datamodule) -> str:
+def method_key(ctx: RunContext, method, datamodule) -> str:
     """What determines the method's fits: A(D) (data, model, pretraining incl. absorb_epochs, seed, process
     layout), the forget set, and the method's settings; names their checkpoint folders."""
     identity = {"pretrained": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(),
-                "method": OmegaConf.to_container(ctx.method, resolve=True)}
+                "method": OmegaConf.to_container(method.settings, resolve=True)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def publish(results: dict, net, cfg: DictConfig, datamodule, attack_table, certificate_line, output_dir) -> dict:
     """The release folder the gate chose (release/ or release_not_protected/): model.safetensors, config.json,
     MODEL_CARD.md (what a model hub takes); returns the results' record of it."""
-    label = METHOD_LABELS.get(cfg.method.name, cfg.method.name)
+    label = cfg.method.get("label") or cfg.method.name
     architecture = architecture_of(cfg.model)
     folder = write_hub_release(net, output_dir, architecture, datamodule.info, release_protection(results, label),
                                model_card(results, label, attack_table, certificate_line),
@@ -258,7 +257,7 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, attacks: dict, datamodule,
         original = copy.deepcopy(pretrained)
         pretrain_info.update(absorb_outside_forget(ctx, pretrained, datamodule, is_global_zero))
 
-    ctx.run_key = method_key(ctx, datamodule)
+    ctx.run_key = method_key(ctx, method, datamodule)
     # the method draws from the global generators (robust Alg 1's inner attack): seeded here, so its steps do not
     # depend on whether A(D) was trained in this process or read from the cache
     L.seed_everything(cfg.seed, workers=True, verbose=False)

@@ -3,6 +3,7 @@
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import hydra
 import lightning as L
@@ -23,7 +24,6 @@ class RunContext:
 
     trainer: DictConfig
     pretrain: DictConfig
-    method: DictConfig
     model: DictConfig | None = None
     callbacks: DictConfig | None = None
     seed: int = 0
@@ -43,7 +43,7 @@ class RunContext:
 
     @classmethod
     def from_config(cls, cfg: DictConfig, logger: object = False, output_dir: str = ".") -> "RunContext":
-        return cls(trainer=cfg.trainer, pretrain=cfg.pretrain, method=cfg.method, model=cfg.get("model"),
+        return cls(trainer=cfg.trainer, pretrain=cfg.pretrain, model=cfg.get("model"),
                    callbacks=cfg.get("callbacks"), seed=cfg.get("seed", 0),
                    cache_dir=str(cfg.paths.cache_dir) if cfg.get("paths") else ".cache/ttp_lightning",
                    checkpoint_every_n_epochs=int(cfg.get("checkpoint_every_n_epochs", 0) or 0),
@@ -124,17 +124,25 @@ def choose_threads(cfg: DictConfig, macs: int | None = None) -> int:
     return torch.get_num_threads()
 
 
+class TrainedBy(NamedTuple):
+    """What trains a fit, for the one line a divergence ends in: the stage as that line names it, the config
+    section whose learning rate to lower, and that rate."""
+
+    stage: str
+    section: str
+    lr: float
+
+
 def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None,
-                 settings: str = "pretrain", root_dir: Path | None = None, guard: bool = True,
+                 trained_by: TrainedBy | None = None, root_dir: Path | None = None, guard: bool = True,
                  phase: str = "training") -> L.Trainer:
     """A Trainer from the `trainer` config group, logging to the run's logger; it stops with one error line
-    when training diverges (`settings`: the config section whose lr trains it, named in that line).
-    `root_dir` (default: the run's output folder) is where Lightning's SLURM requeue checkpoint goes;
-    `guard=False` leaves out the divergence check (a fit with no learning rate)."""
-    section = getattr(ctx, settings)
-    stage = "pretraining" if settings == "pretrain" else f"method {ctx.method.name}"
+    when training diverges (`trained_by`: the stage and the setting named in that line; default pretraining
+    with pretrain.lr). `root_dir` (default: the run's output folder) is where Lightning's SLURM requeue
+    checkpoint goes; `guard=False` leaves out the divergence check (a fit with no learning rate)."""
+    trained_by = trained_by or TrainedBy("pretraining", "pretrain", float(ctx.pretrain.lr))
     callbacks = [*(callbacks or []), *extra_callbacks(ctx.callbacks),
-                 *([FiniteGuard(stage, settings, float(section.lr))] if guard else []),
+                 *([FiniteGuard(*trained_by)] if guard else []),
                  Performance(*(_switch(ctx.performance, key) for key in ("channels_last", "compile", "data_on_device")))]
     shown = progress_callbacks(phase, ctx.progress_bar_refresh_rate, bool(ctx.trainer.get("enable_progress_bar", True)))
     callbacks += shown
@@ -154,7 +162,7 @@ def checkpoint_folder(ctx: RunContext, key: str, register: bool = True) -> Path:
 
 
 def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str, key: str | None = None,
-        callbacks: list | None = None, settings: str = "pretrain", guard: bool = True, **loaders) -> float:
+        callbacks: list | None = None, trained_by: TrainedBy | None = None, guard: bool = True, **loaders) -> float:
     """trainer.fit of `module` for `max_epochs` and its wall-clock seconds. With a checkpoint `key`, the fit
     writes checkpoints every `checkpoint_every_n_epochs` epochs and resumes from the newest one a stopped
     run of the same key left (see checkpointing.py); `stage` names it in the log. Its training speed (a
@@ -171,7 +179,7 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
     if timer is None:
         timer = StepTimer()
         callbacks.append(timer)
-    trainer = make_trainer(ctx, max_epochs, callbacks, settings, root_dir=folder, guard=guard, phase=stage)
+    trainer = make_trainer(ctx, max_epochs, callbacks, trained_by, root_dir=folder, guard=guard, phase=stage)
     start = time.perf_counter()
     with fitting():
         trainer.fit(module, ckpt_path=ckpt_path, weights_only=True, **loaders)

@@ -20,7 +20,7 @@ from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.models.optim import optimizer_settings
 from ttp_lightning.models.pareto import ParetoFinetuneModule
-from ttp_lightning.training import RunContext, fit
+from ttp_lightning.training import RunContext, TrainedBy, fit
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class Pareto(Method):
                                "forget CD is measured during training by method=pareto_robust only")
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-        cfg = ctx.method
+        cfg = self.settings
         return finetune(ctx, copy.deepcopy(pretrained), datamodule, cfg, cfg.epochs,
                         cfg.early_stopping if cfg.early_stopping.enabled else None, label="alg1")
 
@@ -148,7 +148,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
     else:
         train_loader = datamodule.pareto_dataloader()
     wall = fit(ctx, module, epochs, "Alg 1 finetuning" if label == "alg1" else f"Alg 1 {label}", key=ctx.key_for(label), callbacks=callbacks,
-               settings="method", train_dataloaders=train_loader, val_dataloaders=datamodule.val_dataloader())
+               trained_by=TrainedBy(f"method {cfg.name}", "method", float(cfg.lr)), train_dataloaders=train_loader, val_dataloaders=datamodule.val_dataloader())
     summary = best.summary() if best else {"best_epoch": len(history.rows), "constraint_met": None,
                                            "selection_rule": "early stopping off: the last epoch"}
     if best is not None:

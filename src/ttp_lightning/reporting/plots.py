@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ttp_lightning.reporting.run_identity import short_value
-from ttp_lightning.reporting.tables import METHOD_LABELS, config_value, forget_set, load_results, model_name
+from ttp_lightning.reporting.tables import config_value, forget_set, load_results, method_label, model_name
 from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
 
 
@@ -33,10 +33,10 @@ def _pyplot():
     return plt
 
 
-def stage_label(stage: str) -> str:
+def stage_label(stage: str, results: dict) -> str:
     """How the paper names a stage: the pretrained model, Alg 1, Cert. (Alg 2), the baselines."""
     return {"pretrain": "pretrained", "pretrain_original": "pretrained (before absorbing)"}.get(
-        stage, METHOD_LABELS.get(stage, stage))
+        stage, method_label(results, stage))
 
 
 def describe(results: dict, theta: bool = True) -> str:
@@ -98,10 +98,10 @@ def sweep_curves(all_results: list[dict], path: Path, x_of, x_label: str, log_x:
     figure, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     keys = ("retain_acc", "test_acc", "forget_conf_dist")
     first = next(iter(sweeps.values()))[0][2]
-    for method, points in sweeps.items():
+    for points in sweeps.values():
         xs = [x for x, _, _ in points]
         for axis, key in zip(axes, keys):
-            axis.plot(xs, [m[key] for _, m, _ in points], marker="o", label=METHOD_LABELS.get(method, method))
+            axis.plot(xs, [m[key] for _, m, _ in points], marker="o", label=method_label(points[0][2]))
     pretrained = first["metrics"]["pretrain"]
     for axis, key in zip(axes, keys):
         axis.axhline(pretrained[key], color="grey", linestyle="--", linewidth=1, label="pretrained model")
@@ -146,7 +146,7 @@ def dynamics(all_results: list[dict], path: Path) -> bool:
         return False
     plt = _pyplot()
     figure, (accuracy, distance) = plt.subplots(1, 2, figsize=(12, 4.2))
-    label = METHOD_LABELS.get(runs[0]["method"], runs[0]["method"])
+    label = method_label(runs[0])
     if len(runs) == 1:
         results, rows = runs[0], _history(runs[0])
         epochs = [row["epoch"] for row in rows]
@@ -217,7 +217,7 @@ def softmax_bars(all_results: list[dict], path: Path) -> bool:
             axis.set_ylim(0, 1)
             step = max(1, len(probs) // 10)
             axis.set_xticks(range(0, len(probs), step))
-            axis.set_title(f"{stage_label(stage)}: forget image {column + 1} (class {instance['label']})", fontsize=8)
+            axis.set_title(f"{stage_label(stage, results)}: forget image {column + 1} (class {instance['label']})", fontsize=8)
             if row == len(stages) - 1:
                 axis.set_xlabel("class")
             if column == 0:
@@ -225,7 +225,7 @@ def softmax_bars(all_results: list[dict], path: Path) -> bool:
     handles = [Patch(color="tab:red", label="true class"), Patch(color="tab:blue", label="other classes"),
                Line2D([], [], color="grey", linestyle="--", label="uniform 1/K (the target)")]
     figure.legend(handles=handles, loc="lower center", ncol=3, fontsize=8)
-    label = METHOD_LABELS.get(results["method"], results["method"])
+    label = method_label(results)
     several = len(all_results) > 1
     shown = f"\nrun 1 of {len(all_results)} shown ({run_label(results)}); each run's own is in its figures/" \
         if several else ""
@@ -254,7 +254,7 @@ def attack_curves(all_results: list[dict], path: Path) -> bool:
         if results.get("attacks"):
             settings.add(describe(results, theta=not several))
         for stage, by_attack in results.get("attacks", {}).items():
-            label = stage_label(stage)
+            label = stage_label(stage, results)
             if stage != "pretrain" and several:
                 label = f"{label} ({run_label(results)})"
             if stage == "pretrain_original" or label in curves:

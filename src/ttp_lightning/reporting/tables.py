@@ -22,10 +22,17 @@ from pathlib import Path
 
 from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
 
-METHOD_LABELS = {"retrain": "Retrain", "synthetic": "Synthetic", "labeldp": "LabelDP",
-                 "gaussian_uniform": "GaussianUniform",
-                 "pareto": "Alg 1", "pareto_robust": "Alg 1 (robust)", "certified_exact": "Cert. (Alg 2)", "certified_lissa": "Cert. (Alg 3)",
-                 "certified_online": "Cert. (Alg 4)"}  # also the row order of the main table
+MAIN_TABLE_ORDER = ("retrain", "synthetic", "labeldp", "gaussian_uniform", "pareto", "pareto_robust", "certified_exact",
+                    "certified_lissa", "certified_online")  # the paper's row order; other methods after them
+
+
+def method_label(results: dict, stage: str | None = None) -> str:
+    """How the run's method (or `stage`, when it is the method) is named: the `label` of its YAML as
+    results.json's config records it, else its name."""
+    method = results["method"]
+    if stage is not None and stage != method:
+        return stage
+    return ((results.get("config") or {}).get("method") or {}).get("label") or method
 
 
 def load_results(paths: list[Path]) -> list[dict]:
@@ -100,7 +107,7 @@ def frontier_tables(all_results: list[dict], by: str = "method.theta") -> list[T
     tables = []
     for (data, model, method), runs in sorted(groups.items()):
         runs.sort(key=lambda r: (config_value(r, by) is None, config_value(r, by) or 0))
-        label = f"{METHOD_LABELS.get(method, method)} {model}"
+        label = f"{method_label(runs[0])} {model}"
         rows = [[f"pretrained {model}", "-", *scores(runs[0]["metrics"]["pretrain"])]]
         for run in runs:
             value = config_value(run, by)
@@ -116,12 +123,12 @@ def main_tables(all_results: list[dict]) -> list[Table]:
     groups = defaultdict(dict)
     for results in all_results:
         groups[(results["config"]["data"]["name"], model_name(results))][results["method"]] = results
-    order = list(METHOD_LABELS)
+    order = list(MAIN_TABLE_ORDER)
     tables = []
     for (data, model), by_method in sorted(groups.items()):
         methods = sorted(by_method, key=lambda m: order.index(m) if m in order else len(order))
         labelled = [("Pretrain", by_method[methods[0]]["metrics"]["pretrain"])]
-        labelled += [(METHOD_LABELS.get(m, m), by_method[m]["metrics"][m]) for m in methods]
+        labelled += [(method_label(by_method[m]), by_method[m]["metrics"][m]) for m in methods]
         rows = [[label, *scores(m)[:2], f"{m['forget_conf_dist']:.3f}", _robust(m), f"{m['retain_conf_dist']:.3f}",
                  f"{m.get('test_conf_dist', float('nan')):.3f}"] for label, m in labelled]
         header = ["Method", "Retain Acc.", "Test Acc.", "Conf. Dist. (forget)", "Robust CD (worst attack)",
@@ -151,7 +158,7 @@ def forget_set_tables(all_results: list[dict]) -> list[Table]:
     stage_labels = {"pretrain_original": "Pretrain (D_f unseen)", "pretrain": "Pretrain"}
     tables = []
     for (data, model, method), runs in sorted(groups.items()):
-        label = METHOD_LABELS.get(method, method)
+        label = method_label(runs[0])
         rows = []
         for run in sorted(runs, key=lambda r: (forget_set(r)[1] / max(forget_set(r)[0], 1), forget_set(r)[0])):
             size, from_test = forget_set(run)

@@ -32,7 +32,7 @@ class GaussianUniform(Method):
     """Noisy copies with true labels plus clean copies with random labels (method=gaussian_uniform)."""
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-        cfg = ctx.method
+        cfg = self.settings
         generator = torch.Generator().manual_seed(int(cfg.seed))
         std = math.sqrt(cfg.noise_variance)
         noisy_retain = noisy_copy(datamodule.dataset("retain"), std, generator)

@@ -64,7 +64,7 @@ class LabelDP(Method):
     """Two stages of randomized response with a prior (method=labeldp)."""
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-        cfg = ctx.method
+        cfg = self.settings
         generator = torch.Generator().manual_seed(int(cfg.seed))
         images, labels = datamodule.dataset("train").everything()
         order = torch.randperm(len(labels), generator=generator)

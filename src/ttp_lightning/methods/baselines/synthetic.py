@@ -27,7 +27,7 @@ class Synthetic(Method):
     """D_r plus `k` synthetic points per forget instance with random labels (method=synthetic)."""
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
-        cfg = ctx.method
+        cfg = self.settings
         generator = torch.Generator().manual_seed(int(cfg.seed))
         forget_images, _ = datamodule.dataset("forget").everything()
         points = uniform_ball_points(forget_images, int(cfg.k), cfg.radius / 255.0, generator)

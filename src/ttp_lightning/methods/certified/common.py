@@ -44,11 +44,10 @@ class Prepared:
     has_batchnorm: bool = False
 
 
-def warm_start(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule) -> Prepared:
+def warm_start(ctx: RunContext, cfg: DictConfig, pretrained: nn.Module, datamodule: TTPDataModule) -> Prepared:
     """A copy of A(D) after `method.warmup_epochs` of Alg 1, projected onto the C-ball (the bounds assume
     ||w*|| <= C), on the device the Newton step runs on, with BatchNorm statistics from the retain set so the
     curvature is that of one fixed function (the released statistics are recomputed after the noise)."""
-    cfg = ctx.method
     prepared = Prepared(copy.deepcopy(pretrained))
     if cfg.warmup_epochs:
         warm = finetune(ctx, prepared.net, datamodule, cfg, cfg.warmup_epochs, stopping=None, label="warmup")
@@ -64,9 +63,9 @@ def release_model(cfg: DictConfig, algorithm: str) -> str:
     return cfg.release if algorithm == ONLINE else "single"
 
 
-def stated_constants(ctx: RunContext, algorithm: str, net: nn.Module) -> dict:
+def stated_constants(ctx: RunContext, cfg: DictConfig, algorithm: str, net: nn.Module) -> dict:
     """The hyperparameters a certificate states (before the measured constants and the noise)."""
-    cfg, pretrain = ctx.method, ctx.pretrain
+    pretrain = ctx.pretrain
     names = [name for name, p in net.named_parameters() if p.requires_grad]
     residual = cfg.bound == "residual"
     mu, mu_rule = mu_of(cfg, resolve_lam(cfg)) if residual else (None, None)
@@ -157,23 +156,24 @@ def request_parts(datamodule: TTPDataModule, algorithm: str) -> list:
     return [(datamodule.dataset("retain"), datamodule.dataset("forget"))]
 
 
-def newton_steps(ctx: RunContext, net: nn.Module, parts: list, algorithm: str) -> CertifiedStepModule:
+def newton_steps(ctx: RunContext, cfg: DictConfig, net: nn.Module, parts: list, algorithm: str) -> CertifiedStepModule:
     """The Newton step(s) through Lightning (one training step each, sharded under DDP) and the noise seed."""
-    module = CertifiedStepModule(net, parts, ctx.method, KINDS[algorithm], float(ctx.pretrain.norm_bound),
+    module = CertifiedStepModule(net, parts, cfg, KINDS[algorithm], float(ctx.pretrain.norm_bound),
                                  ctx.pretrain.projection)
     with quiet_no_optimizer():
-        fit(ctx, module, max_epochs=1, stage="certified step", settings="method", guard=False)
+        fit(ctx, module, max_epochs=1, stage="certified step", guard=False)
     return module
 
 
-def run_certified(ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, algorithm: str) -> MethodOutput:
-    cfg = ctx.method
-    prepared = warm_start(ctx, pretrained, datamodule)
+def run_certified(ctx: RunContext, cfg: DictConfig, pretrained: nn.Module, datamodule: TTPDataModule,
+                  algorithm: str) -> MethodOutput:
+    """Algs 2-4 with the method's settings `cfg` (`algorithm` chooses the step)."""
+    prepared = warm_start(ctx, cfg, pretrained, datamodule)
     start_state = {k: v.detach().cpu().clone() for k, v in prepared.net.state_dict().items()}
-    certificate = stated_constants(ctx, algorithm, prepared.net)
+    certificate = stated_constants(ctx, cfg, algorithm, prepared.net)
     parts = request_parts(datamodule, algorithm)
     start = time.perf_counter()
-    step = newton_steps(ctx, prepared.net, parts, algorithm)
+    step = newton_steps(ctx, cfg, prepared.net, parts, algorithm)
     path = step.path
     newton_wall = time.perf_counter() - start
     certificate = calibrate_noise(cfg, measured_constants(certificate, path))

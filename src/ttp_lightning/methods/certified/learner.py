@@ -38,7 +38,7 @@ class Certified(Method):
         check_certified(cfg, online=self.algorithm == ONLINE)
 
     def run(self, ctx, pretrained: nn.Module, datamodule, make_net) -> MethodOutput:
-        return run_certified(ctx, pretrained, datamodule, self.algorithm)
+        return run_certified(ctx, self.settings, pretrained, datamodule, self.algorithm)
 
 
 CHECKPOINT_WHY = "A(D) must be trained here, under the weight-norm bound C the certificate assumes"

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import finished, release_of
+from conftest import finished, registered_loader, release_of
 from ttp_lightning.data import cifar
-from ttp_lightning.data.sources import load_source
 from ttp_lightning.errors import TTPUserError
 
 
@@ -22,7 +21,7 @@ def test_the_official_layout_reads_as_torchvision_reads_it(tmp_path, monkeypatch
     import torchvision.datasets.cifar as tv_cifar
 
     root = cifar.write_synthetic(name, tmp_path, train=203, test=41)
-    info, arrays = load_source(name, root, download=False)
+    info, arrays = registered_loader(name).load(name, root, download=False)
     assert arrays.train_images.shape == (203, 3, 32, 32) and arrays.test_images.shape == (41, 3, 32, 32)
     assert arrays.train_images.dtype == torch.uint8 and int(arrays.train_labels.max()) < info.num_classes
     monkeypatch.setattr(tv_cifar, "check_integrity", lambda *a, **k: True)  # not the official files' MD5s
@@ -38,14 +37,14 @@ def test_without_a_meta_file_the_classes_are_their_indices_and_a_bad_one_is_corr
     root = cifar.write_synthetic("cifar10", tmp_path, train=20, test=10)
     meta = root / "cifar-10-batches-py" / "batches.meta"
     meta.unlink()
-    info, _ = load_source("cifar10", root, download=False)
+    info, _ = registered_loader("cifar10").load("cifar10", root, download=False)
     assert info.names() == tuple(str(i) for i in range(10))
     for content, message in (({"label_names": ["a", "b"]}, "names 2 classes; it has 10"),
                              ({"label_names": "airplane"}, "'label_names' must be a list of class names"),
                              ({"label_names": [_Payload(tmp_path / "marker")]}, "which a CIFAR file never holds")):
         meta.write_bytes(pickle.dumps(content, protocol=2))
         with pytest.raises(TTPUserError, match=message):
-            load_source("cifar10", root, download=False)
+            registered_loader("cifar10").load("cifar10", root, download=False)
     assert not (tmp_path / "marker").exists()
 
 
@@ -69,7 +68,7 @@ def test_a_hostile_cifar_file_is_refused_and_its_payload_never_runs(tmp_path):
     batch = root / "cifar-10-batches-py" / "data_batch_3"
     batch.write_bytes(pickle.dumps({"data": np.zeros((1, 3072), np.uint8), "labels": [_Payload(marker)]}, protocol=2))
     with pytest.raises(TTPUserError, match=r"names \S+\._write_marker, which a CIFAR file never holds \(refused"):
-        load_source("cifar10", root, download=False)
+        registered_loader("cifar10").load("cifar10", root, download=False)
     assert not marker.exists()
     pickle.loads(batch.read_bytes())  # the same file through pickle.load does run its payload
     assert marker.read_text() == "pwned"
@@ -88,7 +87,7 @@ def test_a_malformed_cifar_file_is_called_corrupt_in_one_error(tmp_path, content
     batch = root / "cifar-10-batches-py" / "test_batch"
     batch.write_bytes(content if isinstance(content, bytes) else pickle.dumps(content, protocol=2))
     with pytest.raises(TTPUserError) as error:
-        load_source("cifar10", root, download=False)
+        registered_loader("cifar10").load("cifar10", root, download=False)
     text = str(error.value)
     assert "could not be read; its files look corrupt" in text and len(text.splitlines()) == 1
     if message:
@@ -97,7 +96,7 @@ def test_a_malformed_cifar_file_is_called_corrupt_in_one_error(tmp_path, content
 
 def test_missing_cifar_files_are_not_found_not_corrupt(tmp_path):
     with pytest.raises(TTPUserError, match=r"data set 'cifar100' not found under .* and data.download=false"):
-        load_source("cifar100", tmp_path, download=False)
+        registered_loader("cifar100").load("cifar100", tmp_path, download=False)
 
 
 def test_alg1_on_cifar_shaped_files_with_crop_flip_runs_end_to_end(run_job, tmp_path):

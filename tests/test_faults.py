@@ -17,10 +17,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import MNIST_ROOT, REPO, TINY, needs_mnist
+from conftest import MNIST_ROOT, REPO, TINY, needs_mnist, registered_loader
 from ttp_lightning.cli_checks import check_output_dir, check_unknown_additions
 from ttp_lightning.data.forget import read_index_file
-from ttp_lightning.data.sources import load_source
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.reporting.results import non_finite_keys, write_results
 from ttp_lightning.validation import _accelerator
@@ -82,15 +81,15 @@ def test_corrupt_mnist_is_not_called_missing_and_a_bad_label_byte_is_named(tmp_p
     raw = _mnist_copy(tmp_path / "truncated")
     (raw / "train-images-idx3-ubyte").write_bytes((raw / "train-images-idx3-ubyte").read_bytes()[:1000])
     with pytest.raises(TTPUserError, match="could not be read; its files look corrupt or truncated"):
-        load_source("mnist", tmp_path / "truncated", False)
+        registered_loader("mnist").load("mnist", tmp_path / "truncated", False)
     raw = _mnist_copy(tmp_path / "labels")
     labels = bytearray((raw / "train-labels-idx1-ubyte").read_bytes())
     labels[20] = 200
     (raw / "train-labels-idx1-ubyte").write_bytes(bytes(labels))
     with pytest.raises(TTPUserError, match="has label 200 in its training labels; allowed 0..9"):
-        load_source("mnist", tmp_path / "labels", False)
+        registered_loader("mnist").load("mnist", tmp_path / "labels", False)
     with pytest.raises(TTPUserError, match="not found under"):
-        load_source("mnist", tmp_path / "nothing", False)
+        registered_loader("mnist").load("mnist", tmp_path / "nothing", False)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

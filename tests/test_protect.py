@@ -16,7 +16,7 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from conftest import REPO, finished, release_of
+from conftest import REPO, finished, registered_loader, release_of
 from ttp_lightning import load_released
 from ttp_lightning.errors import EXIT_NOT_PROTECTED
 from ttp_lightning.files import sha256_of
@@ -334,14 +334,13 @@ def test_timm_model_finetunes_locally_saved_pretrained_weights(run_main, compose
 
 
 def test_vit_experiment_composes_with_pretrained_weights(compose_cfg, tmp_path):
-    from ttp_lightning.data.sources import DATA_SOURCES
     from ttp_lightning.models.components import build_classifier
 
     weights = tmp_path / "vit_small_patch16_224.safetensors"
     saved = save_timm_weights("vit_small_patch16_224", weights)
     cfg = compose_cfg("+experiment=cifar10_vit_s_16", f"model.pretrained_file={weights}", tiny=False)
     assert cfg.model.pretrained_file == str(weights) and cfg.model.patch_size == 4
-    net = build_classifier(cfg.model, DATA_SOURCES["cifar10"].info)
+    net = build_classifier(cfg.model, registered_loader("cifar10").info)
     state = net.backbone.state_dict()
     resampled = {"pos_embed", "patch_embed.proj.weight", "head.weight", "head.bias"}  # 16 px -> 4 px patches
     assert all(torch.equal(state[k], saved[k]) for k in saved if k not in resampled)

@@ -59,9 +59,9 @@ def _weights_digest(path: Path) -> str:
 def fingerprint(run_dir: Path) -> dict:
     results = json.loads((run_dir / "results.json").read_text())
     record = {section: _digest(_timeless(results[section])) for section in SECTIONS if section in results}
-    audit = run_dir / "private" / "audit.json"
-    if audit.exists():
-        record["noise_free_weights"] = _digest(json.loads(audit.read_text())["noise_free"])
+    noise_free = run_dir / "private" / "noise_free.safetensors"
+    if noise_free.exists():  # a certified run: its noise-free weights (the released ones carry fresh secret noise)
+        record["noise_free_weights"] = _weights_digest(noise_free)
     else:
         folder = "release" if results["release_gate"]["passed"] else "release_not_protected"
         record["release_weights"] = _weights_digest(run_dir / folder / "model.safetensors")
@@ -96,16 +96,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--compare", nargs=2, type=Path)
+    parser.add_argument("--work", type=Path, help="keep the runs' folders here (default: a temporary folder)")
     args = parser.parse_args()
     if args.compare:
         before, after = (json.loads(path.read_text()) for path in args.compare)
         raise SystemExit(compare(before, after))
-    with tempfile.TemporaryDirectory() as work:
-        record = {name: run(name, Path(work)) for name in args.runs}
-    text = json.dumps(record, indent=1)
-    if args.out:
-        args.out.write_text(text)
-    print(text)
+    with tempfile.TemporaryDirectory() as temporary:
+        work, record = args.work or Path(temporary), {}
+        for name in args.runs:  # written after each run, so a failure keeps what was measured
+            record[name] = run(name, work)
+            if args.out:
+                args.out.write_text(json.dumps(record, indent=1))
+    print(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

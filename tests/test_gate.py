@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 from omegaconf import OmegaConf
+from safetensors.torch import load_file
 
 from conftest import registered_loader
 from ttp_lightning.data.batching import ShardedBatchSampler
@@ -80,7 +81,7 @@ def test_a_threshold_the_cd_cannot_exceed_is_refused(threshold):
 
 
 def test_an_unchanged_model_ends_in_exit_4_with_a_folder_that_says_so(run_main, tmp_path):
-    code, out, err, results = run_main("method.lr=1e-320", "method.epochs=2", "attacks.enabled=false")
+    code, out, err, results = run_main("method.lr=1e-320", "method.epochs=2", "attacks.enabled=false", "state_dict=true")
     assert code == EXIT_NOT_PROTECTED
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "not protected" in lines[0] and "left every weight unchanged" in lines[0]
@@ -88,7 +89,9 @@ def test_an_unchanged_model_ends_in_exit_4_with_a_folder_that_says_so(run_main, 
     out_dir = tmp_path / "out"
     assert not (out_dir / PROTECTED_DIR).exists() and not (out_dir / "model.pt").exists()
     folder = out_dir / NOT_PROTECTED_DIR
-    assert {"model.safetensors", "config.json", "MODEL_CARD.md"} == {p.name for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "MODEL_CARD.md", "model.pt"} == {p.name for p in folder.iterdir()}
+    assert results["state_dict_file"] == f"{NOT_PROTECTED_DIR}/model.pt"  # state_dict=true: the raw state_dict too
+    assert set(torch.load(folder / "model.pt", weights_only=True)) == {f"backbone.{k}" for k in load_file(folder / "model.safetensors")}
     card = (folder / "MODEL_CARD.md").read_text()
     assert card.splitlines()[0].endswith("NOT PROTECTED") and "do not publish it as protected" in card
     assert json.loads((folder / "config.json").read_text())["protection"]["protected"] is False

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.certify.estimator import stochastic_inverse_hvp
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten
 from ttp_lightning.certify.newton import measured_spectrum
-from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.objectives import UNIFORMITY_LOSSES, retain_loss

@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten
-from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.errors import EXIT_NOT_PROTECTED
 from ttp_lightning.models.components import build_classifier

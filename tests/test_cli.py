@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, TINY_WITHOUT_METHOD, finished
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.models.evaluation import evaluate
+from ttp_lightning.evaluation import evaluate
 from ttp_lightning.release import load_released
 from ttp_lightning.reporting.tables import main as tables_main
 

@@ -17,9 +17,9 @@ from ttp_lightning.certify.newton import (
     step_dtype,
     step_generator,
 )
+from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods.certified.audit import method_config, rebuild_model
 from ttp_lightning.methods.certified.common import KINDS, request_parts
-from ttp_lightning.models.evaluation import evaluate
 
 CASES = {
     "alg2_digits_logreg": LOGREG + PAPER + ["method=certified_exact", "method.warmup_epochs=0"],

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from conftest import registered_loader
-from ttp_lightning.data.batching import ShardedBatchSampler
+from ttp_lightning.batching import ShardedBatchSampler
 from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
 from ttp_lightning.protection import (
     NOT_PROTECTED_DIR,
@@ -124,7 +124,7 @@ def test_a_protected_run_records_every_image(run_main, tmp_path):
 def test_every_rank_sees_every_forget_image(monkeypatch):
     """Five forget images over three ranks with a forget batch of 5: sharded, each rank would hold one or two
     images and no full batch (Alg 1 would take no step); the forget loader is not sharded."""
-    from ttp_lightning.data import batching
+    from ttp_lightning import batching
 
     monkeypatch.setattr(batching, "_rank_and_world", lambda: (2, 3))
     sharded = ShardedBatchSampler(5, 5, shuffle=True, drop_last=True)

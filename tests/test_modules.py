@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
+from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.callbacks import ConstrainedBestModel
-from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.models.optim import project_to_norm_ball
 from ttp_lightning.models.pareto import ParetoFinetuneModule
 from ttp_lightning.objectives import kl_to_uniform, retain_loss

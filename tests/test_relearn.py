@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from ttp_lightning.attacks.relearn import relearn_attack
-from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.batching import ImageBatchDataset
 
 
 def test_relearning_restores_what_finetuning_can_and_leaves_the_model_untouched():

@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.errors import TTPUserError
 
 log = logging.getLogger(__name__)

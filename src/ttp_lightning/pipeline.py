@@ -20,9 +20,8 @@ from ttp_lightning.certificates.schema import data_spec, model_spec
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.errors import TTPUserError
-from ttp_lightning.evaluation import eval_device, forget_softmax, predictions
+from ttp_lightning.evaluation import eval_device, evaluate, forget_softmax, predictions
 from ttp_lightning.models.components import build_classifier
-from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
 from ttp_lightning.progress import quiet_lightning
 from ttp_lightning.protection import (

@@ -17,10 +17,10 @@ from torch import nn
 from ttp_lightning import proofs
 from ttp_lightning.checkpointing import remove as remove_checkpoints
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.evaluation import evaluate
 from ttp_lightning.files import atomic_tensors, atomic_text, sha256_of
 from ttp_lightning.models.components.checkpoint import load_checkpoint
 from ttp_lightning.models.erm import ERMModule
-from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.models.optim import optimizer_settings
 from ttp_lightning.training import RunContext, checkpoint_folder, fit
 

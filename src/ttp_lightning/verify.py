@@ -31,8 +31,8 @@ from ttp_lightning.certificates.document import (
 )
 from ttp_lightning.certificates.schema import check_audit_schema, check_certificate_schema
 from ttp_lightning.errors import TTPUserError
+from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods.certified.audit import Mismatch, audit_failures, rebuild_model
-from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.verify_robust import main as verify_robust
 
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE, EXIT_VACUOUS = 0, 1, 2, 3

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.evaluation import probabilities
 from ttp_lightning.metrics import conf_dist_of_probs
 

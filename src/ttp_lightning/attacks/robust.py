@@ -21,7 +21,7 @@ from torch import nn
 from ttp_lightning.attacks.apgd import adaptive_attack
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
-from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.nn_modes import evaluating
 
 

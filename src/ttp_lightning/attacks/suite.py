@@ -28,7 +28,7 @@ from torch import nn
 from ttp_lightning.attacks.base import Attack
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
-from ttp_lightning.data.batching import ImageBatchDataset
+from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device
 

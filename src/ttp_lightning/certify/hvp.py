@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
+from ttp_lightning.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.objectives import retain_loss
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> batch-mean loss

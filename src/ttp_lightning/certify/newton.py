@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.certify.bounds import check_hypotheses, estimator_depth, estimator_scale_b
 from ttp_lightning.certify.estimator import stochastic_inverse_hvp
 from ttp_lightning.certify.hessian import exact_hessian
@@ -28,7 +29,6 @@ from ttp_lightning.certify.hvp import (
 )
 from ttp_lightning.certify.noise import gaussian_noise
 from ttp_lightning.certify.spectrum import Spectrum, exact_spectrum, lanczos_spectrum
-from ttp_lightning.data.batching import ImageBatchDataset
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.objectives import UNIFORMITY_LOSSES
 

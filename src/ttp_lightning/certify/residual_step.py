@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ttp_lightning.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.certify.hvp import trainable
 from ttp_lightning.certify.linear_head import HeadPart, LinearHeadObjective, SolverSettings, solve_on_ball
 from ttp_lightning.certify.residual import ball_multiplier, distance_bound, rounding_floor, strong_convexity
-from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.objectives import PER_INSTANCE_LOSSES
 

@@ -8,8 +8,8 @@ import torch
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 from omegaconf import OmegaConf
 
+from ttp_lightning.batching import ImageBatchDataset, batch_loader
 from ttp_lightning.config_schema import DataSchema, ForgetSchema, as_schema
-from ttp_lightning.data.batching import ImageBatchDataset, batch_loader
 from ttp_lightning.data.forget import fingerprint, select_forget, select_forget_requests, set_digest
 from ttp_lightning.data.images import (
     NEAR_COPY,

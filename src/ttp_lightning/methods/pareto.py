@@ -15,9 +15,9 @@ from ttp_lightning.attacks.robust import RADIUS_RUNGS, AdversarialSettings
 from ttp_lightning.callbacks import LrBackoff, RadiusFromRetainRule, check_method_callbacks, method_callbacks
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.errors import TTPUserError
+from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
-from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.models.optim import optimizer_settings
 from ttp_lightning.models.pareto import ParetoFinetuneModule
 from ttp_lightning.training import RunContext, TrainedBy, fit

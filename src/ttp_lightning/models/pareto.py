@@ -6,7 +6,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
-from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
+from ttp_lightning.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.evaluation import predictions
 from ttp_lightning.ibp.propagate import trace
 from ttp_lightning.ibp.uniformity import reverse_kl_upper_bound

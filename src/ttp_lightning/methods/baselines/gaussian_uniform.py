@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from ttp_lightning.data.batching import ImageBatchDataset, iterate_shard
+from ttp_lightning.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import batch_metrics, eval_device
 from ttp_lightning.methods.base import Method

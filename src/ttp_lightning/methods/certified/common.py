@@ -23,11 +23,10 @@ from ttp_lightning.certify.mechanism import implied_epsilon, noise_sigma
 from ttp_lightning.certify.newton import ESTIMATED, NewtonPath, noised_states, resolve_lam
 from ttp_lightning.certify.residual_step import mu_of, select_certified_layers
 from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.evaluation import eval_device
+from ttp_lightning.evaluation import eval_device, evaluate
 from ttp_lightning.methods.output import CertifiedRelease, MethodOutput
 from ttp_lightning.methods.pareto import finetune
 from ttp_lightning.models.certified import CertifiedStepModule, quiet_no_optimizer
-from ttp_lightning.models.evaluation import evaluate
 from ttp_lightning.models.optim import project_to_norm_ball
 from ttp_lightning.training import RunContext, fit
 

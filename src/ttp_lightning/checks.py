@@ -37,3 +37,15 @@ def auto_or(value, key: str, check) -> None:
 def fraction(value, key: str) -> None:
     if not 0.0 < number(value, key) < 1.0:
         raise TTPUserError(f"{key}={value} is not allowed; choose a value in (0, 1)")
+
+
+def unit_interval(value: float, key: str, closed: bool = True) -> None:
+    inside = 0.0 <= value <= 1.0 if closed else 0.0 < value < 1.0
+    if not inside:
+        interval = "[0, 1]" if closed else "(0, 1)"
+        raise TTPUserError(f"{key}={value} is not allowed; choose a value in {interval}")
+
+
+def at_least_zero(value: float, key: str) -> None:
+    if number(value, key) < 0:
+        raise TTPUserError(f"{key}={value} is not allowed; choose a value >= 0")

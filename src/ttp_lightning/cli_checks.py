@@ -74,6 +74,11 @@ def check_launcher(argv: list[str]) -> None:
                                    "installed; pip install -e '.[slurm]' (or hydra-submitit-launcher)") from None
 
 
+def nearest_existing(path: Path) -> Path:
+    """`path` or its nearest parent that exists (where a folder to be created would go)."""
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
 def check_output_dir(argv: list[str], cwd: Path | None = None) -> None:
     """Raise TTPUserError when the run's output folder (hydra.run.dir / hydra.sweep.dir, default under the
     current folder) cannot be created or written, before Hydra fails on it with a traceback."""
@@ -91,7 +96,7 @@ def check_output_dir(argv: list[str], cwd: Path | None = None) -> None:
         if len(longest.encode()) > 255 or len(str(path).encode()) > 4000:
             raise TTPUserError(f"output folder {target[:60]!r}... has a name longer than the file system allows "
                                "(255 bytes a folder name); choose a shorter hydra.run.dir")
-        existing = next(p for p in (path, *path.parents) if p.exists())
+        existing = nearest_existing(path)
         if not os.access(existing, os.W_OK):
             raise TTPUserError(f"output folder {str(path)!r} cannot be written ({str(existing)!r} is read-only); "
                                "run from a writable folder or set hydra.run.dir=<writable folder>")
@@ -183,8 +188,7 @@ def check_devices(trainer) -> None:
 
 def check_cache_dir(cache_dir) -> None:
     """paths.cache_dir (pretraining entries, checkpoints) must be writable: else one line before any work."""
-    path = Path(str(cache_dir)).expanduser().absolute()
-    existing = next(p for p in (path, *path.parents) if p.exists())
+    existing = nearest_existing(Path(str(cache_dir)).expanduser().absolute())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise TTPUserError(f"paths.cache_dir={str(cache_dir)!r} cannot be written ({str(existing)!r} is "
                            f"{'not a folder' if not existing.is_dir() else 'read-only'}); set TTP_CACHE_DIR or "

@@ -41,18 +41,6 @@ GateKind = StrEnum("GateKind", [(n, n) for n in ("clean", "attacked", "certified
 AttackObjective = StrEnum("AttackObjective", [(n, n) for n in ("logsumexp", "max_softmax", "ce_pretrained")])
 
 
-def _in_unit_interval(value: float, key: str, closed: bool = True) -> None:
-    inside = 0.0 <= value <= 1.0 if closed else 0.0 < value < 1.0
-    if not inside:
-        interval = "[0, 1]" if closed else "(0, 1)"
-        raise TTPUserError(f"{key}={value} is not allowed; choose a value in {interval}")
-
-
-def _at_least_zero(value: float, key: str) -> None:
-    if checks.number(value, key) < 0:
-        raise TTPUserError(f"{key}={value} is not allowed; choose a value >= 0")
-
-
 @dataclass
 class TrainingSchema:
     """What a training section (pretrain, or a method that trains) shares."""
@@ -66,8 +54,8 @@ class TrainingSchema:
 
     def __post_init__(self) -> None:
         checks.positive(self.lr, f"{self.key}.lr")
-        _at_least_zero(self.weight_decay, f"{self.key}.weight_decay")
-        _at_least_zero(self.momentum, f"{self.key}.momentum")
+        checks.at_least_zero(self.weight_decay, f"{self.key}.weight_decay")
+        checks.at_least_zero(self.momentum, f"{self.key}.momentum")
 
 
 @dataclass
@@ -84,7 +72,7 @@ class PretrainSchema(TrainingSchema):
         checks.positive_int(self.epochs, "pretrain.epochs")
         if self.norm_bound is not None:
             checks.positive(self.norm_bound, "pretrain.norm_bound")
-        _at_least_zero(self.absorb_epochs, "pretrain.absorb_epochs")
+        checks.at_least_zero(self.absorb_epochs, "pretrain.absorb_epochs")
 
 
 @dataclass
@@ -111,7 +99,7 @@ class ReleaseGateSchema:
     require: list[GateKind] | None = None  # None: the method's default (protection.GateSettings.from_config)
 
     def __post_init__(self) -> None:
-        _in_unit_interval(checks.number(self.conf_dist_at_most, "release_gate.conf_dist_at_most"),
+        checks.unit_interval(checks.number(self.conf_dist_at_most, "release_gate.conf_dist_at_most"),
                           "release_gate.conf_dist_at_most")
 
 
@@ -144,7 +132,7 @@ class MainSchema:
         if threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise TTPUserError(f"threads={threads!r} is not allowed; choose auto or a positive integer")
         checks.positive_int(self.progress_bar_refresh_rate, "progress_bar_refresh_rate")
-        _at_least_zero(self.checkpoint_every_n_epochs, "checkpoint_every_n_epochs")
+        checks.at_least_zero(self.checkpoint_every_n_epochs, "checkpoint_every_n_epochs")
 
 
 @dataclass
@@ -161,7 +149,7 @@ class ForgetSchema:
     def __post_init__(self) -> None:
         if self.indices_file is None and self.size is not None:
             checks.positive_int(self.size, "data.forget.size")
-        _in_unit_interval(checks.number(self.test_fraction, "data.forget.test_fraction"), "data.forget.test_fraction")
+        checks.unit_interval(checks.number(self.test_fraction, "data.forget.test_fraction"), "data.forget.test_fraction")
 
 
 @dataclass
@@ -213,7 +201,7 @@ class DataSchema:
         for key in ("max_train_size", "max_test_size"):
             if getattr(self, key) is not None:
                 checks.positive_int(getattr(self, key), f"data.{key}")
-        _at_least_zero(self.num_workers, "data.num_workers")
+        checks.at_least_zero(self.num_workers, "data.num_workers")
 
 
 @dataclass
@@ -261,10 +249,10 @@ class EarlyStoppingSchema:
         key = "method.early_stopping"
         if self.conf_dist_below is not None:
             checks.positive(self.conf_dist_below, f"{key}.conf_dist_below")
-        _in_unit_interval(checks.number(self.retain_acc_at_least, f"{key}.retain_acc_at_least"),
+        checks.unit_interval(checks.number(self.retain_acc_at_least, f"{key}.retain_acc_at_least"),
                           f"{key}.retain_acc_at_least")
         if self.retain_acc_drop_at_most is not None:
-            _in_unit_interval(checks.number(self.retain_acc_drop_at_most, f"{key}.retain_acc_drop_at_most"),
+            checks.unit_interval(checks.number(self.retain_acc_drop_at_most, f"{key}.retain_acc_drop_at_most"),
                               f"{key}.retain_acc_drop_at_most")
         if self.patience is not None:
             checks.positive_int(self.patience, f"{key}.patience")
@@ -292,8 +280,8 @@ class ParetoSchema(MethodSchema, TrainingSchema):
 
     def __post_init__(self) -> None:
         TrainingSchema.__post_init__(self)
-        _in_unit_interval(checks.number(self.theta, "method.theta"), "method.theta")
-        _at_least_zero(self.lr_backoffs, "method.lr_backoffs")
+        checks.unit_interval(checks.number(self.theta, "method.theta"), "method.theta")
+        checks.at_least_zero(self.lr_backoffs, "method.lr_backoffs")
         fraction = checks.number(self.forget_cvar_fraction, "method.forget_cvar_fraction")
         if not 0.0 < fraction <= 1.0:
             raise TTPUserError(f"method.forget_cvar_fraction={fraction} is not allowed; choose a value in (0, 1]")
@@ -344,7 +332,7 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
 
     def __post_init__(self) -> None:
         TrainingSchema.__post_init__(self)
-        _in_unit_interval(checks.number(self.theta, "method.theta"), "method.theta", closed=False)
+        checks.unit_interval(checks.number(self.theta, "method.theta"), "method.theta", closed=False)
         for key in ("epsilon", "hessian_lipschitz_forget", "hessian_lipschitz_retain", "grad_lipschitz_forget",
                     "grad_lipschitz_retain", "vacuous_above", "forget_temperature", "scale_margin", "max_residual",
                     "solver_tolerance"):
@@ -358,8 +346,8 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
         for key in ("lanczos_iterations", "max_exact_params", "chunk_size", "repeats", "sample_size", "max_newton",
                     "max_cg"):
             checks.positive_int(getattr(self, key), f"method.{key}")
-        _at_least_zero(self.spectrum_margin, "method.spectrum_margin")
-        _at_least_zero(self.warmup_epochs, "method.warmup_epochs")
+        checks.at_least_zero(self.spectrum_margin, "method.spectrum_margin")
+        checks.at_least_zero(self.warmup_epochs, "method.warmup_epochs")
         checks.auto_or(self.depth, "method.depth", checks.positive_int)
 
 
@@ -393,7 +381,7 @@ class LabelDPSchema(MethodSchema):
         if not 0.0 < fraction < 1.0:
             raise TTPUserError(f"method.stage_fraction={fraction} is not allowed; choose a value in (0, 1)")
         checks.positive(self.temperature, "method.temperature")
-        _at_least_zero(self.mixup_alpha, "method.mixup_alpha")
+        checks.at_least_zero(self.mixup_alpha, "method.mixup_alpha")
 
 
 @dataclass
@@ -457,7 +445,7 @@ class AttacksSchema:
                                    "(conf/attack/<name>.yaml: `_target_: <module>.<Attack subclass>`) or null")
         for gamma in self.gammas:
             checks.positive(gamma, "attacks.gammas")
-        _at_least_zero(self.alpha, "attacks.alpha")
+        checks.at_least_zero(self.alpha, "attacks.alpha")
         checks.positive(self.pgd_step_size, "attacks.pgd_step_size")
         if self.relu_gradient_beta is not None:
             checks.positive(self.relu_gradient_beta, "attacks.relu_gradient_beta")

@@ -9,7 +9,7 @@ and writes, per run, the SHA-256 of every number results.json reports (metrics, 
 attacks, bounds, gate) with wall-clock times removed, and of the released weights (the certified run: of its
 noise-free weights, which do not depend on the secret noise). Compare two fingerprint files with --compare.
 
-  python scripts/same_numbers.py --out before.json [--runs default mnist_mlp ...]
+  python scripts/same_numbers.py --out before.json [--runs default mnist_mlp ...] [--work DIR [--again]]
   python scripts/same_numbers.py --compare before.json after.json
 """
 
@@ -28,6 +28,7 @@ RUNS = {
     "mnist_logreg_certified": ["+experiment=mnist_logreg_certified", f"data.root={MNIST}"],
 }
 TIMING = ("wall", "elapsed", "_s_", "seconds")
+PLACES = ("_file", "_dir")  # where a run's files are (its work folder), not a number
 SECTIONS = ("metrics", "history", "forget_softmax", "attacks", "attack_checks", "relearn", "certified",
             "forget_per_image", "release_gate", "noise_free", "data")
 
@@ -36,7 +37,7 @@ def _timeless(value):
     """The value with every wall-clock entry dropped (they differ from run to run)."""
     if isinstance(value, dict):
         return {key: _timeless(item) for key, item in value.items()
-                if not (key.endswith("_s") or any(mark in key for mark in TIMING))}
+                if not (key.endswith(("_s", *PLACES)) or any(mark in key for mark in TIMING))}
     if isinstance(value, list):
         return [_timeless(item) for item in value]
     return value
@@ -56,12 +57,22 @@ def _weights_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+NOISED = ("metrics", "forget_softmax", "attacks", "relearn", "certified", "forget_per_image")  # a certified
+# release's: they measure the released weights, which carry fresh secret noise every run
+
+
 def fingerprint(run_dir: Path) -> dict:
     results = json.loads((run_dir / "results.json").read_text())
-    record = {section: _digest(_timeless(results[section])) for section in SECTIONS if section in results}
     noise_free = run_dir / "private" / "noise_free.safetensors"
-    if noise_free.exists():  # a certified run: its noise-free weights (the released ones carry fresh secret noise)
+    certified = noise_free.exists()
+    record = {section: _digest(_timeless(results[section])) for section in SECTIONS
+              if section in results and not (certified and section in NOISED)}
+    if certified:  # the deterministic part: A(D), the noise-free weights and scores, the certificate's constants
+        record["pretrain_metrics"] = _digest(_timeless(results["metrics"]["pretrain"]))
         record["noise_free_weights"] = _weights_digest(noise_free)
+        record["certificate"] = _digest(_timeless({key: value for key, value in results["certificate"].items()
+                                                   if key not in ("metrics", "weights")}))
+        results["metrics"] = {"pretrain": results["metrics"]["pretrain"], "noise_free": results["noise_free"]}
     else:
         folder = "release" if results["release_gate"]["passed"] else "release_not_protected"
         record["release_weights"] = _weights_digest(run_dir / folder / "model.safetensors")
@@ -97,6 +108,7 @@ def main() -> None:
     parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--compare", nargs=2, type=Path)
     parser.add_argument("--work", type=Path, help="keep the runs' folders here (default: a temporary folder)")
+    parser.add_argument("--again", action="store_true", help="fingerprint the runs already in --work, run nothing")
     args = parser.parse_args()
     if args.compare:
         before, after = (json.loads(path.read_text()) for path in args.compare)
@@ -104,7 +116,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         work, record = args.work or Path(temporary), {}
         for name in args.runs:  # written after each run, so a failure keeps what was measured
-            record[name] = run(name, work)
+            record[name] = fingerprint(work / name) if args.again else run(name, work)
             if args.out:
                 args.out.write_text(json.dumps(record, indent=1))
     print(json.dumps(record, indent=1))

@@ -99,7 +99,8 @@ def run(work: Path, name: str, cache: Path, args: list[str], **kwargs) -> Job:
 def refused(job: Job) -> dict:
     """Bad input: exit 2, one error line, nothing written."""
     line = job.last_line()
-    nothing = not (job.out / "results.json").exists() and not (job.out / "model.pt").exists()
+    nothing = not any((job.out / name).exists() for name in ("results.json", "release", "release_not_protected",
+                                                             "model.pt"))
     ok = job.proc.returncode == 2 and line.startswith("error:") and nothing
     return {"exit": job.proc.returncode, "happened": line, "lost": "nothing written" if nothing else "WROTE FILES",
             "ok": ok}

@@ -163,7 +163,8 @@ def test_divergence_stops_the_run_and_releases_nothing(run_job, tmp_path, mode):
     assert proc.returncode == 2 and results is None
     last = proc.stderr.strip().splitlines()[-1]
     assert re.match(r"error: method pareto diverged at epoch \d+: ", last) and "Lower method.lr (now 1e+30)" in last
-    assert not (tmp_path / "out" / "model.pt").exists()
+    assert not [name for name in ("results.json", "release", "release_not_protected")
+                if (tmp_path / "out" / name).exists()]
 
 
 def test_sigterm_exits_143_with_one_line_naming_the_checkpoint_and_no_results(tmp_path):
@@ -184,7 +185,7 @@ def test_sigterm_exits_143_with_one_line_naming_the_checkpoint_and_no_results(tm
     assert re.match(r"error: received SIGTERM; the run stopped before writing its results \(rerun the same command "
                     r"to resume from the checkpoint after epoch \d+ in .*_alg1\)$", last), last
     assert list(cache.glob("checkpoints/*_alg1/last.ckpt"))
-    assert not (out / "results.json").exists() and not (out / "model.pt").exists()
+    assert not [name for name in ("results.json", "release", "release_not_protected") if (out / name).exists()]
 
 
 def test_console_script_starts_from_any_folder(tmp_path):

@@ -146,6 +146,7 @@ BAD_INPUT = [
     ("method.mode=sometimes", "method.mode=sometimes Invalid value 'sometimes', expected one of [minibatch, fullbatch]"),
     ("+attack@attacks.suite.magic=magic", "unknown attack 'magic'; choose one of: apgd, fgsm, gaussian, pgd"),
     ("attacks.suite.gaussian=null attacks.suite.apgd=null", "attacks.suite has no attack"),
+    ("attacks.names=[gaussian]", "attacks.names is no longer a setting; use attacks.suite (each attack a conf/attack"),
     ("attacks.gammas=[2,-1]", "attacks.gammas=-1.0 is not allowed; choose a finite value > 0"),
     ("method.thetta=0.5", "Could not override 'method.thetta'. Key 'thetta' not in 'ParetoSchema'"),
     ("threads=0", "threads=0 is not allowed; choose auto or a positive integer"),

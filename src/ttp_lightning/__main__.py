@@ -15,6 +15,7 @@ from ttp_lightning.cli_checks import (
     check_group_choices,
     check_launcher,
     check_output_dir,
+    check_renamed,
     check_unknown_additions,
     normalize_overrides,
 )
@@ -100,6 +101,7 @@ def main() -> None:
     if any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):  # the jobs name and group their runs by these
         os.environ[SWEPT_ENV] = ",".join(swept_keys_from_argv(sys.argv[1:]))
     try:
+        check_renamed(sys.argv[1:])
         check_group_choices(sys.argv[1:])
         check_unknown_additions(sys.argv[1:])
         check_launcher(sys.argv[1:])

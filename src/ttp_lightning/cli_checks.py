@@ -102,6 +102,20 @@ def check_output_dir(argv: list[str], cwd: Path | None = None) -> None:
                                "run from a writable folder or set hydra.run.dir=<writable folder>")
 
 
+RENAMED = {  # settings a release renamed: their old spelling gets one line saying what replaced it
+    "attacks.names": "attacks.suite (each attack a conf/attack YAML: +attack@attacks.suite.fgsm=fgsm adds one, "
+                     "attacks.suite.gaussian=null leaves one out)",
+}
+
+
+def check_renamed(argv: list[str]) -> None:
+    """Raise TTPUserError for a setting under the name it had before a release renamed it."""
+    for arg in argv:
+        key = arg.lstrip("+~").partition("=")[0]
+        if key in RENAMED:
+            raise TTPUserError(f"{key} is no longer a setting; use {RENAMED[key]}")
+
+
 ADDABLE = ("experiment", "trainer.", "logger.", "hydra.", "callbacks.", "attack@attacks.suite.")  # `+key=` may add
 # these (passed to Lightning/Hydra; callbacks.NAME adds a Lightning callback, attack@attacks.suite.NAME an attack)
 

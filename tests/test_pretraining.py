@@ -33,11 +33,10 @@ def test_cache_key_tracks_what_determines_the_pretrained_model(compose_cfg):
 def _cache_ctx(tmp_path, **trainer):
     from omegaconf import OmegaConf
 
-    from ttp_lightning.training import RunContext
+    from ttp_lightning.training import FitSettings, RunContext
 
-    return RunContext(trainer=OmegaConf.create({"devices": 1, "strategy": "auto", **trainer}),
-                      pretrain=OmegaConf.create({"use_cache": True}),
-                      cache_dir=str(tmp_path))
+    return RunContext(FitSettings(trainer=OmegaConf.create({"devices": 1, "strategy": "auto", **trainer}),
+                                  pretrain=OmegaConf.create({"use_cache": True}), cache_dir=str(tmp_path)))
 
 
 def _counting_fit(net, calls, seconds=0.0):

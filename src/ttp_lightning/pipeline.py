@@ -262,7 +262,7 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, attacks: dict, datamodule,
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     output = method.run(ctx, pretrained, datamodule, make_net)
     # every rank evaluates its share (trainer.validate); rank 0 then attacks, writes and prints
-    exposed_above = ctx.exposed_above
+    exposed_above = ctx.fit_settings.exposed_above
     metrics = {"pretrain_original": evaluate(original, datamodule, cfg.trainer, exposed_above)} \
         if original is not None else {}
     metrics["pretrain"] = {**evaluate(pretrained, datamodule, cfg.trainer, exposed_above), **pretrain_info}

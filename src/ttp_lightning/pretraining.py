@@ -31,15 +31,15 @@ log = logging.getLogger(__name__)
 
 def erm_module(ctx: RunContext, net: nn.Module, mixup_alpha: float = 0.0) -> ERMModule:
     """The ERM LightningModule with the `pretrain` settings (also used by the baselines)."""
-    pre = ctx.pretrain
-    return ERMModule(net, optimizer_settings(pre, ctx.fused_policy()), norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
+    pre = ctx.fit_settings.pretrain
+    return ERMModule(net, optimizer_settings(pre, ctx.fit_settings.fused_policy()), norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
 
 
 def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0, epochs: int | None = None,
               key: str | None = None, stage: str = "ERM") -> float:
     """Fit `net` by ERM with the pretraining settings (`epochs` defaults to pretrain.epochs) on the loader's
     data, resumable under the checkpoint `key`; returns wall seconds."""
-    epochs = ctx.pretrain.epochs if epochs is None else epochs
+    epochs = ctx.fit_settings.pretrain.epochs if epochs is None else epochs
     return fit(ctx, erm_module(ctx, net, mixup_alpha), epochs, stage, key=key, train_dataloaders=loader)
 
 
@@ -51,18 +51,18 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
         "data_info": asdict(datamodule.info),  # includes the normalisation the model applies
         "augment": datamodule.augment,
         "batch_size": datamodule.batch_size,
-        "model": OmegaConf.to_container(ctx.model, resolve=True),
+        "model": OmegaConf.to_container(ctx.fit_settings.model, resolve=True),
         # a provider's checkpoint and pretrained weights are named by their content, not their path
         "files_sha256": {key: _checkpoint_sha(model_file(ctx, key))
                          for key in ("checkpoint", "pretrained_file") if model_file(ctx, key)},
-        "pretrain": OmegaConf.to_container(ctx.pretrain, resolve=True),
-        "seed": ctx.seed,
+        "pretrain": OmegaConf.to_container(ctx.fit_settings.pretrain, resolve=True),
+        "seed": ctx.fit_settings.seed,
         # the process layout changes batching (each DDP rank takes its own batch), so it is part of the key;
         # read from the config, never the environment, so every rank computes the same key
-        "processes": {k: ctx.trainer.get(k) for k in ("accelerator", "devices", "num_nodes", "strategy")},
+        "processes": {k: ctx.fit_settings.trainer.get(k) for k in ("accelerator", "devices", "num_nodes", "strategy")},
         # precision and the speed settings change the arithmetic, so A(D) too
-        "numerics": {"precision": str(ctx.trainer.get("precision", 32)),
-                     "performance": OmegaConf.to_container(ctx.performance, resolve=True) if ctx.performance else None},
+        "numerics": {"precision": str(ctx.fit_settings.trainer.get("precision", 32)),
+                     "performance": OmegaConf.to_container(ctx.fit_settings.performance, resolve=True) if ctx.fit_settings.performance else None},
         # intra-op threads change the order of floating-point sums, and training amplifies the difference
         "threads": torch.get_num_threads(),
     }
@@ -72,7 +72,7 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
 def model_file(ctx: RunContext, key: str) -> str | None:
     """A file the model config names (`checkpoint`: the provider's trained weights, used as A(D) in place of
     pretraining; `pretrained_file`), with ~ expanded; None when unset."""
-    path = ctx.model.get(key) if ctx.model is not None else None
+    path = ctx.fit_settings.model.get(key) if ctx.fit_settings.model is not None else None
     return str(Path(str(path)).expanduser()) if path else None
 
 
@@ -82,10 +82,10 @@ def pretrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule,
     before any forget instances from outside it are added."""
     checkpoint = model_file(ctx, "checkpoint")
     if checkpoint:
-        load_checkpoint(net, checkpoint, str(ctx.model.get("_target_", "")).rsplit(".", 1)[-1])
+        load_checkpoint(net, checkpoint, str(ctx.fit_settings.model.get("_target_", "")).rsplit(".", 1)[-1])
         log.info("A(D) = model.checkpoint %s (no pretraining)", checkpoint)
         if is_global_zero():
-            warn_if_near_chance(net, datamodule, checkpoint, ctx.model.get("checkpoint_test_acc"))
+            warn_if_near_chance(net, datamodule, checkpoint, ctx.fit_settings.model.get("checkpoint_test_acc"))
         return {"wall_s": 0.0, "cached": False, "cache_file": None, "checkpoint_sha256": _checkpoint_sha(checkpoint)}
     key = cache_key(ctx, datamodule)
     stage = "pretraining A(D)"
@@ -100,7 +100,7 @@ def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataMo
     """Finetune A(D) in `net` by ERM on D plus the forget instances from outside it (data.forget.source
     test or mixed) for pretrain.absorb_epochs, the paper's first step for protecting test instances (App.
     "Ensuring Test-Time Privacy for Test Instances"); the method then starts from this model. Cached like A(D)."""
-    epochs = int(ctx.pretrain.absorb_epochs)
+    epochs = int(ctx.fit_settings.pretrain.absorb_epochs)
     identity = {"start": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(), "epochs": epochs}
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     stage = "absorbing the outside forget instances"
@@ -143,9 +143,9 @@ def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit, 
     so two jobs started together on an empty cache (a sweep's parallel jobs, a shared filesystem) train
     once: the second waits and loads. Multi-process (DDP) runs train in every rank together and cannot
     wait on each other's lock; they only lock the store."""
-    directory = Path(ctx.cache_dir).expanduser() / "pretrain"
+    directory = Path(ctx.fit_settings.cache_dir).expanduser() / "pretrain"
     weights = directory / f"{key}.safetensors"
-    if not ctx.pretrain.use_cache:
+    if not ctx.fit_settings.pretrain.use_cache:
         return {"wall_s": round(fit(), 3), "cached": False, "cache_file": None}
     directory.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(directory / f"{key}.lock"))
@@ -163,7 +163,7 @@ def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit, 
 
 
 def _single_process(ctx: RunContext) -> bool:
-    trainer = ctx.trainer
+    trainer = ctx.fit_settings.trainer
     devices = trainer.get("devices", 1)
     return "ddp" not in str(trainer.get("strategy", "auto")) and devices in (1, "1", "auto", None) \
         and int(trainer.get("num_nodes", 1) or 1) == 1

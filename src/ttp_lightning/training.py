@@ -16,11 +16,12 @@ from ttp_lightning.interrupts import fitting
 from ttp_lightning.progress import progress_callbacks
 
 
-@dataclass
-class RunContext:
-    """What the stages share, and only that (the pipeline alone holds the whole config): the settings of the
-    fits (`trainer`, `pretrain`, `method`, `callbacks`, checkpointing, the progress bar), what names A(D)'s
-    cache entry (`model`, `seed`, `cache_dir`), the logger (or False) and where outputs go."""
+@dataclass(frozen=True)
+class FitSettings:
+    """The settings every fit reads, taken from the composed config once: the `trainer`, `pretrain` and
+    `callbacks` sections, checkpointing and resume, the progress bar, the speed switches (`performance`),
+    what names A(D)'s cache entry (`model`, `seed`, `cache_dir`) and the gate's per-image threshold the fits
+    count forget images against (`exposed_above`). A method's own settings are the method's (Method.settings)."""
 
     trainer: DictConfig
     pretrain: DictConfig
@@ -31,30 +32,43 @@ class RunContext:
     checkpoint_every_n_epochs: int = 1
     resume: bool = True
     progress_bar_refresh_rate: int = 20
-    logger: object = False
-    output_dir: str = "."
     performance: DictConfig | None = None  # channels_last, fused_optimizer, compile (conf/main.yaml)
-    identity: dict = field(default_factory=dict)  # the run's name, sweep group and swept values
-    run_key: str | None = None  # hashes what determines the method's fits (set once A(D) is known)
-    checkpoint_dirs: list = field(default_factory=list)  # this run's checkpoint folders, deleted at the end
-    resumed: dict = field(default_factory=dict)  # stage -> the epoch it resumed after
-    speed: dict = field(default_factory=dict)  # stage -> its fit's StepTimer.summary() (steps, images, seconds)
     exposed_above: float | None = None  # release_gate.conf_dist_at_most: fits count the forget images above it
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, logger: object = False, output_dir: str = ".") -> "RunContext":
+    def from_config(cls, cfg: DictConfig) -> "FitSettings":
         return cls(trainer=cfg.trainer, pretrain=cfg.pretrain, model=cfg.get("model"),
                    callbacks=cfg.get("callbacks"), seed=cfg.get("seed", 0),
                    cache_dir=str(cfg.paths.cache_dir) if cfg.get("paths") else ".cache/ttp_lightning",
                    checkpoint_every_n_epochs=int(cfg.get("checkpoint_every_n_epochs", 0) or 0),
                    resume=bool(cfg.get("resume", True)),
                    progress_bar_refresh_rate=int(cfg.get("progress_bar_refresh_rate", 20)),
-                   logger=logger, output_dir=output_dir, performance=cfg.get("performance"),
+                   performance=cfg.get("performance"),
                    exposed_above=float(cfg.release_gate.conf_dist_at_most) if cfg.get("release_gate") else None)
 
     def fused_policy(self) -> str:
         """performance.fused_optimizer as auto | true | false."""
         return _switch(self.performance, "fused_optimizer")
+
+
+@dataclass
+class RunContext:
+    """What the stages share that is not a setting (the pipeline alone holds the whole config): the fits.
+    settings (`fit_settings`, read-only), the logger (or False), where outputs go, the run's identity, and what
+    the stages record as they go (checkpoint folders, resumed epochs, speeds)."""
+
+    fit_settings: FitSettings
+    logger: object = False
+    output_dir: str = "."
+    identity: dict = field(default_factory=dict)  # the run's name, sweep group and swept values
+    run_key: str | None = None  # hashes what determines the method's fits (set once A(D) is known)
+    checkpoint_dirs: list = field(default_factory=list)  # this run's checkpoint folders, deleted at the end
+    resumed: dict = field(default_factory=dict)  # stage -> the epoch it resumed after
+    speed: dict = field(default_factory=dict)  # stage -> its fit's StepTimer.summary() (steps, images, seconds)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, logger: object = False, output_dir: str = ".") -> "RunContext":
+        return cls(fit_settings=FitSettings.from_config(cfg), logger=logger, output_dir=output_dir)
 
     def key_for(self, label: str) -> str | None:
         """The checkpoint key of one of the method's fits."""
@@ -140,14 +154,14 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
     when training diverges (`trained_by`: the stage and the setting named in that line; default pretraining
     with pretrain.lr). `root_dir` (default: the run's output folder) is where Lightning's SLURM requeue
     checkpoint goes; `guard=False` leaves out the divergence check (a fit with no learning rate)."""
-    trained_by = trained_by or TrainedBy("pretraining", "pretrain", float(ctx.pretrain.lr))
-    callbacks = [*(callbacks or []), *extra_callbacks(ctx.callbacks),
+    trained_by = trained_by or TrainedBy("pretraining", "pretrain", float(ctx.fit_settings.pretrain.lr))
+    callbacks = [*(callbacks or []), *extra_callbacks(ctx.fit_settings.callbacks),
                  *([FiniteGuard(*trained_by)] if guard else []),
-                 Performance(*(_switch(ctx.performance, key) for key in ("channels_last", "compile", "data_on_device")))]
-    shown = progress_callbacks(phase, ctx.progress_bar_refresh_rate, bool(ctx.trainer.get("enable_progress_bar", True)))
+                 Performance(*(_switch(ctx.fit_settings.performance, key) for key in ("channels_last", "compile", "data_on_device")))]
+    shown = progress_callbacks(phase, ctx.fit_settings.progress_bar_refresh_rate, bool(ctx.fit_settings.trainer.get("enable_progress_bar", True)))
     callbacks += shown
     bar = any(isinstance(c, TQDMProgressBar) for c in shown)  # a line per epoch is not Lightning's progress bar
-    return hydra.utils.instantiate(ctx.trainer, max_epochs=max_epochs, logger=ctx.logger,
+    return hydra.utils.instantiate(ctx.fit_settings.trainer, max_epochs=max_epochs, logger=ctx.logger,
                                    callbacks=callbacks, enable_checkpointing=root_dir is not None,
                                    plugins=[SignedCheckpointIO()],
                                    default_root_dir=str(root_dir or ctx.output_dir), enable_progress_bar=bar)
@@ -155,7 +169,7 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
 
 def checkpoint_folder(ctx: RunContext, key: str, register: bool = True) -> Path:
     """Where the fit keyed `key` keeps its checkpoints (registered for deletion when the run ends)."""
-    folder = Path(ctx.cache_dir).expanduser() / "checkpoints" / key
+    folder = Path(ctx.fit_settings.cache_dir).expanduser() / "checkpoints" / key
     if register:
         ctx.checkpoint_dirs.append(folder)
     return folder
@@ -167,12 +181,12 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
     writes checkpoints every `checkpoint_every_n_epochs` epochs and resumes from the newest one a stopped
     run of the same key left (see checkpointing.py); `stage` names it in the log. Its training speed (a
     StepTimer's summary: the one among `callbacks`, or one added) goes into ctx.speed[stage]."""
-    every = ctx.checkpoint_every_n_epochs
+    every = ctx.fit_settings.checkpoint_every_n_epochs
     folder = checkpoint_folder(ctx, key) if key is not None and every > 0 else None
     callbacks, ckpt_path = list(callbacks or []), None
     if folder is not None:
         callbacks += [epoch_checkpoint(folder, every), RandomState()]
-        ckpt_path = resume_from(folder, ctx.resume, stage)
+        ckpt_path = resume_from(folder, ctx.fit_settings.resume, stage)
         if ckpt_path is not None:
             ctx.resumed[stage] = LATEST["epoch"]
     timer = next((c for c in callbacks if isinstance(c, StepTimer)), None)

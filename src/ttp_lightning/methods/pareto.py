@@ -113,20 +113,20 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Di
     `label` names the fit's checkpoints (resumable, see checkpointing.py).
     With `cfg.adversarial` (method=pareto_robust) the uniformity term is robust and early stopping watches
     the forget CD under attack."""
-    optim = optimizer_settings(cfg, ctx.fused_policy())
+    optim = optimizer_settings(cfg, ctx.fit_settings.fused_policy())
     adversarial = AdversarialSettings.from_config(cfg.adversarial) if cfg.get("adversarial") else None
     module = ParetoFinetuneModule(
         net, cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,
         forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
         chunk_size=cfg.chunk_size, retain_data=datamodule.dataset("retain"),
         forget_data=datamodule.dataset("forget"), eval_parts=datamodule.eval_parts(), adversarial=adversarial,
-        joint_forward=bool(cfg.get("joint_forward", False)), exposed_above=ctx.exposed_above,
+        joint_forward=bool(cfg.get("joint_forward", False)), exposed_above=ctx.fit_settings.exposed_above,
         forget_reduction=str(cfg.get("forget_reduction") or "mean"),  # unset (null) for the certified warm-up
         forget_cvar_fraction=float(cfg.get("forget_cvar_fraction") or 0.2),
         forget_batchnorm=str(cfg.get("forget_batchnorm") or "train"),
         retain_batchnorm=str(cfg.get("retain_batchnorm") or "train"),
     )
-    made = method_callbacks(ctx.callbacks)
+    made = method_callbacks(ctx.fit_settings.callbacks)
     history, timer = made["history"], made["timer"]
     backoffs = int(cfg.get("lr_backoffs") or 0)
     start_retain_acc = evaluate(net, datamodule)["retain_acc"] if stopping is not None or backoffs else None

@@ -44,7 +44,7 @@ class GaussianUniform(Method):
         net = make_net()
         wall = train_erm(ctx, net, datamodule.loader_for(train), key=ctx.key_for("gaussian_uniform"),
                          stage="training on noisy copies")
-        metrics = {"wall_s": round(wall, 3), "epochs_run": int(ctx.pretrain.epochs), "train_size": len(train),
+        metrics = {"wall_s": round(wall, 3), "epochs_run": int(ctx.fit_settings.pretrain.epochs), "train_size": len(train),
                    "noisy_retain_acc": accuracy(net, noisy_retain), "noisy_forget_acc": accuracy(net, noisy_forget)}
         if len(datamodule.test_labels):
             metrics["noisy_test_acc"] = accuracy(net, noisy_copy(datamodule.dataset("test"), std, generator))

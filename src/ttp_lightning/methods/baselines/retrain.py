@@ -16,4 +16,4 @@ class Retrain(Method):
         net = make_net()
         wall = train_erm(ctx, net, datamodule.training_loader("retain"), key=ctx.key_for("retrain"),
                          stage="retraining A(D_r)")
-        return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.pretrain.epochs)})
+        return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.fit_settings.pretrain.epochs)})

@@ -37,5 +37,5 @@ class Synthetic(Method):
         net = make_net()
         wall = train_erm(ctx, net, datamodule.loader_for(train), key=ctx.key_for("synthetic"),
                          stage="training on D_r + synthetic points")
-        return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.pretrain.epochs),
+        return MethodOutput(net, {"wall_s": round(wall, 3), "epochs_run": int(ctx.fit_settings.pretrain.epochs),
                                   "synthetic_points": len(points), "train_size": len(train)})

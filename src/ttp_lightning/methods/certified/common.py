@@ -51,7 +51,7 @@ def warm_start(ctx: RunContext, cfg: DictConfig, pretrained: nn.Module, datamodu
     if cfg.warmup_epochs:
         warm = finetune(ctx, prepared.net, datamodule, cfg, cfg.warmup_epochs, stopping=None, label="warmup")
         prepared = Prepared(warm.net, warm.history, warm.metrics["wall_s"])
-    project_to_norm_ball(prepared.net, ctx.pretrain.norm_bound, ctx.pretrain.projection)
+    project_to_norm_ball(prepared.net, ctx.fit_settings.pretrain.norm_bound, ctx.fit_settings.pretrain.projection)
     select_certified_layers(prepared.net, cfg.layers, cfg.bound)
     prepared.net.to(eval_device())
     prepared.has_batchnorm = refresh_batchnorm(prepared.net, datamodule.dataset("retain"), cfg.chunk_size)
@@ -64,7 +64,7 @@ def release_model(cfg: DictConfig, algorithm: str) -> str:
 
 def stated_constants(ctx: RunContext, cfg: DictConfig, algorithm: str, net: nn.Module) -> dict:
     """The hyperparameters a certificate states (before the measured constants and the noise)."""
-    pretrain = ctx.pretrain
+    pretrain = ctx.fit_settings.pretrain
     names = [name for name, p in net.named_parameters() if p.requires_grad]
     residual = cfg.bound == "residual"
     mu, mu_rule = mu_of(cfg, resolve_lam(cfg)) if residual else (None, None)
@@ -157,8 +157,8 @@ def request_parts(datamodule: TTPDataModule, algorithm: str) -> list:
 
 def newton_steps(ctx: RunContext, cfg: DictConfig, net: nn.Module, parts: list, algorithm: str) -> CertifiedStepModule:
     """The Newton step(s) through Lightning (one training step each, sharded under DDP) and the noise seed."""
-    module = CertifiedStepModule(net, parts, cfg, KINDS[algorithm], float(ctx.pretrain.norm_bound),
-                                 ctx.pretrain.projection)
+    module = CertifiedStepModule(net, parts, cfg, KINDS[algorithm], float(ctx.fit_settings.pretrain.norm_bound),
+                                 ctx.fit_settings.pretrain.projection)
     with quiet_no_optimizer():
         fit(ctx, module, max_epochs=1, stage="certified step", guard=False)
     return module

@@ -8,6 +8,23 @@ class TTPUserError(Exception):
     """A problem with the user's input (config values, files, names) rather than a bug."""
 
 
+def build_part(config, key: str, expected: type, **kwargs):
+    """`config`'s `_target_` built by Hydra as the part at `key` (`method`, `attacks.suite.apgd`): an
+    unimportable or wrong target, or an object that is not an `expected`, is one line naming it."""
+    from hydra.utils import instantiate as hydra_instantiate
+
+    target = config.get("_target_")
+    try:
+        part = hydra_instantiate(config, **kwargs)
+    except Exception as exc:  # an unimportable or wrong target: one line naming it
+        cause = exc.__cause__ or exc
+        raise TTPUserError(f"{key}._target_={target} cannot be built ({type(cause).__name__}: "
+                           f"{str(cause).splitlines()[0] if str(cause) else ''})") from exc
+    if not isinstance(part, expected):
+        raise TTPUserError(f"{key}._target_={target} is not a {expected.__module__}.{expected.__qualname__} subclass")
+    return part
+
+
 def instantiate(config, **kwargs):
     """hydra.utils.instantiate, with a TTPUserError raised inside the constructor coming out unwrapped (Hydra
     wraps constructor errors), so bad user input still ends in the usual one-line error."""

@@ -53,6 +53,7 @@ from ttp_lightning.reporting.results import (
     write_weights,
 )
 from ttp_lightning.reporting.run_identity import flat_config, run_identity
+from ttp_lightning.reporting.tables import method_label
 from ttp_lightning.reporting.wandb_charts import log_run_charts
 from ttp_lightning.training import RunContext, choose_threads, multiply_accumulates
 from ttp_lightning.validation import validate_config
@@ -202,7 +203,7 @@ def method_key(ctx: RunContext, method, datamodule) -> str:
 def publish(results: dict, net, cfg: DictConfig, datamodule, attack_table, certificate_line, output_dir) -> dict:
     """The release folder the gate chose (release/ or release_not_protected/): model.safetensors, config.json,
     MODEL_CARD.md (what a model hub takes); returns the results' record of it."""
-    label = cfg.method.get("label") or cfg.method.name
+    label = method_label(results)
     architecture = architecture_of(cfg.model)
     folder = write_hub_release(net, output_dir, architecture, datamodule.info, release_protection(results, label),
                                model_card(results, label, attack_table, certificate_line),

@@ -3,13 +3,12 @@ typed schemas' ranges (config_schema.py; types and closed choices failed at comp
 attacks' settings, the accelerator, and what depends on more than one setting; then builds the method,
 which checks its own."""
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.checks import positive_int as _positive_int
 from ttp_lightning.cli_checks import check_cache_dir, check_devices
 from ttp_lightning.config_schema import MainSchema, typed
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.errors import TTPUserError, build_part
 from ttp_lightning.methods.base import Method
 
 
@@ -56,15 +55,7 @@ def build_method(cfg: DictConfig) -> Method:
     if not target:
         raise TTPUserError(f"method {cfg.method.get('name')!r} names no _target_ class; a method's YAML needs "
                            "`_target_: <module>.<Method subclass>` (README, Adding a method)")
-    try:
-        method = hydra.utils.instantiate(cfg.method, _recursive_=False)
-    except Exception as exc:  # an unimportable or wrong target: one line naming it
-        cause = exc.__cause__ or exc
-        raise TTPUserError(f"method._target_={target} cannot be built ({type(cause).__name__}: "
-                           f"{str(cause).splitlines()[0] if str(cause) else ''})") from exc
-    if not isinstance(method, Method):
-        raise TTPUserError(f"method._target_={target} is not a ttp_lightning.methods.base.Method subclass")
-    return method
+    return build_part(cfg.method, "method", Method, _recursive_=False)
 
 
 def _required(cfg: DictConfig) -> None:

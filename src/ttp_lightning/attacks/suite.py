@@ -21,7 +21,6 @@ Checks, per model:
 import time
 from itertools import pairwise
 
-import hydra
 import torch
 from torch import nn
 
@@ -29,7 +28,7 @@ from ttp_lightning.attacks.base import Attack
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 from ttp_lightning.batching import ImageBatchDataset
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.errors import build_part
 from ttp_lightning.evaluation import eval_device
 
 WORST = "worst"
@@ -39,21 +38,8 @@ UNBOUNDED = 255
 def build_suite(suite) -> dict[str, Attack]:
     """The attacks of `attacks.suite`, in its order, each built by Hydra from its `_target_` (null entries,
     attacks left out, are skipped)."""
-    attacks = {}
-    for name, settings in suite.items():
-        if settings is None:
-            continue
-        try:
-            attack = hydra.utils.instantiate(settings)
-        except Exception as exc:  # an unimportable or wrong target: one line naming it
-            cause = exc.__cause__ or exc
-            raise TTPUserError(f"attacks.suite.{name}._target_={settings.get('_target_')} cannot be built "
-                               f"({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})") from exc
-        if not isinstance(attack, Attack):
-            raise TTPUserError(f"attacks.suite.{name}._target_={settings.get('_target_')} is not a "
-                               "ttp_lightning.attacks.base.Attack subclass")
-        attacks[str(name)] = attack
-    return attacks
+    return {str(name): build_part(settings, f"attacks.suite.{name}", Attack) for name, settings in suite.items()
+            if settings is not None}
 
 
 def is_randomised(model: nn.Module, images: torch.Tensor) -> bool:

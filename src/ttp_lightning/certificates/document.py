@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from ttp_lightning.certificates.schema import AUDIT_FORMAT, CERTIFICATE_FORMAT
+from ttp_lightning.certificates.schema import ALGORITHMS, AUDIT_FORMAT, CERTIFICATE_FORMAT
 from ttp_lightning.certify.bounds import (
     estimator_depth,
     estimator_scale_b,
@@ -43,7 +43,7 @@ from ttp_lightning.files import atomic_tensors, atomic_text, sha256_of
 CERTIFICATE_FILE, AUDIT_FILE = "certificate.json", "audit.json"
 RELEASE_DIR, PRIVATE_DIR = "release", "private"
 START_FILE, NOISE_FREE_FILE = "start.safetensors", "noise_free.safetensors"
-EXACT, ESTIMATOR, ONLINE = "alg2_exact_newton", "alg3_hessian_estimator", "alg4_online"
+EXACT, ESTIMATOR, ONLINE = ALGORITHMS  # Algs 2, 3, 4
 RELATIVE_TOLERANCE = 1e-6
 NOISE_NORM_FAILURE = 1e-9   # the released-norm check fails a genuine release with at most this probability
 EXACT_RESIDUAL_LIMIT = 1e-6  # a Cholesky solve whose residual is above this is no exact Newton step

@@ -17,11 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ttp_lightning.cli_checks import CONF_DIR
+from ttp_lightning.config_schema import Algorithm
 from ttp_lightning.errors import TTPUserError
 
 CERTIFICATE_FORMAT = "ttp_lightning.certificate/3"
 AUDIT_FORMAT = "ttp_lightning.audit/1"
-ALGORITHMS = ("alg2_exact_newton", "alg3_hessian_estimator", "alg4_online")
+ALGORITHMS = tuple(algorithm.value for algorithm in Algorithm)  # method.algorithm's choices (config_schema)
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 _FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\.safetensors$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

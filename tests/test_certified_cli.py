@@ -491,11 +491,11 @@ def test_certified_bad_input(run_job):
 ])
 def test_certified_options_are_validated(compose_cfg, overrides, message):
     from ttp_lightning.errors import TTPUserError
-    from ttp_lightning.validation import validate_config
+    from ttp_lightning.validation import build_method, validate_config
 
     cfg = compose_cfg("model=logreg", "pretrain.norm_bound=10", *overrides, tiny=False)
     with pytest.raises(TTPUserError, match=message):
-        validate_config(cfg)
+        build_method(validate_config(cfg))  # the ranges, then the method's own cross-field checks
 
 
 def test_a_closed_choice_of_the_certified_schema_fails_at_composition(compose_cfg):

@@ -12,6 +12,7 @@ from PIL import Image
 
 from ttp_lightning.data import TTPDataModule
 from ttp_lightning.data.images import Preprocess, decode, finish, read_file
+from ttp_lightning.data.sources import ImageFolderSource
 from ttp_lightning.errors import TTPUserError
 
 ORIENTATION = 0x0112
@@ -43,7 +44,7 @@ def _folder(tmp_path, count: int = 6):
 
 
 def _datamodule(root, forget, **forget_settings) -> TTPDataModule:
-    dm = TTPDataModule(name="imagefolder", root=str(root), normalize=False,
+    dm = TTPDataModule(name="imagefolder", loader=ImageFolderSource(), root=str(root), normalize=False,
                        forget={"size": None, "images": str(forget), **forget_settings})
     dm.setup()
     return dm

@@ -1,16 +1,14 @@
 """The pretraining cache key changes with everything that determines A(D), and only with that."""
 
-import hydra
-
+from ttp_lightning.data import build_datamodule
 from ttp_lightning.pretraining import cache_key
 from ttp_lightning.training import RunContext
+from ttp_lightning.validation import validate_config
 
 
 def key_for(compose_cfg, *overrides):
-    cfg = compose_cfg(*overrides)
-    datamodule = hydra.utils.instantiate(cfg.data)
-    datamodule.setup()
-    return cache_key(RunContext.from_config(cfg), datamodule)
+    settings = validate_config(compose_cfg(*overrides))
+    return cache_key(RunContext.of(settings), build_datamodule(settings.data))
 
 
 def test_cache_key_tracks_what_determines_the_pretrained_model(compose_cfg):
@@ -33,10 +31,11 @@ def test_cache_key_tracks_what_determines_the_pretrained_model(compose_cfg):
 def _cache_ctx(tmp_path, **trainer):
     from omegaconf import OmegaConf
 
+    from ttp_lightning.config_schema import PretrainSchema
     from ttp_lightning.training import FitSettings, RunContext
 
     return RunContext(FitSettings(trainer=OmegaConf.create({"devices": 1, "strategy": "auto", **trainer}),
-                                  pretrain=OmegaConf.create({"use_cache": True}), cache_dir=str(tmp_path)))
+                                  pretrain=PretrainSchema(use_cache=True), cache_dir=str(tmp_path)))
 
 
 def _counting_fit(net, calls, seconds=0.0):

@@ -21,7 +21,6 @@ from ttp_lightning.cli_checks import (
 )
 from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
 from ttp_lightning.files import run_folder_lock
-from ttp_lightning.reporting.run_identity import SWEPT_ENV, swept_keys_from_argv
 
 
 def _fail(exc: TTPUserError) -> None:
@@ -98,8 +97,6 @@ def main() -> None:
     signal.signal(signal.SIGINT, _on_sigint)
     interrupts.install(lambda: _stopped_by("SIGTERM", 128 + signal.SIGTERM, at_once=True))  # outside fits
     sys.argv[1:] = normalize_overrides(sys.argv[1:])
-    if any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):  # the jobs name and group their runs by these
-        os.environ[SWEPT_ENV] = ",".join(swept_keys_from_argv(sys.argv[1:]))
     try:
         check_renamed(sys.argv[1:])
         check_group_choices(sys.argv[1:])

@@ -8,7 +8,7 @@ validation.py and the methods' `check`.
 Values typed `Any` hold either a word or a number (`lam: auto | float`) or a `_partial_` config.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -158,7 +158,7 @@ class DataSchema:
 
     _target_: str = "ttp_lightning.data.TTPDataModule"
     name: str = "digits"
-    loader: Any = None  # how the data set's files are read: a Source's config (data/sources.py); null: imagefolder
+    loader: Any = None  # how the data set's files are read: a Source's config (data/sources.py)
     root: str = "data"
     download: bool = False
     split: Split = Split["official"]
@@ -176,19 +176,20 @@ class DataSchema:
     seed: int = 42
     mean: list[float] | None = None  # the model's input statistics when not the data's own (normalize=true)
     std: list[float] | None = None
-    image_size: int | None = None  # data=imagefolder: resize (shorter side) and centre-crop to N x N
-    channels: int | None = None    # data=imagefolder: 1 or 3; null: from the images
-    decoded_cache: str | None = None  # data=imagefolder: where decoded images are kept between runs
+    # for a loader that takes them (data=imagefolder's ImageFolderSource, whose YAML passes them on):
+    image_size: int | None = None  # resize (shorter side) and centre-crop to N x N
+    channels: int | None = None    # 1 or 3; null: from the images
+    decoded_cache: str | None = None  # where decoded images are kept between runs
 
     def __post_init__(self) -> None:
-        if self.name != "imagefolder" and self.decoded_cache is not None:
+        read = set(self.loader or {})  # the settings this data set's loader takes (data=imagefolder's: all three)
+        if self.decoded_cache is not None and "decoded_cache" not in read:
             raise TTPUserError(f"data.decoded_cache is only for data=imagefolder; data set {self.name!r} is read "
                                "from its own files every run")
-        if self.name != "imagefolder":
-            for key in ("image_size", "channels"):
-                if getattr(self, key) is not None:
-                    raise TTPUserError(f"data.{key}={getattr(self, key)} is only for data=imagefolder; data set "
-                                       f"{self.name!r} has its own image shape")
+        for key in ("image_size", "channels"):
+            if getattr(self, key) is not None and key not in read:
+                raise TTPUserError(f"data.{key}={getattr(self, key)} is only for data=imagefolder; data set "
+                                   f"{self.name!r} has its own image shape")
         if self.image_size is not None:
             checks.positive_int(self.image_size, "data.image_size")
         if self.channels not in (None, 1, 3):
@@ -485,6 +486,28 @@ def as_schema(schema: type, values, key: str):
         where = f"{key}.{exc.full_key}" if getattr(exc, "full_key", None) else key
         raise TTPUserError(f"{where}: {str(exc).splitlines()[0]}") from None
     return typed(node, key)
+
+
+def plain(value):
+    """A section (a schema object, a config or a mapping) as plain, resolved dicts and lists, the enums kept:
+    what hashes and JSON records take."""
+    if value is None:
+        return None
+    node = OmegaConf.structured(value) if is_dataclass(value) else value
+    return OmegaConf.to_container(OmegaConf.create(node) if isinstance(node, (dict, list)) else node, resolve=True)
+
+
+def settings_of(cfg) -> MainSchema:
+    """The composed config as one MainSchema object, every value checked once: each typed section (data, the
+    method, attacks, pretrain, performance, release_gate) becomes its schema's object (its ranges checked in
+    `__post_init__`), the top level's own values are checked by MainSchema, and the sections that only
+    `instantiate` reads (trainer, model, logger, callbacks, paths) stay configs."""
+    values = {}
+    for item in fields(MainSchema):
+        if item.name in cfg:
+            node = cfg[item.name]
+            values[item.name] = typed(node, item.name) if OmegaConf.is_config(node) else node
+    return MainSchema(**values)
 
 
 def typed(section, key: str):

@@ -9,13 +9,27 @@ class TTPUserError(Exception):
 
 
 def build_part(config, key: str, expected: type, **kwargs):
-    """`config`'s `_target_` built by Hydra as the part at `key` (`method`, `attacks.suite.apgd`): an
+    """`config`'s `_target_` built by Hydra as the part at `key` (`attacks.suite.apgd`, `data.loader`): an
     unimportable or wrong target, or an object that is not an `expected`, is one line naming it."""
     from hydra.utils import instantiate as hydra_instantiate
 
-    target = config.get("_target_")
+    return _built(config.get("_target_"), key, expected, lambda: hydra_instantiate(config, **kwargs))
+
+
+def build_class(target, key: str, expected: type, *args, **kwargs):
+    """The class `target` names (a `_target_` string) called with `args` and `kwargs`: a part whose settings
+    were checked and typed already (a method given its schema object, the data module). The same one-line
+    errors as build_part; a TTPUserError the constructor raises comes out as it is."""
+    from hydra.utils import get_class
+
+    return _built(target, key, expected, lambda: get_class(str(target))(*args, **kwargs))
+
+
+def _built(target, key: str, expected: type, make):
     try:
-        part = hydra_instantiate(config, **kwargs)
+        part = make()
+    except TTPUserError:
+        raise
     except Exception as exc:  # an unimportable or wrong target: one line naming it
         cause = exc.__cause__ or exc
         raise TTPUserError(f"{key}._target_={target} cannot be built ({type(cause).__name__}: "

@@ -18,6 +18,7 @@ from ttp_lightning.attacks.relearn import relearn_attack
 from ttp_lightning.certificates.document import AUDIT_FILE, PRIVATE_DIR, write_release
 from ttp_lightning.certificates.schema import data_spec, model_spec
 from ttp_lightning.checkpointing import remove as remove_checkpoints
+from ttp_lightning.config_schema import AttacksSchema, MainSchema, plain
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device, evaluate, forget_softmax, predictions
@@ -56,7 +57,7 @@ from ttp_lightning.reporting.run_identity import flat_config, run_identity
 from ttp_lightning.reporting.tables import method_label
 from ttp_lightning.reporting.wandb_charts import log_run_charts
 from ttp_lightning.training import RunContext, choose_threads, multiply_accumulates
-from ttp_lightning.validation import validate_config
+from ttp_lightning.validation import build_method, setting, validate_config
 
 log = logging.getLogger(__name__)
 
@@ -128,16 +129,16 @@ def end_logger(logger, status: str) -> None:
         wandb.finish(exit_code=0 if status == "success" else 1)
 
 
-def identity(cfg: DictConfig, datamodule) -> dict:
+def identity(settings: MainSchema, datamodule) -> dict:
     """What a certificate needs to rebuild the data and the model from registered configs (typed settings,
     never a _target_), and the forget set's fingerprint."""
     return {
-        "data": data_spec(cfg.data), "model": model_spec(cfg.model),
+        "data": data_spec(settings.data), "model": model_spec(settings.model),
         "forget_fingerprint": datamodule.forget_fingerprint(), "forget_size": len(datamodule.forget_indices),
     }
 
 
-def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig, attacks: dict) -> dict:
+def attack_models(results: dict, models: dict, datamodule, cfg: AttacksSchema, attacks: dict) -> dict:
     """The attack evaluation of each stage's model on the forget set: results["attacks"] (scores),
     results["attack_checks"] and, in each stage's metrics, forget_robust_conf_dist (the worst attack at
     `robust_gamma`). Attackers aim for the pretrained model's predictions and must restore its forget CD.
@@ -152,8 +153,8 @@ def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig, atta
         results["attacks"][stage], results["attack_checks"][stage] = evaluation["scores"], evaluation["checks"]
         results["metrics"][stage]["forget_robust_conf_dist"] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
         per_image[stage] = evaluation["worst_per_image"][gamma]
-    relearn = cfg.get("relearn")
-    if relearn is not None and relearn.enabled and len(datamodule.test_labels):
+    relearn = cfg.relearn
+    if relearn.enabled and len(datamodule.test_labels):
         log.info("relearning attack: Adam lr %g on the test split, forget set measured after %s steps", relearn.lr,
                  ", ".join(map(str, relearn.steps)))
         results["relearn"] = {stage: relearn_attack(net, datamodule.dataset("test"), forget, list(relearn.steps),
@@ -162,14 +163,14 @@ def attack_models(results: dict, models: dict, datamodule, cfg: DictConfig, atta
     return per_image
 
 
-def account_per_image(results: dict, models: dict, datamodule, cfg: DictConfig, attacked: dict,
+def account_per_image(results: dict, models: dict, datamodule, attacks: AttacksSchema, attacked: dict,
                       threshold: float) -> str | None:
     """Every forget image, one by one: results["forget_per_image"] (clean, attacked and certified CD per image
     and stage), results["certified"] (the certified bound at every attack radius) and each stage's per-image
     summary in its metrics. Returns why no certified bound could be computed (None when it was)."""
     forget_images, _ = datamodule.dataset("forget").everything()
-    gamma = float(cfg.attacks.robust_gamma)
-    gammas = sorted({float(g) for g in cfg.attacks.gammas} | {gamma})
+    gamma = float(attacks.robust_gamma)
+    gammas = sorted({float(g) for g in attacks.gammas} | {gamma})
     device = eval_device()
     columns, results["certified"], note = {}, {}, None
     for stage, net in models.items():
@@ -196,15 +197,15 @@ def method_key(ctx: RunContext, method, datamodule) -> str:
     """What determines the method's fits: A(D) (data, model, pretraining incl. absorb_epochs, seed, process
     layout), the forget set, and the method's settings; names their checkpoint folders."""
     identity = {"pretrained": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(),
-                "method": OmegaConf.to_container(method.settings, resolve=True)}
+                "method": {key: value for key, value in plain(method.settings).items() if key != "_target_"}}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def publish(results: dict, net, cfg: DictConfig, datamodule, attack_table, certificate_line, output_dir) -> dict:
+def publish(results: dict, net, settings: MainSchema, datamodule, attack_table, certificate_line, output_dir) -> dict:
     """The release folder the gate chose (release/ or release_not_protected/): model.safetensors, config.json,
     MODEL_CARD.md (what a model hub takes); returns the results' record of it."""
     label = method_label(results)
-    architecture = architecture_of(cfg.model)
+    architecture = architecture_of(settings.model)
     folder = write_hub_release(net, output_dir, architecture, datamodule.info, release_protection(results, label),
                                model_card(results, label, attack_table, certificate_line),
                                certified_file=results["certificate"]["weights"][-1]["file"]
@@ -214,25 +215,29 @@ def publish(results: dict, net, cfg: DictConfig, datamodule, attack_table, certi
 
 
 def run(cfg: DictConfig, output_dir: str) -> dict | None:
-    """Execute one job; returns the results dict on rank 0 (None on other DDP ranks)."""
+    """Execute one job; returns the results dict on rank 0 (None on other DDP ranks). The composed `cfg` is
+    checked once and becomes the typed settings the stages read; it is kept only as the record of the run
+    (results.json's `config`, the logger's hyperparameters, the run's name)."""
     route_lightning_logs_to_hydra()
     quiet_lightning()
-    method = validate_config(cfg)  # builds the method from cfg.method._target_ and checks its settings
-    attacks = build_suite(cfg.attacks.suite) if cfg.attacks.enabled else {}  # conf/attack, by _target_
-    datamodule = build_datamodule(cfg.data)
-    gate = GateSettings.from_config(cfg.release_gate, robust_method=cfg.method.get("adversarial") is not None
-                                    and bool(cfg.attacks.enabled))
-    gate.check(datamodule.info.num_classes, bool(cfg.attacks.enabled))
+    settings = validate_config(cfg)  # every value checked once, as typed objects (config_schema.MainSchema)
+    method = build_method(settings)  # from method._target_, given its typed settings; checks its own
+    attacks = build_suite(settings.attacks.suite) if settings.attacks.enabled else {}  # conf/attack, by _target_
+    datamodule = build_datamodule(settings.data)
+    gate = GateSettings.from_config(settings.release_gate, robust_method=setting(settings.method, "adversarial")
+                                    is not None and settings.attacks.enabled)
+    gate.check(datamodule.info.num_classes, settings.attacks.enabled)
 
     def make_net():
-        L.seed_everything(cfg.seed, workers=True, verbose=False)
-        return build_classifier(cfg.model, datamodule.info)
+        L.seed_everything(settings.seed, workers=True, verbose=False)
+        return build_classifier(settings.model, datamodule.info)
 
     identity = run_identity(cfg)
-    ctx = RunContext.from_config(cfg, logger=build_logger(cfg, identity), output_dir=output_dir)
+    ctx = RunContext.of(settings, logger=build_logger(cfg, identity), output_dir=output_dir)
     ctx.identity = identity
+    record = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     try:
-        return _stages(cfg, ctx, method, attacks, datamodule, make_net, gate)
+        return _stages(settings, record, ctx, method, attacks, datamodule, make_net, gate)
     except BaseException:
         abort_logger(ctx.logger)
         raise
@@ -245,12 +250,13 @@ def abort_logger(logger) -> None:
         end_logger(logger, "failed")
 
 
-def _stages(cfg: DictConfig, ctx: RunContext, method, attacks: dict, datamodule, make_net,
+def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks: dict, datamodule, make_net,
             gate: GateSettings) -> dict | None:
-    """pretrain (cached) -> method -> evaluation, attacks -> results.json, release, table, logger."""
+    """pretrain (cached) -> method -> evaluation, attacks -> results.json (`record`: the resolved config),
+    release, table, logger."""
     output_dir = ctx.output_dir
     pretrained = make_net()
-    choose_threads(cfg, multiply_accumulates(pretrained, datamodule.info.channels, datamodule.info.image_size))
+    choose_threads(settings, multiply_accumulates(pretrained, datamodule.info.channels, datamodule.info.image_size))
     pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)
     original = None
     if datamodule.outside_forget_count:  # D_f from outside D: A(D) learns those instances first
@@ -260,43 +266,43 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, attacks: dict, datamodule,
     ctx.run_key = method_key(ctx, method, datamodule)
     # the method draws from the global generators (robust Alg 1's inner attack): seeded here, so its steps do not
     # depend on whether A(D) was trained in this process or read from the cache
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    L.seed_everything(settings.seed, workers=True, verbose=False)
     output = method.run(ctx, pretrained, datamodule, make_net)
     # every rank evaluates its share (trainer.validate); rank 0 then attacks, writes and prints
     exposed_above = ctx.fit_settings.exposed_above
-    metrics = {"pretrain_original": evaluate(original, datamodule, cfg.trainer, exposed_above)} \
+    metrics = {"pretrain_original": evaluate(original, datamodule, settings.trainer, exposed_above)} \
         if original is not None else {}
-    metrics["pretrain"] = {**evaluate(pretrained, datamodule, cfg.trainer, exposed_above), **pretrain_info}
-    metrics[cfg.method.name] = {**evaluate(output.net, datamodule, cfg.trainer, exposed_above), **output.metrics,
+    metrics["pretrain"] = {**evaluate(pretrained, datamodule, settings.trainer, exposed_above), **pretrain_info}
+    metrics[method.name] = {**evaluate(output.net, datamodule, settings.trainer, exposed_above), **output.metrics,
                                 "weights_changed": weights_changed(pretrained, output.net)}
     if not is_global_zero():
         return None
     results = {
-        "experiment": cfg.experiment_name,
-        "method": cfg.method.name,
-        "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        "experiment": settings.experiment_name,
+        "method": method.name,
+        "config": record,
         "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
                  "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
                  "forget_fingerprint": datamodule.forget_fingerprint(),
                  "forget_set_digest": datamodule.forget_set_digest(), **datamodule.forget_record()},
         "metrics": metrics,
-        "history": {cfg.method.name: output.history},
+        "history": {method.name: output.history},
         "resumed": dict(ctx.resumed),
         "run": ctx.identity,  # name, wandb group (the sweep), job type, this job's swept values  # stage -> the epoch a rerun resumed after (wall times cover this process)
     }
     results["forget_softmax"] = {"pretrain": forget_softmax(pretrained, datamodule),
-                                 cfg.method.name: forget_softmax(output.net, datamodule)}
-    models = {"pretrain": pretrained, cfg.method.name: output.net}
+                                 method.name: forget_softmax(output.net, datamodule)}
+    models = {"pretrain": pretrained, method.name: output.net}
     attacked = {}
-    if cfg.attacks.enabled:
+    if settings.attacks.enabled:
         log.info("attacking the forget set: %s at gamma %s/255", ", ".join(attacks),
-                 ", ".join(f"{float(g):g}" for g in cfg.attacks.gammas))
-        attacked = attack_models(results, models, datamodule, cfg.attacks, attacks)
-    note = account_per_image(results, models, datamodule, cfg, attacked, gate.conf_dist_at_most)
-    results["release_gate"] = judge(results["forget_per_image"], cfg.method.name, metrics[cfg.method.name], gate,
-                                    float(cfg.attacks.robust_gamma), note)
+                 ", ".join(f"{float(g):g}" for g in settings.attacks.gammas))
+        attacked = attack_models(results, models, datamodule, settings.attacks, attacks)
+    note = account_per_image(results, models, datamodule, settings.attacks, attacked, gate.conf_dist_at_most)
+    results["release_gate"] = judge(results["forget_per_image"], method.name, metrics[method.name], gate,
+                                    float(settings.attacks.robust_gamma), note)
     try:  # a full disk or a lost mount while writing: one line, and no output of this run left half-made
-        path, attack_table, certificate_line = _write_outputs(results, output, cfg, datamodule, metrics, output_dir)
+        path, attack_table, certificate_line = _write_outputs(results, output, settings, datamodule, metrics, output_dir)
     except OSError as exc:
         _remove_outputs(Path(output_dir))
         where = f": {exc.filename}" if exc.filename else ""
@@ -305,7 +311,7 @@ def _stages(cfg: DictConfig, ctx: RunContext, method, attacks: dict, datamodule,
     attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
     certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
     per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
-    print(f"\n{cfg.experiment_name} / {cfg.method.name}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
+    print(f"\n{settings.experiment_name} / {method.name}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
           f"{gate_summary(results['release_gate'], results['data']['forget_size'])}\nresults: {path}", flush=True)
     finish_logger(ctx.logger, results, output_dir)
     remove_checkpoints(ctx.checkpoint_dirs)  # the results are written: a rerun starts afresh
@@ -324,13 +330,13 @@ def _remove_outputs(output_dir: Path) -> None:
             target.unlink(missing_ok=True)
 
 
-def _write_outputs(results: dict, output, cfg: DictConfig, datamodule, metrics: dict, output_dir: str):
+def _write_outputs(results: dict, output, settings: MainSchema, datamodule, metrics: dict, output_dir: str):
     """The certificate (certified methods), the weights, the release folder and results.json, in that order;
     returns (results.json's path, the attack table, the certificate line)."""
     folder = results["release_gate"]["folder"]
     if output.release is not None:
-        certificate = {**output.release.certificate, "experiment": cfg.experiment_name,
-                       **identity(cfg, datamodule), "metrics": metrics[cfg.method.name]}
+        certificate = {**output.release.certificate, "experiment": settings.experiment_name,
+                       **identity(settings, datamodule), "metrics": metrics[results["method"]]}
         cert_path = write_release(certificate, output.release.states, output.release.audit, output_dir, folder)
         results["certificate"] = json.loads(cert_path.read_text())
         results["weights_file"] = f"{folder}/{results['certificate']['weights'][-1]['file']}"
@@ -338,13 +344,13 @@ def _write_outputs(results: dict, output, cfg: DictConfig, datamodule, metrics: 
         results["noise_free"] = output.release.noise_free
     else:
         results["weights_file"] = f"{folder}/{WEIGHTS}"  # publish() writes it
-        if cfg.state_dict:  # asked for: the raw state_dict too
+        if settings.state_dict:  # asked for: the raw state_dict too
             weights = write_weights(output.net, Path(output_dir) / ("" if results["release_gate"]["passed"] else folder))
             results["state_dict_file"] = str(weights.relative_to(output_dir))
     attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn")) \
         if "attacks" in results else None
-    certificate_line = format_certificate_line(results["certificate"], cfg.method.vacuous_above) \
+    certificate_line = format_certificate_line(results["certificate"], settings.method.vacuous_above) \
         if "certificate" in results else None
-    results["release"] = publish(results, output.net, cfg, datamodule, attack_table, certificate_line, output_dir)
+    results["release"] = publish(results, output.net, settings, datamodule, attack_table, certificate_line, output_dir)
     path = write_results(results, output_dir)
     return path, attack_table, certificate_line

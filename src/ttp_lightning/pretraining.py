@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
-from omegaconf import OmegaConf
 from safetensors.torch import load as load_tensors
 from torch import nn
 
 from ttp_lightning import proofs
 from ttp_lightning.checkpointing import remove as remove_checkpoints
+from ttp_lightning.config_schema import plain
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import evaluate
 from ttp_lightning.files import atomic_tensors, atomic_text, sha256_of
@@ -51,18 +51,18 @@ def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
         "data_info": asdict(datamodule.info),  # includes the normalisation the model applies
         "augment": datamodule.augment,
         "batch_size": datamodule.batch_size,
-        "model": OmegaConf.to_container(ctx.fit_settings.model, resolve=True),
+        "model": plain(ctx.fit_settings.model),
         # a provider's checkpoint and pretrained weights are named by their content, not their path
         "files_sha256": {key: _checkpoint_sha(model_file(ctx, key))
                          for key in ("checkpoint", "pretrained_file") if model_file(ctx, key)},
-        "pretrain": OmegaConf.to_container(ctx.fit_settings.pretrain, resolve=True),
+        "pretrain": plain(ctx.fit_settings.pretrain),
         "seed": ctx.fit_settings.seed,
         # the process layout changes batching (each DDP rank takes its own batch), so it is part of the key;
         # read from the config, never the environment, so every rank computes the same key
         "processes": {k: ctx.fit_settings.trainer.get(k) for k in ("accelerator", "devices", "num_nodes", "strategy")},
         # precision and the speed settings change the arithmetic, so A(D) too
         "numerics": {"precision": str(ctx.fit_settings.trainer.get("precision", 32)),
-                     "performance": OmegaConf.to_container(ctx.fit_settings.performance, resolve=True) if ctx.fit_settings.performance else None},
+                     "performance": plain(ctx.fit_settings.performance)},
         # intra-op threads change the order of floating-point sums, and training amplifies the difference
         "threads": torch.get_num_threads(),
     }

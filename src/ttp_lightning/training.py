@@ -12,19 +12,21 @@ from omegaconf import DictConfig
 
 from ttp_lightning.callbacks import FiniteGuard, Performance, StepTimer, extra_callbacks
 from ttp_lightning.checkpointing import LATEST, RandomState, SignedCheckpointIO, epoch_checkpoint, resume_from
+from ttp_lightning.config_schema import MainSchema, PerformanceSchema, PretrainSchema
 from ttp_lightning.interrupts import fitting
 from ttp_lightning.progress import progress_callbacks
 
 
 @dataclass(frozen=True)
 class FitSettings:
-    """The settings every fit reads, taken from the composed config once: the `trainer`, `pretrain` and
+    """The settings every fit reads, taken from the run's checked settings once: the `trainer`, `pretrain` and
     `callbacks` sections, checkpointing and resume, the progress bar, the speed switches (`performance`),
     what names A(D)'s cache entry (`model`, `seed`, `cache_dir`) and the gate's per-image threshold the fits
-    count forget images against (`exposed_above`). A method's own settings are the method's (Method.settings)."""
+    count forget images against (`exposed_above`). A method's own settings are the method's (Method.settings).
+    `trainer`, `model` and `callbacks` are what Hydra instantiates (configs); the rest is typed."""
 
     trainer: DictConfig
-    pretrain: DictConfig
+    pretrain: PretrainSchema
     model: DictConfig | None = None
     callbacks: DictConfig | None = None
     seed: int = 0
@@ -32,19 +34,18 @@ class FitSettings:
     checkpoint_every_n_epochs: int = 1
     resume: bool = True
     progress_bar_refresh_rate: int = 20
-    performance: DictConfig | None = None  # channels_last, fused_optimizer, compile (conf/main.yaml)
+    performance: PerformanceSchema = field(default_factory=PerformanceSchema)  # channels_last, fused_optimizer, compile
     exposed_above: float | None = None  # release_gate.conf_dist_at_most: fits count the forget images above it
 
     @classmethod
-    def from_config(cls, cfg: DictConfig) -> "FitSettings":
-        return cls(trainer=cfg.trainer, pretrain=cfg.pretrain, model=cfg.get("model"),
-                   callbacks=cfg.get("callbacks"), seed=cfg.get("seed", 0),
-                   cache_dir=str(cfg.paths.cache_dir) if cfg.get("paths") else ".cache/ttp_lightning",
-                   checkpoint_every_n_epochs=int(cfg.get("checkpoint_every_n_epochs", 0) or 0),
-                   resume=bool(cfg.get("resume", True)),
-                   progress_bar_refresh_rate=int(cfg.get("progress_bar_refresh_rate", 20)),
-                   performance=cfg.get("performance"),
-                   exposed_above=float(cfg.release_gate.conf_dist_at_most) if cfg.get("release_gate") else None)
+    def of(cls, settings: MainSchema) -> "FitSettings":
+        return cls(trainer=settings.trainer, pretrain=settings.pretrain, model=settings.model,
+                   callbacks=settings.callbacks, seed=settings.seed,
+                   cache_dir=str(settings.paths.cache_dir) if settings.paths else ".cache/ttp_lightning",
+                   checkpoint_every_n_epochs=int(settings.checkpoint_every_n_epochs or 0),
+                   resume=bool(settings.resume), progress_bar_refresh_rate=int(settings.progress_bar_refresh_rate),
+                   performance=settings.performance,
+                   exposed_above=float(settings.release_gate.conf_dist_at_most))
 
     def fused_policy(self) -> str:
         """performance.fused_optimizer as auto | true | false."""
@@ -67,17 +68,16 @@ class RunContext:
     speed: dict = field(default_factory=dict)  # stage -> its fit's StepTimer.summary() (steps, images, seconds)
 
     @classmethod
-    def from_config(cls, cfg: DictConfig, logger: object = False, output_dir: str = ".") -> "RunContext":
-        return cls(fit_settings=FitSettings.from_config(cfg), logger=logger, output_dir=output_dir)
+    def of(cls, settings: MainSchema, logger: object = False, output_dir: str = ".") -> "RunContext":
+        return cls(fit_settings=FitSettings.of(settings), logger=logger, output_dir=output_dir)
 
     def key_for(self, label: str) -> str | None:
         """The checkpoint key of one of the method's fits."""
         return None if self.run_key is None else f"{self.run_key}_{label}"
 
 
-def _switch(performance, key: str) -> str:
-    value = performance.get(key, "auto") if performance is not None else "auto"
-    return str(value).lower()
+def _switch(performance: PerformanceSchema, key: str) -> str:
+    return str(getattr(performance, key)).lower()
 
 
 SMALL_MODEL_MACS = 1_000_000  # multiply-accumulates per image below which one intra-op thread is as fast
@@ -110,7 +110,7 @@ def multiply_accumulates(net, channels: int, image_size: int) -> int:
     return total
 
 
-def choose_threads(cfg: DictConfig, macs: int | None = None) -> int:
+def choose_threads(cfg: MainSchema, macs: int | None = None) -> int:
     """Intra-op threads for this process: `threads` when an integer; with `auto`, OMP_NUM_THREADS when set,
     else 1 for a model under SMALL_MODEL_MACS per image (`macs`: its matrix products are too small to gain
     from more threads, and a second job beside it then runs at full speed), else the CPU cores shared evenly
@@ -121,7 +121,7 @@ def choose_threads(cfg: DictConfig, macs: int | None = None) -> int:
 
     import torch
 
-    if cfg.get("threads", "auto") != "auto":
+    if cfg.threads != "auto":
         threads = int(cfg.threads)
     elif os.environ.get("OMP_NUM_THREADS", "").isdigit():
         threads = int(os.environ["OMP_NUM_THREADS"])

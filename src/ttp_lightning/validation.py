@@ -1,14 +1,15 @@
 """Checks config values before any work starts, so bad input fails in one line with nothing written: the
-typed schemas' ranges (config_schema.py; types and closed choices failed at composition already), the
-attacks' settings, the accelerator, and what depends on more than one setting; then builds the method,
-which checks its own."""
+accelerator and the trainer's keys, then the typed schemas' ranges, once, as the composed config becomes
+one MainSchema object (config_schema.settings_of; types and closed choices failed at composition already),
+and what depends on more than one setting. build_method then builds the method from its typed settings,
+and the method checks what only it knows (Method.check)."""
 
 from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.checks import positive_int as _positive_int
 from ttp_lightning.cli_checks import check_cache_dir, check_devices
-from ttp_lightning.config_schema import MainSchema, typed
-from ttp_lightning.errors import TTPUserError, build_part
+from ttp_lightning.config_schema import MainSchema, settings_of
+from ttp_lightning.errors import TTPUserError, build_class
 from ttp_lightning.methods.base import Method
 
 
@@ -49,13 +50,21 @@ def _seed(seed) -> None:
         raise TTPUserError(f"seed={seed} is not allowed; choose an integer in [0, {2**32 - 1}]")
 
 
-def build_method(cfg: DictConfig) -> Method:
-    """The method named by `cfg.method._target_` (conf/method/<name>.yaml), instantiated by Hydra."""
-    target = cfg.method.get("_target_")
-    if not target:
-        raise TTPUserError(f"method {cfg.method.get('name')!r} names no _target_ class; a method's YAML needs "
-                           "`_target_: <module>.<Method subclass>` (README, Adding a method)")
-    return build_part(cfg.method, "method", Method, _recursive_=False)
+def build_method(settings: MainSchema) -> Method:
+    """The method named by `method._target_` (conf/method/<name>.yaml), given its typed settings, with its own
+    cross-field checks (Method.check) passed."""
+    target = setting(settings.method, "_target_")
+    if not target or target == "???":
+        raise TTPUserError(f"method {setting(settings.method, 'name')!r} names no _target_ class; a method's YAML "
+                           "needs `_target_: <module>.<Method subclass>` (README, Adding a method)")
+    method = build_class(target, "method", Method, settings.method)
+    method.check(settings)
+    return method
+
+
+def setting(section, key: str):
+    """One value of a section that is a schema object or, untyped (a method without a schema), a config."""
+    return section.get(key) if OmegaConf.is_config(section) else getattr(section, key, None)
 
 
 def _required(cfg: DictConfig) -> None:
@@ -66,31 +75,26 @@ def _required(cfg: DictConfig) -> None:
                                f"give {key}=...")
 
 
-def validate_config(cfg: DictConfig) -> Method:
-    """Raise TTPUserError naming the first bad value and what is allowed; returns the method, whose own
-    settings it has checked (Method.check)."""
+def validate_config(cfg: DictConfig) -> MainSchema:
+    """The run's settings as one typed object (config_schema.settings_of: every section's schema object, each
+    range checked once), after the checks that need the machine or more than one setting; raises TTPUserError
+    naming the first bad value and what is allowed."""
     _accelerator(cfg.trainer)
     check_devices(cfg.trainer)
     _trainer_keys(cfg.trainer)
-    _seed(cfg.get("seed", 0))
-    stated = cfg.model.get("checkpoint_test_acc") if cfg.get("model") is not None else None
+    _required(cfg)
+    settings = settings_of(cfg)
+    _seed(settings.seed)
+    stated = settings.model.get("checkpoint_test_acc") if settings.model is not None else None
     if stated is not None and (isinstance(stated, bool) or not isinstance(stated, (int, float))
                                or not 0.0 <= float(stated) <= 1.0):
         raise TTPUserError(f"model.checkpoint_test_acc={stated} is not allowed; give the accuracy as a fraction in "
                            "[0, 1] (e.g. 0.98)")
-    if cfg.get("paths") is not None and cfg.paths.get("cache_dir"):
-        check_cache_dir(cfg.paths.cache_dir)
-    _required(cfg)
-    MainSchema(threads=cfg.get("threads", "auto"), progress_bar_refresh_rate=cfg.progress_bar_refresh_rate,
-               checkpoint_every_n_epochs=cfg.get("checkpoint_every_n_epochs", 1))
-    for key in ("pretrain", "data", "method", "attacks", "performance", "release_gate"):  # the typed schemas' __post_init__
-        if key in cfg:
-            typed(cfg[key], key)
-    if cfg.data.forget.source != "train":
-        _positive_int(cfg.pretrain.absorb_epochs, "pretrain.absorb_epochs")
-    if str(cfg.get("performance", {}).get("data_on_device", False)).lower() == "true" and cfg.data.num_workers:
+    if settings.paths is not None and settings.paths.get("cache_dir"):
+        check_cache_dir(settings.paths.cache_dir)
+    if settings.data.forget.source != "train":
+        _positive_int(settings.pretrain.absorb_epochs, "pretrain.absorb_epochs")
+    if str(settings.performance.data_on_device).lower() == "true" and settings.data.num_workers:
         raise TTPUserError(f"performance.data_on_device=true needs data.num_workers=0 (it is "
-                           f"{cfg.data.num_workers}): loader worker processes cannot gather from GPU tensors")
-    method = build_method(cfg)
-    method.check(cfg)
-    return method
+                           f"{settings.data.num_workers}): loader worker processes cannot gather from GPU tensors")
+    return settings

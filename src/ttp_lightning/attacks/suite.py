@@ -28,6 +28,7 @@ from ttp_lightning.attacks.base import Attack
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 from ttp_lightning.batching import ImageBatchDataset
+from ttp_lightning.config_schema import AttacksSchema
 from ttp_lightning.errors import build_part
 from ttp_lightning.evaluation import eval_device
 
@@ -71,7 +72,7 @@ def zero_gradient_mask(model: nn.Module, images: torch.Tensor, targets: torch.Te
     return zero
 
 
-def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg, attacks: dict[str, Attack],
+def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg: AttacksSchema, attacks: dict[str, Attack],
                      targets: torch.Tensor | None = None, reference_conf_dist: float | None = None) -> dict:
     """{"scores": {attack: {gamma (/255): {forget_conf_dist, forget_acc}}} with "none" (clean) and "worst"
     (per image the most confident of all `attacks`, built by `build_suite`), "checks": {...}, "worst_per_image": {gamma: [each image's
@@ -90,9 +91,9 @@ def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg, attacks: 
     randomised = is_randomised(model, images[: min(len(images), 16)])
     samples = int(cfg.eot_samples) if randomised else 1
     own = any(attack.own_surrogates for attack in attacks.values())
-    betas = [b for b in [cfg.get("relu_gradient_beta"), *(cfg.surrogate_betas if own else [])] if b is not None]
+    betas = [b for b in [cfg.relu_gradient_beta, *(cfg.surrogate_betas if own else [])] if b is not None]
     gammas = sorted(float(g) for g in cfg.gammas)
-    chunk = int(cfg.get("chunk_size", 512))
+    chunk = int(cfg.chunk_size)
     per_image = _attack_per_image(model, images, labels, targets, cfg, attacks, gammas, samples, chunk)
     scores = {attack: {_key(g): _summary(*by_gamma[g], num_classes) for g in by_gamma}
               for attack, by_gamma in per_image.items() if attack != "unbounded"}
@@ -119,7 +120,7 @@ def _attack_per_image(model, images, labels, targets, cfg, attacks, gammas, samp
     per_image: dict = {"none": {0.0: [[], []]}, WORST: {g: [[], []] for g in gammas}}
     per_image.update({name: {g: [[], []] for g in gammas} for name in names})
     gradient_attacks = [name for name in names if not attacks[name].random]
-    if cfg.get("unbounded_check", True) and gradient_attacks:
+    if cfg.unbounded_check and gradient_attacks:
         per_image["unbounded"] = {UNBOUNDED: [[], []]}
     for start in range(0, len(images), chunk):
         x, y, t = images[start:start + chunk], labels[start:start + chunk], targets[start:start + chunk]
@@ -143,7 +144,7 @@ def _radius(model, x, y, t, cfg, attacks, names, gamma, generators, samples, wor
     point and score per image (never below `worst`)."""
     for name in names:
         attack = attacks[name]
-        with smooth_relu_gradients(None if attack.own_surrogates else cfg.get("relu_gradient_beta")):
+        with smooth_relu_gradients(None if attack.own_surrogates else cfg.relu_gradient_beta):
             attacked = attack(model, x, gamma / 255.0, generators[(name, gamma)], cfg, targets=t,
                               warm_start=worst_x, samples=samples).detach()
         scored = confidence_and_correct(model, attacked, y, samples)

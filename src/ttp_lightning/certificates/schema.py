@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ttp_lightning.cli_checks import CONF_DIR
-from ttp_lightning.config_schema import Algorithm
+from ttp_lightning.config_schema import Algorithm, DataSchema, plain
 from ttp_lightning.errors import TTPUserError
 
 CERTIFICATE_FORMAT = "ttp_lightning.certificate/3"
@@ -225,9 +225,9 @@ def check_model_spec(spec, key: str = "model") -> dict:
     return {"name": choice, **record(fields)({k: v for k, v in spec.items() if k != "name"}, key)}
 
 
-def data_spec(data_cfg: DictConfig) -> dict:
+def data_spec(data: DataSchema) -> dict:
     """The certificate's description of the data: the registered name and the allowed settings."""
-    container = OmegaConf.to_container(data_cfg, resolve=True)
+    container = plain(data)
     forget = container["forget"]
     requests = forget.get("requests")
     from_file = forget.get("indices_file") is not None or any(isinstance(r, str) for r in requests or [])
@@ -242,7 +242,7 @@ def data_spec(data_cfg: DictConfig) -> dict:
 
 def model_spec(model_cfg: DictConfig) -> dict:
     """The registered model config with this target and keys, and the values of its allowed settings."""
-    container = OmegaConf.to_container(model_cfg, resolve=True)
+    container = plain(model_cfg)
     for choice in registered("model"):
         base = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{choice}.yaml"))
         if base.get("_target_") == container.get("_target_") and set(base) == set(container):

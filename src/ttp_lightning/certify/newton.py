@@ -180,7 +180,7 @@ def newton_step(curv: ParetoCurvature, cfg, kind: str, generator: torch.Generato
         extras = {}
     else:
         direction, record = estimated_step(curv, cfg, generator)
-        extras = {"direction_vs_exact": distance_to_exact(curv, cfg, direction)} if cfg.get("compare_exact", False) else {}
+        extras = {"direction_vs_exact": distance_to_exact(curv, cfg, direction)} if cfg.compare_exact else {}
     unprojected = weights - direction.double().to(weights.device)
     record["norm_before_projection"] = unprojected.norm().item()
     projected = project_flat(unprojected, [p.numel() for p in curv.params], norm_bound, projection)

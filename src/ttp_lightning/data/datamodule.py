@@ -1,27 +1,25 @@
 """One LightningDataModule for every registered data set: split, forget/retain selection, loaders."""
 
 import logging
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import fields, replace
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
-from omegaconf import OmegaConf
 
 from ttp_lightning.batching import ImageBatchDataset, batch_loader
 from ttp_lightning.config_schema import DataSchema, ForgetSchema, as_schema
 from ttp_lightning.data.forget import fingerprint, select_forget, select_forget_requests, set_digest
 from ttp_lightning.data.images import (
     NEAR_COPY,
-    Preprocess,
-    load_imagefolder,
     match_images,
     nearest_image,
     read_forget_images,
 )
 from ttp_lightning.data.sources import Source
 from ttp_lightning.dataset_info import DatasetInfo
-from ttp_lightning.errors import TTPUserError, instantiate
+from ttp_lightning.errors import TTPUserError, build_class, instantiate
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +40,12 @@ class TTPDataModule(L.LightningDataModule):
 
     def __init__(self, name: str, loader: Source | None = None, root: str = "data", download: bool = False,
                  split: str = "official",
-                 train_fraction: float = 0.7, split_seed: int = 0, forget: dict | None = None,
+                 train_fraction: float = 0.7, split_seed: int = 0, forget: ForgetSchema | dict | None = None,
                  batch_size: int = 128, forget_batch_size: int = 10, eval_batch_size: int = 1024,
                  augment: str = "none", normalize: bool = True, max_train_size: int | None = None, max_test_size: int | None = None,
-                 num_workers: int = 0, seed: int = 0, image_size: int | None = None, channels: int | None = None,
-                 mean: list | None = None, std: list | None = None, decoded_cache: str | None = None):
+                 num_workers: int = 0, seed: int = 0, mean: list | None = None, std: list | None = None):
         super().__init__()
-        if loader is None and name != "imagefolder":
+        if loader is None:
             raise TTPUserError(f"data set {name!r} names no loader; its conf/data/{name}.yaml needs `loader: "
                                "{_target_: <module>.<Source subclass>, ...}` (README, Adding a data set)")
         if loader is not None and not isinstance(loader, Source):
@@ -56,12 +53,11 @@ class TTPDataModule(L.LightningDataModule):
                                "ttp_lightning.data.sources.Source")
         self.name, self.loader, self.root, self.download = name, loader, root, download
         self.split, self.train_fraction, self.split_seed = split, train_fraction, split_seed
-        self.forget_cfg = as_schema(ForgetSchema, forget, "data.forget")  # the one forget schema, checked
+        # the one forget schema: the run's checked object, or a mapping checked here
+        self.forget_cfg = forget if isinstance(forget, ForgetSchema) else as_schema(ForgetSchema, forget, "data.forget")
         self.batch_size, self.forget_batch_size, self.eval_batch_size = batch_size, forget_batch_size, eval_batch_size
         self.augment, self.normalize, self.num_workers, self.seed = augment, normalize, num_workers, seed
         self.max_train_size, self.max_test_size = max_train_size, max_test_size
-        self.image_size, self.channels = image_size, channels  # data=imagefolder only
-        self.decoded_cache = decoded_cache  # data=imagefolder: decoded images kept between runs
         self.mean, self.std = mean, std  # the model's own input statistics (e.g. ImageNet's), when given
         self.forget_images: list[dict] = []  # data.forget.images: per image, its hash and where it is in D
         self.forget_test_indices: list[int] = []  # forget.source=test|mixed: the test-set indices taken
@@ -72,11 +68,8 @@ class TTPDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.info is not None:
             return
-        if self.name == "imagefolder":
-            info, arrays, prep = load_imagefolder(self.root, self.image_size, self.channels, self.decoded_cache)
-        else:
-            info, arrays = self.loader.load(self.name, self.root, self.download)
-            prep = Preprocess(info.channels, info.image_size)
+        info, arrays = self.loader.load(self.name, self.root, self.download)
+        prep = self.loader.preprocess(info)
         if self.split == "official" and not info.has_official_split:
             raise TTPUserError(f"data set {self.name!r} has no official test split; use data.split=paper")
         train_x, train_y, test_x, test_y = self._split(arrays)
@@ -343,11 +336,19 @@ class TTPDataModule(L.LightningDataModule):
         return CombinedLoader(loaders, mode="max_size_cycle")
 
 
-def build_datamodule(data_cfg) -> TTPDataModule:
-    """Instantiate the `data` config (its loader too) and set it up; a config that did not come through the
-    typed schema (a results.json's) is checked by it first, so bad data options end in the usual one line."""
-    if OmegaConf.get_type(data_cfg) is not DataSchema:  # a composed config was checked by validate_config
-        as_schema(DataSchema, data_cfg, "data")
-    datamodule = instantiate(data_cfg)
+# what the loader reads (conf/data/imagefolder.yaml passes data.image_size, channels and decoded_cache to its
+# loader), not the data module
+LOADER_SETTINGS = ("_target_", "loader", "image_size", "channels", "decoded_cache")
+
+
+def build_datamodule(data: DataSchema | Mapping) -> TTPDataModule:
+    """The data module `data` describes (its loader built by Hydra from the loader's `_target_`), set up. `data`
+    is the run's checked DataSchema; a config that did not come through it (a results.json's, a certificate's
+    rebuilt one) is checked by the schema first, so bad data options end in the usual one line."""
+    if not isinstance(data, DataSchema):
+        data = as_schema(DataSchema, data, "data")
+    values = {item.name: getattr(data, item.name) for item in fields(DataSchema) if item.name not in LOADER_SETTINGS}
+    loader = instantiate(data.loader) if data.loader is not None else None
+    datamodule = build_class(data._target_, "data", TTPDataModule, loader=loader, **values)
     datamodule.setup()
     return datamodule

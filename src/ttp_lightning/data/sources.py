@@ -12,6 +12,7 @@ import torch
 
 from ttp_lightning.data.arrays import ImageArrays
 from ttp_lightning.data.cifar import load_cifar
+from ttp_lightning.data.images import Preprocess, load_imagefolder
 from ttp_lightning.data.tinyimagenet import load_tinyimagenet
 from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.errors import TTPUserError
@@ -29,6 +30,11 @@ class Source:
 
     def read(self, root: Path, download: bool) -> ImageArrays:
         raise NotImplementedError(f"{type(self).__name__}.read")
+
+    def preprocess(self, info: DatasetInfo) -> Preprocess:
+        """How a forget image file (data.forget.images) becomes one of this data set's images: its channels and
+        exact size."""
+        return Preprocess(info.channels, info.image_size)
 
     def load(self, name: str, root: str | Path, download: bool) -> tuple[DatasetInfo, ImageArrays]:
         """Read the data set, turning "files missing and no download" into one clear error."""
@@ -105,6 +111,25 @@ class DigitsSource(Source):
         labels = torch.as_tensor(digits.target, dtype=torch.long)
         empty_images = images[:0]
         return ImageArrays(images, labels, empty_images, labels[:0])
+
+
+class ImageFolderSource(Source):
+    """data=imagefolder: the user's own images, <data.root>/train/<class>/* and (optional) test/<class>/*
+    (data/images.load_imagefolder). Their shape, classes and statistics come from the images, not the YAML;
+    `image_size` and `channels` (data.image_size, data.channels) resize and convert them, and the forget images
+    the same way; `decoded_cache` keeps the decoded pixels between runs."""
+
+    def __init__(self, image_size: int | None = None, channels: int | None = None, decoded_cache: str | None = None):
+        self.image_size, self.channels, self.decoded_cache = image_size, channels, decoded_cache
+        self.expected_files = "train/<class>/<image> and optionally test/<class>/<image>"
+        self._preprocess: Preprocess | None = None
+
+    def load(self, name: str, root: str | Path, download: bool) -> tuple[DatasetInfo, ImageArrays]:
+        info, arrays, self._preprocess = load_imagefolder(root, self.image_size, self.channels, self.decoded_cache)
+        return info, arrays
+
+    def preprocess(self, info: DatasetInfo) -> Preprocess:
+        return self._preprocess
 
 
 class TinyImageNetSource(Source):

@@ -1,25 +1,26 @@
 """What a method is: one YAML in conf/method/ whose `_target_` names a Method subclass, plus that class.
 
-Hydra instantiates the class with the YAML's settings (`_recursive_=False`: nested settings stay config).
-The pipeline then calls `check(cfg)` before any work (bad values end in one `error:` line) and
-`run(ctx, pretrained, datamodule, make_net)`, which returns a MethodOutput. Adding a method touches no
-other file: see the README's "Adding a method".
+The pipeline builds the class its `_target_` names with the YAML's settings, checked once: the schema's
+object (config_schema.ParetoSchema, CertifiedSchema, ...; a config for a method without a schema). It then
+calls `check(settings)` with the whole run's settings (config_schema.MainSchema) before any work (bad values
+end in one `error:` line) and `run(ctx, pretrained, datamodule, make_net)`, which returns a MethodOutput.
+Adding a method touches no other file: see the README's "Adding a method".
 """
 
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from ttp_lightning.config_schema import MainSchema
 from ttp_lightning.methods.output import MethodOutput
 
 
 class Method:
-    """Base class. `self.settings` holds the method's config section (the same as `cfg.method`)."""
+    """Base class. `self.settings` holds the method's settings (the run's `method` section, typed)."""
 
-    def __init__(self, **settings):
-        self.settings = OmegaConf.create(settings)
-        self.name = str(settings["name"])
+    def __init__(self, settings):
+        self.settings = settings
+        self.name = str(settings.name)
 
-    def check(self, cfg: DictConfig) -> None:
+    def check(self, settings: MainSchema) -> None:
         """Raise TTPUserError for a bad value of this method's settings (cross-field checks included)."""
 
     def run(self, ctx, pretrained: nn.Module, datamodule, make_net) -> MethodOutput:

@@ -6,13 +6,13 @@ import logging
 import math
 
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning import checks
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.robust import RADIUS_RUNGS, AdversarialSettings
 from ttp_lightning.callbacks import LrBackoff, RadiusFromRetainRule, check_method_callbacks, method_callbacks
+from ttp_lightning.config_schema import CertifiedSchema, EarlyStoppingSchema, MainSchema, ParetoSchema
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import evaluate
@@ -28,28 +28,29 @@ log = logging.getLogger(__name__)
 class Pareto(Method):
     """Alg 1 (method=pareto), and robust Alg 1 (method=pareto_robust: the same class with `adversarial`)."""
 
-    def check(self, cfg: DictConfig) -> None:
+    def check(self, settings: MainSchema) -> None:
         """What the typed schema (config_schema.ParetoSchema: types, choices, ranges) cannot say: the callbacks
         Alg 1 reads back, and robust Alg 1's attack settings."""
-        check_method_callbacks(cfg.get("callbacks"))
-        batchnorm = {key: self.settings.get(key) or "train" for key in ("forget_batchnorm", "retain_batchnorm")}
-        if self.settings.get("joint_forward") and (self.settings.get("adversarial") or self.settings.mode != "minibatch"
-                                                   or "eval" in batchnorm.values()):
-            raise TTPUserError(f"method.joint_forward=true is not allowed with method={self.settings.name} "
-                               f"mode={self.settings.mode} forget_batchnorm={batchnorm['forget_batchnorm']} "
+        check_method_callbacks(settings.callbacks)
+        own = self.settings
+        batchnorm = {"forget_batchnorm": own.forget_batchnorm, "retain_batchnorm": own.retain_batchnorm}
+        if own.joint_forward and (own.adversarial or own.mode != "minibatch" or "eval" in batchnorm.values()):
+            raise TTPUserError(f"method.joint_forward=true is not allowed with method={own.name} "
+                               f"mode={own.mode} forget_batchnorm={batchnorm['forget_batchnorm']} "
                                f"retain_batchnorm={batchnorm['retain_batchnorm']}; it joins plain Alg 1's minibatch "
                                "forward passes (both batchnorm settings train) only")
-        if self.settings.get("adversarial"):
-            check_adversarial(self.settings.adversarial)
-            if self.settings.adversarial.get("radius_rule") == "retain" and not self.settings.early_stopping.enabled:
+        if own.adversarial:
+            adversarial = adversarial_settings(own.adversarial)
+            check_adversarial(adversarial)
+            if adversarial.radius_rule == "retain" and not own.early_stopping.enabled:
                 raise TTPUserError("method.adversarial.radius_rule=retain is not allowed with "
                                    "method.early_stopping.enabled=false; the radius follows the early-stopping retain "
                                    "rule (choose radius_rule=fixed)")
-        stopping = self.settings.get("early_stopping") or {}
-        attacked = [f"early_stopping.{key}={stopping.get(key)}" for key in ("criterion", "select")
-                    if "attacked" in str(stopping.get(key)) or str(stopping.get(key)) == "robust_conf_dist"]
-        if attacked and not self.settings.get("adversarial"):
-            raise TTPUserError(f"method.{attacked[0]} is not allowed with method={self.settings.name}; the attacked "
+        stopping = own.early_stopping
+        attacked = [f"early_stopping.{key}={getattr(stopping, key)}" for key in ("criterion", "select")
+                    if "attacked" in str(getattr(stopping, key)) or str(getattr(stopping, key)) == "robust_conf_dist"]
+        if attacked and not own.adversarial:
+            raise TTPUserError(f"method.{attacked[0]} is not allowed with method={own.name}; the attacked "
                                "forget CD is measured during training by method=pareto_robust only")
 
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
@@ -58,25 +59,34 @@ class Pareto(Method):
                         cfg.early_stopping if cfg.early_stopping.enabled else None, label="alg1")
 
 
-def check_adversarial(adversarial: DictConfig) -> None:
+def adversarial_settings(values) -> AdversarialSettings:
+    """`method.adversarial` (a mapping) as robust Alg 1's settings; a key that is not one of them is one line."""
+    unknown = sorted(str(key) for key in values if key not in AdversarialSettings.__dataclass_fields__)
+    if unknown:
+        raise TTPUserError(f"method.adversarial.{unknown[0]} is not a setting of robust Alg 1; allowed: "
+                           f"{', '.join(AdversarialSettings.__dataclass_fields__)}")
+    return AdversarialSettings.from_config(values)
+
+
+def check_adversarial(adversarial: AdversarialSettings) -> None:
     """Robust Alg 1's inner attack and early-stopping attack settings."""
     checks.positive(adversarial.gamma, "method.adversarial.gamma")
     if adversarial.train_gamma is not None:
         checks.positive(adversarial.train_gamma, "method.adversarial.train_gamma")
     if adversarial.steps != 0:
         checks.positive_int(adversarial.steps, "method.adversarial.steps")
-    if adversarial.get("interval_ramp_epochs") is not None and adversarial.interval_ramp_epochs != 0:
+    if adversarial.interval_ramp_epochs is not None and adversarial.interval_ramp_epochs != 0:
         checks.positive_int(adversarial.interval_ramp_epochs, "method.adversarial.interval_ramp_epochs")
     checks.positive(adversarial.step_size, "method.adversarial.step_size")
     checks.choice(adversarial.objective, "method.adversarial.objective", list(OBJECTIVES))
-    checks.choice(adversarial.get("radius_rule", "fixed"), "method.adversarial.radius_rule", ["fixed", "retain"])
+    checks.choice(adversarial.radius_rule, "method.adversarial.radius_rule", ["fixed", "retain"])
     if not adversarial.surrogate_betas:
         raise TTPUserError("method.adversarial.surrogate_betas=[] is not allowed; list at least one beta > 0 or null")
     for key in ("surrogate_betas", "eval_surrogate_betas"):
-        for beta in adversarial[key]:
+        for beta in getattr(adversarial, key):
             if beta is not None:
                 checks.positive(beta, f"method.adversarial.{key}")
-    if checks.number(adversarial.get("interval_weight", 0.0), "method.adversarial.interval_weight") < 0:
+    if checks.number(adversarial.interval_weight, "method.adversarial.interval_weight") < 0:
         raise TTPUserError(f"method.adversarial.interval_weight={adversarial.interval_weight} is not allowed; "
                            "choose a value >= 0 (0: off)")
     clean_weight = checks.number(adversarial.clean_weight, "method.adversarial.clean_weight")
@@ -97,44 +107,46 @@ SELECTIONS = {"conf_dist": "val/forget_conf_dist", "robust_conf_dist": "val/forg
               "retain_acc": "val/retain_acc"}
 
 
-def retain_threshold(start_retain_acc: float, stopping: DictConfig) -> float:
+def retain_threshold(start_retain_acc: float, stopping: EarlyStoppingSchema) -> float:
     """tau_r: `retain_acc_at_least`, raised to (the starting model's retain accuracy minus
     `retain_acc_drop_at_most`) when that is set, a threshold that carries to data sets of any difficulty."""
     threshold = float(stopping.retain_acc_at_least)
-    drop = stopping.get("retain_acc_drop_at_most")
+    drop = stopping.retain_acc_drop_at_most
     if drop is not None:
         threshold = max(threshold, start_retain_acc - float(drop))
     return threshold
 
 
-def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: DictConfig, epochs: int,
-             stopping: DictConfig | None, label: str) -> MethodOutput:
-    """Alg 1 on `net` in place with the Alg 1 settings in `cfg`; `stopping=None` keeps the last epoch;
+def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: ParetoSchema | CertifiedSchema,
+             epochs: int, stopping: EarlyStoppingSchema | None, label: str) -> MethodOutput:
+    """Alg 1 on `net` in place with the Alg 1 settings in `cfg` (Alg 1's, or the certified learners' for
+    their warm-up, which has neither `adversarial` nor Alg 1's refinements); `stopping=None` keeps the last epoch;
     `label` names the fit's checkpoints (resumable, see checkpointing.py).
     With `cfg.adversarial` (method=pareto_robust) the uniformity term is robust and early stopping watches
     the forget CD under attack."""
     optim = optimizer_settings(cfg, ctx.fit_settings.fused_policy())
-    adversarial = AdversarialSettings.from_config(cfg.adversarial) if cfg.get("adversarial") else None
+    adversarial = getattr(cfg, "adversarial", None)
+    adversarial = adversarial_settings(adversarial) if adversarial else None
     module = ParetoFinetuneModule(
         net, cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,
         forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
         chunk_size=cfg.chunk_size, retain_data=datamodule.dataset("retain"),
         forget_data=datamodule.dataset("forget"), eval_parts=datamodule.eval_parts(), adversarial=adversarial,
-        joint_forward=bool(cfg.get("joint_forward", False)), exposed_above=ctx.fit_settings.exposed_above,
-        forget_reduction=str(cfg.get("forget_reduction") or "mean"),  # unset (null) for the certified warm-up
-        forget_cvar_fraction=float(cfg.get("forget_cvar_fraction") or 0.2),
-        forget_batchnorm=str(cfg.get("forget_batchnorm") or "train"),
-        retain_batchnorm=str(cfg.get("retain_batchnorm") or "train"),
+        joint_forward=bool(cfg.joint_forward), exposed_above=ctx.fit_settings.exposed_above,
+        forget_reduction=str(cfg.forget_reduction or "mean"),  # unset (null) for the certified warm-up
+        forget_cvar_fraction=float(cfg.forget_cvar_fraction or 0.2),
+        forget_batchnorm=str(cfg.forget_batchnorm or "train"),
+        retain_batchnorm=str(cfg.retain_batchnorm or "train"),
     )
     made = method_callbacks(ctx.fit_settings.callbacks)
     history, timer = made["history"], made["timer"]
-    backoffs = int(cfg.get("lr_backoffs") or 0)
+    backoffs = int(cfg.lr_backoffs or 0)
     start_retain_acc = evaluate(net, datamodule)["retain_acc"] if stopping is not None or backoffs else None
-    select = str(stopping.get("select", "conf_dist")) if stopping is not None else "conf_dist"
+    select = str(stopping.select) if stopping is not None else "conf_dist"
     best = None if stopping is None else made["best_model"](
         conf_dist_below=math.inf if stopping.conf_dist_below is None else stopping.conf_dist_below,
         retain_acc_at_least=retain_threshold(start_retain_acc, stopping), patience=stopping.patience,
-        fallback=stopping.get("fallback", "last"), conf_dist_key=CRITERIA[str(stopping.get("criterion", "mean"))],
+        fallback=stopping.fallback, conf_dist_key=CRITERIA[str(stopping.criterion)],
         rank_key=SELECTIONS[select], rank_higher_is_better=select == "retain_acc",
         mean_conf_dist_key=SELECTIONS["robust_conf_dist" if adversarial else "conf_dist"],
     )

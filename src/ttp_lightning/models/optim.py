@@ -3,17 +3,17 @@ norm-ball projection shared by every training stage."""
 
 import hydra
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from ttp_lightning.config_schema import TrainingSchema, plain
 
-def optimizer_settings(section: DictConfig, fused: str = "auto") -> dict:
+
+def optimizer_settings(section: TrainingSchema, fused: str = "auto") -> dict:
     """The `optimizer` and `schedule` configs of a training section (`pretrain`, `method`), resolved into plain
     dicts (their lr, weight_decay and momentum interpolate the section's own keys); schedule=none (an empty
     config) gives None."""
-    schedule = section.get("schedule")
-    return {"optimizer": OmegaConf.to_container(section.optimizer, resolve=True),
-            "schedule": OmegaConf.to_container(schedule, resolve=True) if schedule else None, "fused": str(fused)}
+    return {"optimizer": plain(section.optimizer), "schedule": plain(section.schedule) if section.schedule else None,
+            "fused": str(fused)}
 
 
 def use_fused(partial, params: list, policy: str) -> bool:

@@ -1,20 +1,19 @@
 """What a dashboard needs to slice runs: the resolved config as flat keys (`method.theta`, `data.forget.size`),
 a run name that carries the values a sweep varies, one group per multirun sweep and the method as job type.
 
-The swept keys come from the command line of the process that started the sweep (`main` puts them in the
-environment variable TTP_SWEPT, which every job inherits: in-process, submitit local and SLURM jobs alike)
-and from a sweep an experiment file carries (`hydra.sweeper.params`).
+The swept keys come from Hydra's own record of the sweep: the overrides of the command line that started
+it, which Hydra saves in the sweep folder's multirun.yaml before it launches a job (in process, submitit
+local and SLURM jobs alike read the same file), parsed by Hydra's override parser (`method.theta=0.25,0.75`,
+`method=pareto,retrain`, `data.forget.size=range(10,40,10)`), and a sweep an experiment file carries
+(`hydra.sweeper.params`). A job's own `hydra.overrides.task` holds only its values, not which were swept.
 """
 
-import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ttp_lightning.cli_checks import is_sweep
-
-SWEPT_ENV = "TTP_SWEPT"
 MAX_GROUP = 120  # wandb's limit is 128 characters
+SWEEP_RECORD = "multirun.yaml"  # what Hydra's sweeper writes into the sweep folder
 
 
 def flat_config(cfg: DictConfig) -> dict:
@@ -33,14 +32,22 @@ def flat_config(cfg: DictConfig) -> dict:
     return flat
 
 
-def swept_keys_from_argv(argv: list[str]) -> list[str]:
-    """The keys a multirun command line sweeps (`method.theta=0.25,0.75` -> method.theta)."""
+def swept_keys(overrides: list[str]) -> list[str]:
+    """The keys that sweep overrides vary (`method.theta=0.25,0.75` -> method.theta; `method=pareto,retrain`
+    -> method), by Hydra's override parser; Hydra's own settings are not the run's."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     keys = []
-    for arg in argv:
-        key = arg.lstrip("+~").partition("=")[0]
-        if "=" in arg and is_sweep(arg) and not key.startswith("hydra."):
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group if override.package is None else f"{override.key_or_group}@{override.package}"
+        if override.is_sweep_override() and not key.startswith("hydra."):
             keys.append(key)
     return keys
+
+
+def _sweep_folder(hydra_cfg) -> Path:
+    folder = Path(str(hydra_cfg.sweep.dir))
+    return folder if folder.is_absolute() else Path(str(hydra_cfg.runtime.cwd)) / folder
 
 
 def _multirun():
@@ -58,7 +65,8 @@ def swept_values(cfg: DictConfig) -> dict:
     hydra_cfg = _multirun()
     if hydra_cfg is None:
         return {}
-    keys = [k for k in os.environ.get(SWEPT_ENV, "").split(",") if k]
+    record = _sweep_folder(hydra_cfg) / SWEEP_RECORD
+    keys = swept_keys(list(OmegaConf.load(record).hydra.overrides.task)) if record.is_file() else []
     keys += [str(k) for k in (hydra_cfg.sweeper.get("params") or {}) if str(k) not in keys]
     values = {}
     for key in keys:
@@ -76,7 +84,7 @@ def sweep_group(cfg: DictConfig) -> str | None:
     hydra_cfg = _multirun()
     if hydra_cfg is None:
         return None
-    folder = Path(str(hydra_cfg.sweep.dir))
+    folder = _sweep_folder(hydra_cfg)
     try:
         folder = folder.resolve().relative_to(Path.cwd().resolve())
     except ValueError:

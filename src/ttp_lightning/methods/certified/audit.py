@@ -8,9 +8,9 @@ secret seed and compare the result, after BatchNorm statistics from D_r, with th
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.certificates.document import (
     load_weights,
@@ -35,21 +35,21 @@ from ttp_lightning.models.components import build_classifier
 STEP_KEYS = ("gradient_norm", "lam_min_measured", "hessian_norm_measured", "residual", "step_norm", "scale")
 
 
-def method_config(cert: dict) -> DictConfig:
-    """The method settings of the original run, from the certificate's typed fields."""
+def method_config(cert: dict) -> SimpleNamespace:
+    """The method settings of the original run that the Newton step reads, from the certificate's typed fields
+    (check_certificate_schema checked them); the certificate is never turned into anything that is built."""
     settings = {key: cert[key] for key in (
         "bound", "layers", "theta", "lam", "uniformity", "forget_temperature", "grad_lipschitz_forget", "grad_lipschitz_retain",
         "hessian_lipschitz_forget", "hessian_lipschitz_retain", "chunk_size", "max_exact_params",
         "lanczos_iterations", "spectrum_margin")}
-    settings["lam_min"] = cert["lam_min_stated"]
+    settings.update(lam_min=cert["lam_min_stated"], compare_exact=False)
     estimator = cert["estimator"]
     if estimator is not None:
         settings.update(scale=estimator["scale_config"], scale_margin=estimator["scale_margin"],
                         depth="auto" if estimator["depth_config"] is None else estimator["depth_config"],
                         repeats=estimator["repeats"], sample_size=estimator["sample_size"],
-                        estimator_seed=estimator["estimator_seed"], max_residual=estimator["max_residual"],
-                        compare_exact=False)
-    return OmegaConf.create(settings)
+                        estimator_seed=estimator["estimator_seed"], max_residual=estimator["max_residual"])
+    return SimpleNamespace(**settings)
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:

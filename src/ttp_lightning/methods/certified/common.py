@@ -6,7 +6,6 @@ import copy
 import time
 from dataclasses import dataclass, field
 
-from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning.certificates.document import (
@@ -22,6 +21,7 @@ from ttp_lightning.certify.hvp import refresh_batchnorm, trainable
 from ttp_lightning.certify.mechanism import implied_epsilon, noise_sigma
 from ttp_lightning.certify.newton import ESTIMATED, NewtonPath, noised_states, resolve_lam
 from ttp_lightning.certify.residual_step import mu_of, select_certified_layers
+from ttp_lightning.config_schema import CertifiedSchema
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import eval_device, evaluate
 from ttp_lightning.methods.output import CertifiedRelease, MethodOutput
@@ -43,7 +43,7 @@ class Prepared:
     has_batchnorm: bool = False
 
 
-def warm_start(ctx: RunContext, cfg: DictConfig, pretrained: nn.Module, datamodule: TTPDataModule) -> Prepared:
+def warm_start(ctx: RunContext, cfg: CertifiedSchema, pretrained: nn.Module, datamodule: TTPDataModule) -> Prepared:
     """A copy of A(D) after `method.warmup_epochs` of Alg 1, projected onto the C-ball (the bounds assume
     ||w*|| <= C), on the device the Newton step runs on, with BatchNorm statistics from the retain set so the
     curvature is that of one fixed function (the released statistics are recomputed after the noise)."""
@@ -58,11 +58,11 @@ def warm_start(ctx: RunContext, cfg: DictConfig, pretrained: nn.Module, datamodu
     return prepared
 
 
-def release_model(cfg: DictConfig, algorithm: str) -> str:
+def release_model(cfg: CertifiedSchema, algorithm: str) -> str:
     return cfg.release if algorithm == ONLINE else "single"
 
 
-def stated_constants(ctx: RunContext, cfg: DictConfig, algorithm: str, net: nn.Module) -> dict:
+def stated_constants(ctx: RunContext, cfg: CertifiedSchema, algorithm: str, net: nn.Module) -> dict:
     """The hyperparameters a certificate states (before the measured constants and the noise)."""
     pretrain = ctx.fit_settings.pretrain
     names = [name for name, p in net.named_parameters() if p.requires_grad]
@@ -105,7 +105,7 @@ def measured_constants(certificate: dict, path: NewtonPath) -> dict:
     return {**certificate, **measured}
 
 
-def calibrate_noise(cfg: DictConfig, certificate: dict) -> dict:
+def calibrate_noise(cfg: CertifiedSchema, certificate: dict) -> dict:
     """Delta from the certificate's constants, then sigma for the (epsilon, delta) budget over the releases
     that compose, or the epsilon that a configured sigma implies."""
     sensitivity, formula = recomputed_sensitivity(certificate)
@@ -129,7 +129,7 @@ def noise_free_evaluation(net: nn.Module, datamodule: TTPDataModule) -> dict:
     return {key: scores[key] for key in NOISE_FREE_KEYS if key in scores}
 
 
-def bound_metrics(certificate: dict, path: NewtonPath, algorithm: str, cfg: DictConfig) -> dict:
+def bound_metrics(certificate: dict, path: NewtonPath, algorithm: str, cfg: CertifiedSchema) -> dict:
     """results.json's view of what the bound rests on: the stationarity measurements (residual) or the
     spectrum and the Newton residual (paper)."""
     steps, last = path.steps, path.steps[-1]
@@ -155,7 +155,7 @@ def request_parts(datamodule: TTPDataModule, algorithm: str) -> list:
     return [(datamodule.dataset("retain"), datamodule.dataset("forget"))]
 
 
-def newton_steps(ctx: RunContext, cfg: DictConfig, net: nn.Module, parts: list, algorithm: str) -> CertifiedStepModule:
+def newton_steps(ctx: RunContext, cfg: CertifiedSchema, net: nn.Module, parts: list, algorithm: str) -> CertifiedStepModule:
     """The Newton step(s) through Lightning (one training step each, sharded under DDP) and the noise seed."""
     module = CertifiedStepModule(net, parts, cfg, KINDS[algorithm], float(ctx.fit_settings.pretrain.norm_bound),
                                  ctx.fit_settings.pretrain.projection)
@@ -164,7 +164,7 @@ def newton_steps(ctx: RunContext, cfg: DictConfig, net: nn.Module, parts: list, 
     return module
 
 
-def run_certified(ctx: RunContext, cfg: DictConfig, pretrained: nn.Module, datamodule: TTPDataModule,
+def run_certified(ctx: RunContext, cfg: CertifiedSchema, pretrained: nn.Module, datamodule: TTPDataModule,
                   algorithm: str) -> MethodOutput:
     """Algs 2-4 with the method's settings `cfg` (`algorithm` chooses the step)."""
     prepared = warm_start(ctx, cfg, pretrained, datamodule)

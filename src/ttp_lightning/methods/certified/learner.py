@@ -15,12 +15,12 @@ chooses how the Newton step is solved, and all three share one procedure (common
   paper's formula, which understates epsilon (README, erratum).
 """
 
-from omegaconf import DictConfig
 from torch import nn
 
 from ttp_lightning import checks
 from ttp_lightning.certificates.document import ONLINE
 from ttp_lightning.certify.newton import resolve_lam
+from ttp_lightning.config_schema import CertifiedSchema, MainSchema
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.certified.common import run_certified
@@ -30,12 +30,12 @@ from ttp_lightning.methods.output import MethodOutput
 class Certified(Method):
     """A certified learner; `settings.algorithm` picks how the Newton step is solved."""
 
-    def __init__(self, **settings):
-        super().__init__(**settings)
-        self.algorithm = str(self.settings.algorithm)
+    def __init__(self, settings: CertifiedSchema):
+        super().__init__(settings)
+        self.algorithm = str(settings.algorithm)
 
-    def check(self, cfg: DictConfig) -> None:
-        check_certified(cfg, online=self.algorithm == ONLINE)
+    def check(self, settings: MainSchema) -> None:
+        check_certified(settings, online=self.algorithm == ONLINE)
 
     def run(self, ctx, pretrained: nn.Module, datamodule, make_net) -> MethodOutput:
         return run_certified(ctx, self.settings, pretrained, datamodule, self.algorithm)
@@ -46,15 +46,15 @@ IMAGES_WHY = "a verifier rebuilds D_f from the data set's own indices"
 IMAGEFOLDER_WHY = "a verifier rebuilds the data from a registered data set and its settings"
 
 
-def check_certified(cfg: DictConfig, online: bool) -> None:
+def check_certified(cfg: MainSchema, online: bool) -> None:
     """What the typed schema (config_schema.CertifiedSchema: types, choices, ranges) cannot say: the settings
     of Algs 2-4 that depend on other settings (`online`: Alg 4)."""
     method = cfg.method
     unsupported = (
         ("model.checkpoint", cfg.model.get("checkpoint"), CHECKPOINT_WHY),
-        ("data.forget.images", cfg.data.forget.get("images"), IMAGES_WHY),
+        ("data.forget.images", cfg.data.forget.images, IMAGES_WHY),
         ("data", "imagefolder" if cfg.data.name == "imagefolder" else None, IMAGEFOLDER_WHY),
-        ("data.mean", cfg.data.get("mean"), IMAGEFOLDER_WHY), ("data.std", cfg.data.get("std"), IMAGEFOLDER_WHY),
+        ("data.mean", cfg.data.mean, IMAGEFOLDER_WHY), ("data.std", cfg.data.std, IMAGEFOLDER_WHY),
     )
     for key, value, why in unsupported:
         if value:

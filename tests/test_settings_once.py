@@ -1,0 +1,61 @@
+"""Settings are checked once and handed down typed (issue 27): each schema's range checks run once per run,
+and the data module, the method and the fits hold the very objects validate_config made."""
+
+from collections import Counter
+
+import pytest
+
+from ttp_lightning import config_schema
+from ttp_lightning.data import build_datamodule
+from ttp_lightning.reporting.run_identity import swept_keys
+from ttp_lightning.training import RunContext
+from ttp_lightning.validation import build_method, validate_config
+
+CHECKED = ("MainSchema", "DataSchema", "ForgetSchema", "ParetoSchema", "EarlyStoppingSchema", "AttacksSchema",
+           "RelearnSchema", "PretrainSchema", "PerformanceSchema", "ReleaseGateSchema")
+
+
+@pytest.fixture
+def checks_run(monkeypatch):
+    """How often each schema's __post_init__ (its range checks) runs."""
+    calls: Counter = Counter()
+    for name in CHECKED:
+        schema = getattr(config_schema, name)
+        original = schema.__dict__["__post_init__"]
+
+        def counted(self, _original=original, _name=name):
+            calls[_name] += 1
+            _original(self)
+
+        monkeypatch.setattr(schema, "__post_init__", counted)
+    return calls
+
+
+def test_each_section_is_checked_once_and_its_object_is_what_the_parts_read(compose_cfg, checks_run):
+    settings = validate_config(compose_cfg())
+    method = build_method(settings)
+    datamodule = build_datamodule(settings.data)
+    ctx = RunContext.of(settings)
+    assert checks_run == Counter(dict.fromkeys(CHECKED, 1))
+    assert method.settings is settings.method and isinstance(method.settings, config_schema.ParetoSchema)
+    assert datamodule.forget_cfg is settings.data.forget  # not checked again by the data module
+    assert ctx.fit_settings.pretrain is settings.pretrain and ctx.fit_settings.performance is settings.performance
+
+
+def test_a_config_from_elsewhere_is_checked_by_the_same_schema(compose_cfg):
+    """A data config that did not come through validate_config (a results.json's) still gets one line."""
+    from omegaconf import OmegaConf
+
+    from ttp_lightning.errors import TTPUserError
+
+    data = OmegaConf.to_container(compose_cfg().data, resolve=True)
+    data["forget"]["size"] = 0
+    with pytest.raises(TTPUserError, match=r"data.forget.size=0 is not allowed"):
+        build_datamodule(data)
+
+
+def test_the_swept_keys_are_what_hydras_parser_calls_a_sweep():
+    overrides = ["method.theta=0.25,0.75", "method=pareto,retrain", "seed=1", "+attack@attacks.suite.apgd=apgd",
+                 "hydra.sweep.dir=x,y", "data.forget.size=range(10,30,10)", "data@other=digits,mnist",
+                 "method.lr=choice(0.1,0.01)"]
+    assert swept_keys(overrides) == ["method.theta", "method", "data.forget.size", "data@other", "method.lr"]

@@ -10,6 +10,7 @@ local and SLURM jobs alike read the same file), parsed by Hydra's override parse
 
 from pathlib import Path
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 MAX_GROUP = 120  # wandb's limit is 128 characters
@@ -35,8 +36,6 @@ def flat_config(cfg: DictConfig) -> dict:
 def swept_keys(overrides: list[str]) -> list[str]:
     """The keys that sweep overrides vary (`method.theta=0.25,0.75` -> method.theta; `method=pareto,retrain`
     -> method), by Hydra's override parser; Hydra's own settings are not the run's."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     keys = []
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group if override.package is None else f"{override.key_or_group}@{override.package}"

@@ -104,19 +104,6 @@ def test_fullbatch_mode_with_surgery_and_temperature(run_job):
     assert alg1["forget_conf_dist"] * 2 < results["metrics"]["pretrain"]["forget_conf_dist"]
 
 
-def test_sweep_pretrains_once_and_writes_one_results_file_per_theta(run_cli, tmp_path):
-    proc, _ = run_cli("method.theta=0.25,0.75", "method.epochs=3", multirun=True)
-    runs = [json.loads((tmp_path / "out" / str(i) / "results.json").read_text()) for i in (0, 1)]
-    failed = [str(tmp_path / "out" / str(i)) for i, r in enumerate(runs) if not r["release_gate"]["passed"]]
-    assert proc.returncode == (4 if failed else 0), proc.stderr[-3000:]  # every job runs; exit 4 at the end
-    if failed:
-        assert proc.stderr.strip().splitlines()[-1] == (f"error: {len(failed)} job(s) of the sweep are not protected: "
-                                                        + ", ".join(failed))
-    assert [r["config"]["method"]["theta"] for r in runs] == [0.25, 0.75]
-    assert [r["metrics"]["pretrain"]["cached"] for r in runs] == [False, True]
-    assert runs[0]["metrics"]["pretrain"]["forget_conf_dist"] == runs[1]["metrics"]["pretrain"]["forget_conf_dist"]
-
-
 def test_wandb_logs_offline_and_finishes(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
     env["TTP_CACHE_DIR"] = str(tmp_path / "cache")

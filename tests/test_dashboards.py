@@ -26,6 +26,7 @@ def inspect_run(wandb_file: Path) -> dict:
 
 
 def test_a_theta_sweep_gives_wandb_runs_a_dashboard_can_slice(tmp_path):
+    """Also the sweep's own contract: every job runs, A(D) is trained once, exit 4 names unprotected jobs."""
     env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
     env.update(WANDB_MODE="offline", TTP_CACHE_DIR=str(tmp_path / "cache"))
     overrides = [o for o in TINY if not o.startswith("logger=")] + ["method.epochs=3", "attacks.enabled=false"]
@@ -33,8 +34,16 @@ def test_a_theta_sweep_gives_wandb_runs_a_dashboard_can_slice(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ttp_lightning", "-m", *overrides, "method.theta=0.25,0.75",
                            f"hydra.sweep.dir={sweep}"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
-    gates = [json.loads((sweep / job / "results.json").read_text())["release_gate"]["passed"] for job in ("0", "1")]
-    assert proc.returncode == (0 if all(gates) else 4), proc.stderr[-3000:]  # a sweep runs every job first
+    jobs = [json.loads((sweep / job / "results.json").read_text()) for job in ("0", "1")]
+    failed = [str(sweep / job) for job, r in zip(("0", "1"), jobs, strict=True) if not r["release_gate"]["passed"]]
+    assert proc.returncode == (4 if failed else 0), proc.stderr[-3000:]  # a sweep runs every job first
+    if failed:  # then names the jobs whose release gate failed, in one line
+        assert proc.stderr.strip().splitlines()[-1] == (f"error: {len(failed)} job(s) of the sweep are not protected: "
+                                                        + ", ".join(failed))
+    # the sweep trains A(D) once: the second job reads it from the cache
+    assert [r["config"]["method"]["theta"] for r in jobs] == [0.25, 0.75]
+    assert [r["metrics"]["pretrain"]["cached"] for r in jobs] == [False, True]
+    assert jobs[0]["metrics"]["pretrain"]["forget_conf_dist"] == jobs[1]["metrics"]["pretrain"]["forget_conf_dist"]
     runs = {}
     for job in ("0", "1"):
         (wandb_file,) = (sweep / job / "wandb").glob("offline-run-*/run-*.wandb")

@@ -59,3 +59,13 @@ def test_the_swept_keys_are_what_hydras_parser_calls_a_sweep():
                  "hydra.sweep.dir=x,y", "data.forget.size=range(10,30,10)", "data@other=digits,mnist",
                  "method.lr=choice(0.1,0.01)"]
     assert swept_keys(overrides) == ["method.theta", "method", "data.forget.size", "data@other", "method.lr"]
+
+
+def test_a_robust_alg1_setting_that_does_not_exist_is_one_line_not_ignored():
+    """A typo under method.adversarial in an experiment file was dropped silently by AdversarialSettings."""
+    from ttp_lightning.errors import TTPUserError
+    from ttp_lightning.methods.pareto import adversarial_settings
+
+    assert adversarial_settings({"gamma": 4, "surrogate_betas": [10]}).surrogate_betas == (10,)
+    with pytest.raises(TTPUserError, match=r"method.adversarial.gama is not a setting of robust Alg 1; allowed: gamma,"):
+        adversarial_settings({"gama": 4})

@@ -78,15 +78,15 @@ def is_wandb(logger_cfg) -> bool:
     return str(logger_cfg.get("_target_", "")).endswith("WandbLogger")
 
 
-def build_logger(cfg: DictConfig, identity: dict):
-    """The configured Lightning logger (False for `logger=none`), holding the resolved config as flat
+def build_logger(cfg: DictConfig, record: dict, identity: dict):
+    """The configured Lightning logger (False for `logger=none`), holding the resolved config (`record`) as flat
     hyperparameters (wandb.config; the CSV logger's hparams.yaml). A wandb run is named after the swept
     values, grouped by sweep, with the method as job type."""
     if not cfg.get("logger"):
         return False
     extra = {k: identity[k] for k in ("name", "group", "job_type")} if is_wandb(cfg.logger) else {}
     logger = hydra.utils.instantiate(cfg.logger, **extra)
-    logger.log_hyperparams(flat_config(cfg))
+    logger.log_hyperparams(flat_config(record))
     return logger
 
 
@@ -233,9 +233,9 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         return build_classifier(settings.model, datamodule.info)
 
     identity = run_identity(cfg)
-    ctx = RunContext.of(settings, logger=build_logger(cfg, identity), output_dir=output_dir)
+    record = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # results.json's `config`
+    ctx = RunContext.of(settings, logger=build_logger(cfg, record, identity), output_dir=output_dir)
     ctx.identity = identity
-    record = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     try:
         return _stages(settings, record, ctx, method, attacks, datamodule, make_net, gate)
     except BaseException:

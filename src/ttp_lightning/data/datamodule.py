@@ -48,7 +48,7 @@ class TTPDataModule(L.LightningDataModule):
         if loader is None:
             raise TTPUserError(f"data set {name!r} names no loader; its conf/data/{name}.yaml needs `loader: "
                                "{_target_: <module>.<Source subclass>, ...}` (README, Adding a data set)")
-        if loader is not None and not isinstance(loader, Source):
+        if not isinstance(loader, Source):
             raise TTPUserError(f"data.loader of data set {name!r} is a {type(loader).__name__}, not a "
                                "ttp_lightning.data.sources.Source")
         self.name, self.loader, self.root, self.download = name, loader, root, download

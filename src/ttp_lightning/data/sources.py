@@ -121,7 +121,6 @@ class ImageFolderSource(Source):
 
     def __init__(self, image_size: int | None = None, channels: int | None = None, decoded_cache: str | None = None):
         self.image_size, self.channels, self.decoded_cache = image_size, channels, decoded_cache
-        self.expected_files = "train/<class>/<image> and optionally test/<class>/<image>"
         self._preprocess: Preprocess | None = None
 
     def load(self, name: str, root: str | Path, download: bool) -> tuple[DatasetInfo, ImageArrays]:

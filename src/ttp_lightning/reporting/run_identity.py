@@ -17,9 +17,9 @@ MAX_GROUP = 120  # wandb's limit is 128 characters
 SWEEP_RECORD = "multirun.yaml"  # what Hydra's sweeper writes into the sweep folder
 
 
-def flat_config(cfg: DictConfig) -> dict:
-    """The resolved config as {"method.theta": 0.75, "data.forget.size": 20, ...} (lists stay lists)."""
-    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+def flat_config(container: dict) -> dict:
+    """The resolved config (a plain container, results.json's `config`) as {"method.theta": 0.75,
+    "data.forget.size": 20, ...} (lists stay lists)."""
     flat: dict = {}
 
     def walk(value, prefix: str) -> None:

@@ -69,6 +69,31 @@ def test_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, tmp_pat
     assert not any((tmp_path / "cache" / "checkpoints").iterdir())  # results written: checkpoints deleted
 
 
+def _released_weights(results: dict, out) -> str:
+    from ttp_lightning.files import sha256_of
+
+    return sha256_of(out / results["weights_file"])
+
+
+def test_robust_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, tmp_path, monkeypatch):
+    """Robust Alg 1 draws from the inner attack's generator and attacks towards the starting model's predictions:
+    a resumed fit must attack towards those, not towards the predictions of the weights it resumed from
+    (issue 36: the history first differed at the epoch after the stop), and the per-image table and the
+    released weights must be an uninterrupted run's, bit for bit."""
+    overrides = ("method=pareto_robust", "method.epochs=6", "method.early_stopping.patience=null",
+                 "release_gate.require=[clean]", "method.adversarial.eval_steps=5")
+    whole = _job(compose_cfg, tmp_path, "whole", *overrides, "checkpoint_every_n_epochs=0")
+    with monkeypatch.context() as patch:
+        _stop_at(patch, "method", 4)
+        with pytest.raises(Stopped):
+            _job(compose_cfg, tmp_path, "stopped", *overrides)
+    resumed = _job(compose_cfg, tmp_path, "resumed", *overrides)
+    assert resumed["resumed"] == {"Alg 1 finetuning": 3}
+    _same(whole, resumed)
+    assert whole["forget_per_image"] == resumed["forget_per_image"]
+    assert _released_weights(whole, tmp_path / "whole") == _released_weights(resumed, tmp_path / "resumed")
+
+
 def test_pretraining_resumes_and_a_run_stopped_by_patience_stays_stopped(compose_cfg, tmp_path, monkeypatch, caplog):
     overrides = ("pretrain.epochs=6", "method.epochs=30", "method.early_stopping.patience=2",
                  "method.early_stopping.retain_acc_drop_at_most=null")
@@ -171,3 +196,21 @@ def test_random_state_round_trips_every_global_generator():
     callback.load_state_dict(saved)
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]
+
+
+def test_a_cache_key_others_can_read_or_change_is_named_in_one_warning(tmp_path, monkeypatch, caplog):
+    """Issue 36, case 7: whoever can read the key can sign a planted cache entry or checkpoint; a world-readable key
+    file got no warning. 0600 (or 0640, to share a cache with a group) gets none."""
+    key = tmp_path / "cache.key"
+    monkeypatch.setenv(proofs.KEY_ENV, str(key))
+    for mode, warned in ((0o600, False), (0o640, False), (0o644, True), (0o602, True)):
+        proofs._key.cache_clear()
+        key.unlink(missing_ok=True)
+        proofs.mac_of(b"x")  # creates the key, 0600
+        key.chmod(mode)
+        proofs._key.cache_clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ttp_lightning.proofs"):
+            proofs.mac_of(b"x")
+        assert ("can be " in caplog.text and str(key) in caplog.text and "chmod 600" in caplog.text) == warned, mode
+    proofs._key.cache_clear()

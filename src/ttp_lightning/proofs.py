@@ -53,6 +53,7 @@ def _key(path: Path) -> bytes:
             pass
         finally:
             tmp.unlink(missing_ok=True)
+    _warn_if_others_can_use(path)
     try:
         key = path.read_bytes()
     except OSError as exc:
@@ -62,6 +63,19 @@ def _key(path: Path) -> bytes:
         raise TTPUserError(f"the cache key {str(path)!r} holds {len(key)} bytes, fewer than {KEY_BYTES}; remove it "
                            "to have a new one made (every cached file is then recomputed)")
     return key
+
+
+def _warn_if_others_can_use(path: Path) -> None:
+    """One warning line when users outside the file's group can read or change the key (0600, or 0640 to share a
+    cache with a group, is what keeps a planted cache entry from passing)."""
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        return  # reading it fails next, in one line
+    if mode & 0o006:
+        log.warning("the cache key %s can be %s by every user of this machine (mode %s): anyone who can read it can "
+                    "sign a cache entry or checkpoint your runs will trust; chmod 600 it (or 640 to share it with "
+                    "your group)", path, "read" if mode & 0o004 else "changed", oct(mode))
 
 
 def mac_of(data: bytes) -> str:

@@ -145,8 +145,18 @@ class ParetoFinetuneModule(PartsValidationMixin):
 
     # ------------------------------------------------------ robust validation
     def on_fit_start(self) -> None:
-        if self.adversarial is not None:  # the labels an attacker wants back: the starting model's predictions
+        # the labels an attacker wants back: the starting model's predictions (a resumed fit has them from its
+        # checkpoint: at this point its network already holds the resumed weights)
+        if self.adversarial is not None and self._attack_targets is None:
             self._attack_targets = predictions(self.net, self.forget_data, device=self.device)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self._attack_targets is not None:
+            checkpoint["attack_targets"] = self._attack_targets.cpu()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "attack_targets" in checkpoint:
+            self._attack_targets = checkpoint["attack_targets"]
 
     def on_validation_epoch_end(self) -> None:
         if self.adversarial is None or self.trainer.sanity_checking:

@@ -210,9 +210,11 @@ def test_verify_verdicts_on_genuine_releases(released, capsys):
     assert code == 0 and out.startswith("verified: alg2_exact_newton") and "guarantee:" in out
     assert "nothing assumed" in out and "residual bound" in out and "lambda_min(H)=" not in out
     code, out, _ = verify(capsys, paper)
+    assert code == 1 and out.startswith("FAIL: ") and "is NOT a protected release" in out.splitlines()[0]
+    code, out, _ = verify(capsys, paper, "--allow-unprotected")
     assert code == 0 and "the paper's bound for the exact Newton step (Alg 2)" in out and "capped at 2C = 20" in out
     assert "assumed, not measured" in out and "lambda_min(H)=" in out and "conditional on" not in out
-    code, out, _ = verify(capsys, lissa / "certificate.json")
+    code, out, _ = verify(capsys, lissa / "certificate.json", "--allow-unprotected")
     assert code == 3 and "VACUOUS: epsilon=" in out  # sigma = 1e-3, the paper's: epsilon ~ 1e12
     code, out, _ = verify(capsys, online, "--recompute", "--audit", online.parent / "private" / "audit.json")
     assert code == 0 and "release reproduced from the audit record" in out and "2 release(s)" in out
@@ -236,7 +238,9 @@ def test_guarantee_states_what_it_is_conditional_on(released):
 @pytest.mark.parametrize("method", ["certified_exact", "certified_exact_paper", "certified_lissa"])
 def test_verify_audit_reproduces_the_release_from_the_private_record(released, capsys, method):
     out = released(method)
-    code, text, err = verify(capsys, release_of(out), "--recompute", "--audit", out / "private" / "audit.json")
+    passed = json.loads((out / "results.json").read_text())["release_gate"]["passed"]
+    code, text, err = verify(capsys, release_of(out), "--recompute", "--audit", out / "private" / "audit.json",
+                             *([] if passed else ["--allow-unprotected"]))
     assert code == (3 if method == "certified_lissa" else 0), text + err
     assert "release reproduced from the audit record" in text
 
@@ -276,6 +280,13 @@ def test_two_releases_of_one_config_draw_different_noise(released, tmp_path):
     assert (w1 - w2).double().norm().item() > sigma * (2 * w1.numel()) ** 0.5 * 0.8  # ... but fresh noise
 
 
+def beside(folder, release):
+    """The rest of a release folder (config.json, MODEL_CARD.md) copied into `folder`."""
+    for name in ("config.json", "MODEL_CARD.md"):
+        (folder / name).write_bytes((release / name).read_bytes())
+    return folder
+
+
 def edited(release, tmp_path, **changes):
     """A copy of the release folder whose certificate has some fields replaced."""
     folder = tmp_path / "edited"
@@ -283,6 +294,7 @@ def edited(release, tmp_path, **changes):
     cert = json.loads((release / "certificate.json").read_text())
     cert.update(changes)
     (folder / "certificate.json").write_text(json.dumps(cert))
+    beside(folder, release)
     for entry in cert["weights"]:
         target = folder / entry["file"]
         if not target.exists():
@@ -302,18 +314,18 @@ def test_verify_fails_tampered_and_forged_releases(released, tmp_path, capsys):
     data[-3] ^= 0x01
     (flipped / "model.safetensors").write_bytes(bytes(data))
     (flipped / "certificate.json").write_text(json.dumps(cert))
-    code, text, _ = verify(capsys, flipped)
+    code, text, _ = verify(capsys, beside(flipped, release), "--allow-unprotected")
     assert code == 1 and "FAIL: model.safetensors: SHA-256" in text
     # sigma NaN, and an edited epsilon
-    code, text, _ = verify(capsys, edited(release, tmp_path, sigma=float("nan")))
+    code, text, _ = verify(capsys, edited(release, tmp_path, sigma=float("nan")), "--allow-unprotected")
     assert code == 1 and "FAIL: sigma is not a finite number (nan)" in text
-    code, text, _ = verify(capsys, edited(release, tmp_path, epsilon=0.1))
+    code, text, _ = verify(capsys, edited(release, tmp_path, epsilon=0.1), "--allow-unprotected")
     assert code == 1 and "too small for epsilon=0.1" in text
-    code, text, _ = verify(capsys, edited(release, tmp_path, epsilon=5.0))
+    code, text, _ = verify(capsys, edited(release, tmp_path, epsilon=5.0), "--allow-unprotected")
     assert code == 1 and "the certificate was edited" in text
-    code, text, _ = verify(capsys, edited(release, tmp_path, lam_min=0.0))  # the assumption the issue refuted
+    code, text, _ = verify(capsys, edited(release, tmp_path, lam_min=0.0), "--allow-unprotected")  # the assumption the issue refuted
     assert code == 1 and "is not min(stated" in text
-    code, text, _ = verify(capsys, edited(release, tmp_path, projection="per_tensor"))  # C per tensor, not global
+    code, text, _ = verify(capsys, edited(release, tmp_path, projection="per_tensor"), "--allow-unprotected")  # C per tensor, not global
     assert code == 1 and "is not the global norm bound" in text
 
 
@@ -321,8 +333,9 @@ def test_verify_fails_tampered_and_forged_releases(released, tmp_path, capsys):
                                      {"num_params": 0}, {"steps": []}, {"delta": 1.5}, {"lam": -1.0},
                                      {"grad_lipschitz_forget": -2.0}, {"hessian_norm": -1.0}])
 def test_values_outside_the_bounds_domain_fail_without_a_traceback(released, tmp_path, capsys, changes):
-    code, text, err = verify(capsys, edited(release_of(released("certified_lissa")), tmp_path, **changes))
-    assert code == 1 and text.startswith("FAIL: ") and err == ""
+    code, text, err = verify(capsys, edited(release_of(released("certified_lissa")), tmp_path, **changes),
+                             "--allow-unprotected")
+    assert code == 1 and text.startswith("checked as asked") and "\nFAIL: " in text and err == ""
 
 
 def test_impossible_constants_that_shrink_delta_fail_before_any_arithmetic(released, tmp_path, capsys):
@@ -330,12 +343,12 @@ def test_impossible_constants_that_shrink_delta_fail_before_any_arithmetic(relea
     verified; every stated constant is now range-checked first, and the failure names it."""
     release = release_of(released("certified_exact_paper"))
     code, text, _ = verify(capsys, edited(release, tmp_path, hessian_lipschitz_forget=-0.24,
-                                          hessian_lipschitz_retain=-0.24))
+                                          hessian_lipschitz_retain=-0.24), "--allow-unprotected")
     assert code == 1 and "FAIL: hessian_lipschitz_forget=-0.24 is outside [0.0, inf)" in text
     assert "FAIL: hessian_lipschitz_retain=-0.24" in text and "verified" not in text
     cert = json.loads((release / "certificate.json").read_text())
     steps = [dict(cert["steps"][0], residual=-1e-3)]
-    code, text, _ = verify(capsys, edited(release, tmp_path, steps=steps))
+    code, text, _ = verify(capsys, edited(release, tmp_path, steps=steps), "--allow-unprotected")
     assert code == 1 and "FAIL: step 1: residual=-0.001 is outside [0.0, inf)" in text
 
 
@@ -357,7 +370,7 @@ def test_a_forged_norm_bound_is_exposed_by_the_weights_norm(released, tmp_path, 
     forged = {**cert, "norm_bound": 0.01, "norm_bound_config": 0.01}
     forged["sensitivity"], forged["sensitivity_formula"] = recomputed_sensitivity(forged)
     forged["epsilon"], forged["mechanism"] = implied_epsilon(forged["sensitivity"], cert["sigma"], cert["delta"])
-    code, text, _ = verify(capsys, edited(release, tmp_path, **forged))
+    code, text, _ = verify(capsys, edited(release, tmp_path, **forged), "--allow-unprotected")
     assert code == 1 and "exceeds C + the noise's norm bound" in text and text.count("FAIL") == 1
 
 
@@ -373,7 +386,7 @@ def test_never_unlearned_weights_under_an_edited_hash_fail_recompute_and_audit(r
     cert = json.loads((release_of(out) / "certificate.json").read_text())
     cert["weights"][0]["sha256"] = sha256_of(folder / "model.safetensors")
     (folder / "certificate.json").write_text(json.dumps(cert))
-    code, text, _ = verify(capsys, folder)
+    code, text, _ = verify(capsys, beside(folder, release_of(out)))
     assert code == 0 and "not checked without --recompute or --audit" in text  # self-consistent: says so
     code, text, _ = verify(capsys, folder, "--recompute")
     assert code == 1 and "forget confidence distance recomputes to" in text
@@ -460,6 +473,28 @@ def test_certified_run_stops_when_the_hypotheses_fail(run_job):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and results is None and len(errors) == 1
     assert errors[0].startswith("error: lambda + lambda_min(H) = 0.05 + (-") and "raise method.lam above" in errors[0]
+
+
+def test_a_delta_of_one_over_n_or_more_is_vacuous_and_refused_at_run_time(released, tmp_path, capsys, run_job):
+    """Issue 36, case 5: delta = 0.5 was certified and verified. delta must be below 1/n (n training records: a
+    mechanism that publishes one record at random meets delta = 1/n); verify judges a larger one vacuous, with
+    epsilon, sigma and the mechanism recomputed to match so that nothing else fails, and a run refuses it."""
+    from ttp_lightning.certificates.document import training_set_size
+    from ttp_lightning.certify.mechanism import implied_epsilon
+
+    release = release_of(released("certified_exact"))
+    cert = json.loads((release / "certificate.json").read_text())
+    n = training_set_size(cert)
+    assert cert["delta"] < 1 / n
+    for delta in (0.5, 1.0 / n):
+        epsilon, mechanism = implied_epsilon(cert["sensitivity"], cert["sigma"], delta)
+        code, text, _ = verify(capsys, edited(release, tmp_path, delta=delta, epsilon=epsilon, mechanism=mechanism),
+                               "--allow-unprotected", "--vacuous-above", "1e300")
+        assert code == 3 and f"VACUOUS: delta={delta:.3g} is not below 1/n" in text and "FAIL" not in text, text
+    proc, results = run_job(*RESIDUAL, "method=certified_exact", "method.delta=0.5")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and results is None and len(errors) == 1
+    assert errors[0].startswith("error: method.delta=0.5 is not allowed; with n = ") and "1/n" in errors[0]
 
 
 def test_certified_bad_input(run_job):

@@ -16,6 +16,7 @@ imported or instantiated; the weights file must match the SHA-256 it records.
 import json
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -24,16 +25,18 @@ from torch import nn
 
 from ttp_lightning.certificates.schema import (
     SchemaError,
+    boolean,
     check_model_spec,
     count,
     finite,
+    fraction,
     hex64,
     list_of,
     model_settings,
     model_spec,
     name,
-    number,
     one_of,
+    optional,
     record,
 )
 from ttp_lightning.cli_checks import CONF_DIR
@@ -49,30 +52,66 @@ CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (th
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "MODEL_CARD.md"
 MAX_CONFIG_BYTES = 1 << 20
 
-INPUT_FIELDS = {"channels": count, "image_size": count, "num_classes": count, "mean": list_of(finite, 4),
-                "std": list_of(finite, 4), "pixel_range": list_of(number, 2), "layout": one_of("NCHW"),
-                "class_names": list_of(lambda value, key: _text(value, key), 100_000)}
+PIXEL_RANGE = [0.0, 1.0]  # what a release's network takes (before its own normalisation); nothing else is allowed
+MIN_STD = 1e-6  # a std below this is 0 to float32 arithmetic (1e-300 made every output NaN)
+MAX_NORMALISATION = 1e3  # |mean| and std above this are no normalisation of [0, 1] pixels
 
 
-def _text(value, key):
-    """A class name: any short string (shown to people, never used as a path or code)."""
-    if isinstance(value, str) and len(value) <= 200:
+def _text(value, key, longest: int = 200):
+    """A short string shown to people (a class name, a label), never used as a path or code."""
+    if isinstance(value, str) and len(value) <= longest:
         return value
     return name(value, key)  # fails with the usual message
+
+
+def _reason(value, key):
+    return _text(value, key, longest=4000)
+
+
+def _pixel_range(value, key):
+    if value != PIXEL_RANGE or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise SchemaError(f"{key}={str(value)[:80]} is not allowed; a release's network takes pixels in "
+                          f"{PIXEL_RANGE} (the only range this format has)")
+    return [float(v) for v in value]
 
 
 def _architecture(value, key):
     return None if value is None else check_model_spec(value, key)
 
 
-def _anything(value, key):  # the provider's description: read by people, never by code
-    return value
+INPUT_FIELDS = {"channels": count, "image_size": count, "num_classes": count, "mean": list_of(finite, 4),
+                "std": list_of(finite, 4), "pixel_range": _pixel_range, "layout": one_of("NCHW"),
+                "class_names": list_of(_text, 100_000)}
+GATE_KINDS = ("clean", "attacked", "certified")  # protection.KINDS, the CDs a release gate can require
+# config.json `protection`: what the run measured and decided. Typed so that a checker reads numbers, never NaN
+# (a claim is compared with what verify recomputes; it never decides a pass)
+PER_IMAGE_FIELDS = {"gamma": finite, "forget_worst_conf_dist": optional(finite), "forget_exposed": optional(count),
+                    "forget_robust_worst_conf_dist": optional(finite), "forget_robust_exposed": optional(count),
+                    "forget_certified_worst_conf_dist": optional(finite),
+                    "forget_certified_share_05": optional(fraction), "forget_certified_share_10": optional(fraction)}
 
 
+def _require(value, key):
+    kinds = list_of(one_of(*GATE_KINDS), len(GATE_KINDS))(value, key)
+    if len(set(kinds)) != len(kinds) or "clean" not in kinds:
+        raise SchemaError(f"{key}={kinds} is not allowed; a gate requires clean and each kind once")
+    return kinds
+
+
+GATE_FIELDS = {"conf_dist_at_most": finite, "require": _require, "gamma": finite, "reasons": list_of(_reason, 100)}
+PROTECTION_FIELDS = {
+    "method": name, "label": _text, "theta": optional(fraction), "forget_size": count, "forget_fingerprint": hex64,
+    "forget_set_digest": optional(hex64), "forget_conf_dist": optional(finite), "test_acc": optional(fraction),
+    "certified": boolean, "experiment": _text, "protected": boolean, "release_gate": record(GATE_FIELDS),
+    "per_image": record(PER_IMAGE_FIELDS)}
 CONFIG_FIELDS = {"format": one_of(RELEASE_FORMAT), "architecture": _architecture, "input": record(INPUT_FIELDS),
                  "weights": record({"file": one_of(WEIGHTS), "sha256": hex64, "prefix": one_of("", "backbone.")}),
-                 "protection": _anything,
-                 "library": _anything}
+                 "protection": record(PROTECTION_FIELDS),
+                 "library": record({"name": one_of("ttp_lightning"), "version": _text})}
+
+
+class NotProtectedWarning(UserWarning):
+    """load_released on a folder whose config.json says its release gate failed (`"protected": false`)."""
 
 
 def architecture_of(model_cfg: DictConfig) -> dict | None:
@@ -124,10 +163,18 @@ def read_release_config(folder: str | Path) -> dict:
         raise SchemaError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
         document = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, an integer of thousands of digits
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
         raise SchemaError(f"{str(path)!r} is not JSON this format can hold ({reason})") from None
     return record(CONFIG_FIELDS)(document, "")
+
+
+def not_protected_line(folder: str | Path, config: dict) -> str | None:
+    """The sentence saying a release's own config.json calls it not protected (None when it says protected)."""
+    if config["protection"]["protected"]:
+        return None
+    return (f"{str(folder)!r} is NOT a protected release: its config.json says \"protected\": false (its release "
+            "gate failed; MODEL_CARD.md gives the reasons)")
 
 
 MAX_IMAGE_SIZE, MAX_CHANNELS = 4096, 4
@@ -146,8 +193,12 @@ def check_input(given: dict, folder: Path) -> None:
         if len(given[key]) != given["channels"]:
             raise SchemaError(f"{where}.{key}={given[key]} is not allowed; give one value per channel "
                               f"({given['channels']})")
-    if min(given["std"]) <= 0:
-        raise SchemaError(f"{where}.std={given['std']} is not allowed; every value must be > 0")
+    if not all(MIN_STD <= value <= MAX_NORMALISATION for value in given["std"]):
+        raise SchemaError(f"{where}.std={given['std']} is not allowed; every value must be in [{MIN_STD:g}, "
+                          f"{MAX_NORMALISATION:g}]")
+    if not all(abs(value) <= MAX_NORMALISATION for value in given["mean"]):
+        raise SchemaError(f"{where}.mean={given['mean']} is not allowed; every value must be in "
+                          f"[-{MAX_NORMALISATION:g}, {MAX_NORMALISATION:g}]")
     if given["num_classes"] < 2 or len(given["class_names"]) != given["num_classes"]:
         raise SchemaError(f"{where}.num_classes={given['num_classes']} is not allowed; a classifier has at least "
                           f"2 classes, one class name each ({len(given['class_names'])} given)")
@@ -190,6 +241,14 @@ def load_released(folder: str | Path, device: str | torch.device = "cpu") -> nn.
 
     folder = Path(folder).expanduser()
     config = read_release_config(folder)
+    unprotected = not_protected_line(folder, config)
+    if unprotected:
+        warnings.warn(f"{unprotected}; loading it anyway", NotProtectedWarning, stacklevel=2)
+    return network_of(folder, config, device)
+
+
+def network_of(folder: Path, config: dict, device: str | torch.device = "cpu") -> nn.Module:
+    """load_released's network from a config.json already read by read_release_config."""
     if config["architecture"] is None:
         raise TTPUserError(f"{str(folder)!r} was built from a model config that is not part of ttp_lightning; "
                            f"load {WEIGHTS} into your own module (its input is described in {CONFIG})")
@@ -247,6 +306,40 @@ LOAD_LINE = 'model = ttp_lightning.load_released("release")  # [N, C, H, W] pixe
 PLAIN_LOADING = (f'or with safetensors alone: `load_file("release/{WEIGHTS}")` into the architecture (config.json '
                  "`architecture`), inputs normalised by config.json `input.mean` / `input.std`.")
 
+def effect_rows(gamma: float, threshold: float) -> dict:
+    """The model card's Effect table: {key: (row label, how a stage's metrics give its cell)}, in order (verify
+    robust reads the cells back from a card with the same labels)."""
+    radius = f"{gamma:g}/255"
+    rows = [("retain accuracy", "retain_acc", True), ("test accuracy", "test_acc", True),
+            ("forget accuracy", "forget_acc", True),
+            ("forget confidence distance (0 = uniform softmax)", "forget_conf_dist", False),
+            ("forget confidence distance under attack", "forget_robust_conf_dist", False),
+            ("test confidence distance", "test_conf_dist", False),
+            ("worst forget image's confidence distance", "forget_worst_conf_dist", False),
+            (f"worst forget image under attack ({radius})", "forget_robust_worst_conf_dist", False),
+            (f"worst forget image, certified bound ({radius})", "forget_certified_worst_conf_dist", False)]
+    counts = [(f"forget images with confidence distance > {threshold:g}", "forget_exposed", False),
+              (f"forget images with confidence distance > {threshold:g} under attack ({radius})",
+               "forget_robust_exposed", False),
+              (f"forget images certified <= 0.05 within {radius}", "forget_certified_share_05", True),
+              (f"forget images certified <= 0.1 within {radius}", "forget_certified_share_10", True)]
+    table = {key: (label, lambda values, key=key, pct=pct: _metric(values, key, pct)) for label, key, pct in rows}
+    table.update({key: (label, lambda values, key=key, pct=pct: _count(values, key, pct)) for label, key, pct in counts})
+    return table
+
+
+def card_cells(card: str, gamma: float, threshold: float) -> dict[str, str]:
+    """{key: the "after" cell} of each Effect row a model card holds (rows are found by their labels)."""
+    labels = {f"| {label} |": key for key, (label, _) in effect_rows(gamma, threshold).items()}
+    cells = {}
+    for line in card.splitlines():
+        for start, key in labels.items():
+            if line.startswith(start):
+                parts = [part.strip() for part in line.strip().strip("|").split("|")]
+                cells[key] = parts[-1] if len(parts) == 3 else "?"
+    return cells
+
+
 def _metric(values: dict, key: str, percent: bool) -> str:
     value = values.get(key)
     if not isinstance(value, (int, float)):
@@ -268,24 +361,9 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
     method = results["method"]
     before, after = metrics.get("pretrain_original", metrics["pretrain"]), metrics[method]
     theta = config["method"].get("theta")
-    gamma, threshold = f"{gate['gamma']:g}/255", f"{gate['conf_dist_at_most']:g}"
-    rows = [("retain accuracy", "retain_acc", True), ("test accuracy", "test_acc", True),
-            ("forget accuracy", "forget_acc", True),
-            ("forget confidence distance (0 = uniform softmax)", "forget_conf_dist", False),
-            ("forget confidence distance under attack", "forget_robust_conf_dist", False),
-            ("test confidence distance", "test_conf_dist", False),
-            ("worst forget image's confidence distance", "forget_worst_conf_dist", False),
-            (f"worst forget image under attack ({gamma})", "forget_robust_worst_conf_dist", False),
-            (f"worst forget image, certified bound ({gamma})", "forget_certified_worst_conf_dist", False)]
-    counts = [(f"forget images with confidence distance > {threshold}", "forget_exposed", False),
-              (f"forget images with confidence distance > {threshold} under attack ({gamma})",
-               "forget_robust_exposed", False),
-              (f"forget images certified <= 0.05 within {gamma}", "forget_certified_share_05", True),
-              (f"forget images certified <= 0.1 within {gamma}", "forget_certified_share_10", True)]
-    table = "\n".join([f"| {label} | {_metric(before, key, pct)} | {_metric(after, key, pct)} |"
-                       for label, key, pct in rows] +
-                      [f"| {label} | {_count(before, key, pct)} | {_count(after, key, pct)} |"
-                       for label, key, pct in counts])
+    gamma = f"{gate['gamma']:g}/255"
+    table = "\n".join(f"| {label} | {cell(before)} | {cell(after)} |"
+                      for label, cell in effect_rows(gate["gamma"], gate["conf_dist_at_most"]).values())
     source = config["model"].get("checkpoint")
     start = "the provider's checkpoint (model.checkpoint)" if source else "a model pretrained by ttp_lightning"
     what = (f"This model was rewritten with ttp_lightning ({method_label}) so that it is maximally uncertain (a "

@@ -13,8 +13,12 @@ against C plus the noise's norm. --recompute rebuilds the data and model from re
 recomputes the forget confidence distance; --audit reruns the Newton step(s) from the provider's private
 audit record, redraws the noise from its seed and compares the result with the release.
 
-Exit status: 0 verified; 1 a check failed (one FAIL line each); 2 unusable or hostile input; 3 verified
-but vacuous (epsilon above --vacuous-above, default 10: the certificate guarantees nothing meaningful).
+The certificate's folder must be a release (config.json beside certificate.json); one whose config.json says
+"protected": false (its release gate failed) fails, and says so first, unless --allow-unprotected.
+
+Exit status: 0 verified; 1 a check failed (one FAIL line each), or the release is not protected; 2 unusable or
+hostile input; 3 verified but vacuous (epsilon above --vacuous-above, default 10, or delta not below 1/n for the
+n training records: the certificate guarantees nothing meaningful).
 """
 
 import argparse
@@ -27,12 +31,14 @@ from ttp_lightning.certificates.document import (
     CERTIFICATE_FILE,
     check_certificate,
     guarantee_lines,
-    is_vacuous,
+    training_set_size,
+    vacuous_reasons,
 )
 from ttp_lightning.certificates.schema import check_audit_schema, check_certificate_schema
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods.certified.audit import Mismatch, audit_failures, rebuild_model
+from ttp_lightning.release import not_protected_line, read_release_config
 from ttp_lightning.verify_robust import main as verify_robust
 
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE, EXIT_VACUOUS = 0, 1, 2, 3
@@ -53,11 +59,16 @@ def recompute_failures(cert: dict, weights: Path, overrides: list[str]) -> list[
         datamodule, net = rebuild_model(cert, weights, overrides)
     except Mismatch as exc:
         return [str(exc)]
+    failures = []
+    n = len(datamodule.dataset("forget")) + len(datamodule.dataset("retain"))
+    if n != training_set_size(cert):
+        failures.append(f"the rebuilt training set holds {n} records; the certificate's steps state "
+                        f"{training_set_size(cert)} (its delta is judged against 1/n)")
     measured = evaluate(net, datamodule)["forget_conf_dist"]
     stated = cert["metrics"].get("forget_conf_dist")
-    if not isinstance(stated, (int, float)) or abs(measured - stated) > FORGET_CD_TOLERANCE:
-        return [f"forget confidence distance recomputes to {measured:.6f}, the certificate says {stated}"]
-    return []
+    if not isinstance(stated, (int, float)) or not abs(measured - stated) <= FORGET_CD_TOLERANCE:
+        failures.append(f"forget confidence distance recomputes to {measured:.6f}, the certificate says {stated}")
+    return failures
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +86,26 @@ def _parser() -> argparse.ArgumentParser:
                         "for --recompute/--audit (e.g. data.root=DIR)")
     parser.add_argument("--tolerance", type=float, default=1e-4,
                         help="relative tolerance of --audit's rerun (default 1e-4)")
+    parser.add_argument("--allow-unprotected", action="store_true",
+                        help='check a release whose config.json says "protected": false (its gate failed)')
     return parser
+
+
+def check_arguments(args) -> None:
+    """verify's own settings, finite and in range (argparse reads 'nan' as a float)."""
+    if not 0.0 < args.vacuous_above < float("inf"):
+        raise TTPUserError(f"--vacuous-above={args.vacuous_above:g} is not allowed; choose a finite epsilon > 0")
+    if not 0.0 < args.tolerance < 1.0:
+        raise TTPUserError(f"--tolerance={args.tolerance:g} is not allowed; choose a value in (0, 1)")
+
+
+def release_config(cert_path: Path) -> dict:
+    """config.json of the release folder the certificate is in (a certificate is published as part of one)."""
+    folder = cert_path.parent
+    if not (folder / "config.json").is_file():
+        raise TTPUserError(f"{str(folder)!r} holds no config.json beside {cert_path.name}; a certified release is "
+                           "the whole release folder (certificate.json, config.json, the weights)")
+    return read_release_config(folder)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cert_path = args.certificate / CERTIFICATE_FILE if args.certificate.is_dir() else args.certificate
     try:
+        check_arguments(args)
         cert = check_certificate_schema(read_json(cert_path))
+        config = release_config(cert_path)
         weights = args.weights or [cert_path.parent / entry["file"] for entry in cert["weights"]]
         for path in weights:
             if not path.is_file():
@@ -110,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"error: cannot verify: {message}", file=sys.stderr)
         return EXIT_UNUSABLE
+    unprotected = not_protected_line(cert_path.parent, config)
+    if unprotected:  # the first line says so, whatever follows
+        print(f"{'checked as asked (--allow-unprotected): ' if args.allow_unprotected else 'FAIL: '}{unprotected}")
+        if not args.allow_unprotected:
+            failures.append(f"{unprotected}; --allow-unprotected checks its certificate anyway")
     for failure in failures:
         print(f"FAIL: {failure}")
     if failures:
@@ -121,11 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.recompute or args.audit):
         print("not checked without --recompute or --audit: that these weights came from this data (anyone can "
               "write a self-consistent certificate for any weights)")
-    if is_vacuous(cert["epsilon"], args.vacuous_above):
-        print(f"VACUOUS: epsilon={cert['epsilon']:.6g} > {args.vacuous_above:g}: an (epsilon, delta) statement this "
-              f"weak protects nothing; the noise is too small for the stated constants")
-        return EXIT_VACUOUS
-    return EXIT_OK
+    vacuous = vacuous_reasons(cert, args.vacuous_above)
+    for reason in vacuous:
+        print(f"VACUOUS: {reason}")
+    return EXIT_VACUOUS if vacuous else EXIT_OK
 
 
 if __name__ == "__main__":

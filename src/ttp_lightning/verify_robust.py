@@ -1,5 +1,5 @@
-"""`python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR [--gamma 8]`: re-check a release's certified
-uniformity without the training data.
+"""`python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR [--gamma 8] [--at-most 0.1]`: re-check a
+release's certified uniformity without the training data.
 
 For every image under IMAGES_DIR (PNG or JPEG, in any subfolders; labels are not needed) it computes, from the
 release's weights alone, an upper bound on the confidence distance (CD) anywhere in the L-inf ball of radius
@@ -8,18 +8,25 @@ the image within that radius can make the released model more confident than tha
 or a data subject holding the images can run it; nothing is trusted but the weights file, whose SHA-256 must
 match the release's config.json, and the images.
 
-When the images are exactly the release's forget set (their set digest matches config.json), the release's
-own per-image claims (worst certified CD, shares certified at most 0.05 and 0.1) are compared with the
-recomputed ones too.
+The verdict is this checker's own: --gamma and --at-most are its settings (default 8/255 and 0.1), never
+numbers read from the folder. What the folder says is compared with what is recomputed, and a mismatch fails,
+but it never makes a pass: a release whose config.json says it is not protected fails (unless
+--allow-unprotected), and when the images are exactly the release's forget set (their set digest matches
+config.json) every claim about them that can be recomputed is (the worst clean and certified CD, the counts
+and shares, the mean CD, its own gate's verdict; the attacked values must lie between the clean value and the
+certified bound). Every comparison fails on NaN.
 
-Exit status: 0 every image is certified at most the threshold (--at-most; default the release gate's); 1 an
-image is above it, or the release's claims do not match what is recomputed (one FAIL line each); 2 unusable
-or hostile input (a release folder or config.json outside the format, weights that are not the file
-config.json names, an unreadable image, an image of the wrong shape, a network the bound does not support).
+Exit status: 0 every image is certified at most --at-most within --gamma; 1 an image is above it or a value is
+not finite, the release says it is not protected, or a claim does not match what is recomputed (one FAIL line
+each); 2 unusable or hostile input (a release folder or config.json outside the format, weights that are not
+the file config.json names, an unreadable image, an image of the wrong shape, a network the bound does not
+support).
 """
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ttp_lightning.certificates.schema import SchemaError
@@ -28,12 +35,19 @@ from ttp_lightning.data.images import IMAGE_SUFFIXES, Preprocess, inside, read_f
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
 from ttp_lightning.metrics import conf_dist_of_probs
-from ttp_lightning.protection import stage_summary
-from ttp_lightning.release import load_released, read_release_config
+from ttp_lightning.release import (
+    CARD,
+    card_cells,
+    effect_rows,
+    network_of,
+    not_protected_line,
+    read_release_config,
+)
 
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
 CLAIM_TOLERANCE = 1e-4
-DEFAULT_AT_MOST = 0.1
+DEFAULT_GAMMA, DEFAULT_AT_MOST, MAX_GAMMA = 8.0, 0.1, 255.0
+NOT_PROTECTED_TITLE = ": NOT PROTECTED"  # the model card's title of a release whose gate failed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,14 +56,25 @@ def _parser() -> argparse.ArgumentParser:
                                      epilog=__doc__.split("\n\n")[-1], formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("release", type=Path, help="the release folder (model.safetensors, config.json)")
     parser.add_argument("images", type=Path, help="a folder of the images to check (PNG or JPEG, any subfolders)")
-    parser.add_argument("--gamma", type=float, default=None, metavar="G",
-                        help="L-inf radius in units of 1/255 (default: the release's own, else 8)")
-    parser.add_argument("--at-most", type=float, default=None, metavar="CD",
-                        help="every image's certified CD must be at most this (default: the release gate's, else 0.1)")
+    parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, metavar="G",
+                        help=f"L-inf radius in units of 1/255, 0..{MAX_GAMMA:g} (default {DEFAULT_GAMMA:g}; 0: the "
+                             "images themselves)")
+    parser.add_argument("--at-most", type=float, default=DEFAULT_AT_MOST, metavar="CD",
+                        help=f"every image's certified CD must be at most this, in [0, 1) (default {DEFAULT_AT_MOST:g})")
     parser.add_argument("--resize", action="store_true",
                         help="resize (shorter side) and centre-crop each image to the model's input size, as "
                              "data.image_size did; without it every image must already have that size")
+    parser.add_argument("--allow-unprotected", action="store_true",
+                        help='check a release whose config.json says "protected": false (its gate failed)')
     return parser
+
+
+def check_arguments(gamma: float, at_most: float) -> None:
+    """verify's own radius and threshold: finite, in range (argparse reads 'nan' as a float)."""
+    if not 0.0 <= gamma <= MAX_GAMMA:
+        raise TTPUserError(f"--gamma={gamma:g} is not allowed; choose a radius in [0, {MAX_GAMMA:g}] (units of 1/255)")
+    if not 0.0 <= at_most < 1.0:
+        raise TTPUserError(f"--at-most={at_most:g} is not allowed; choose a CD in [0, 1)")
 
 
 def image_files(folder: Path) -> list[Path]:
@@ -72,42 +97,135 @@ def read_images(files: list[Path], channels: int, image_size: int, resize: bool)
     return torch.stack([read_file(path, prep, "image")[0] for path in files])
 
 
-def claim_failures(claimed: dict, measured: dict, gamma: float) -> list[str]:
-    """The release's per-image claims (config.json protection.per_image) against the recomputed values."""
-    if claimed.get("gamma") is None or abs(float(claimed["gamma"]) - gamma) > 1e-9:
-        return []
+def _close(stated, value: float) -> bool:
+    """A stated number equal to a recomputed one within CLAIM_TOLERANCE (NaN, None or text never is)."""
+    return isinstance(stated, (int, float)) and not isinstance(stated, bool) and abs(stated - value) <= CLAIM_TOLERANCE
+
+
+def _between(stated, low: float, high: float) -> bool:
+    return isinstance(stated, (int, float)) and low - CLAIM_TOLERANCE <= stated <= high + CLAIM_TOLERANCE
+
+
+def claim_failures(protection: dict, clean: list[float], certified_at: Callable[[float], list[float]],
+                   num_classes: int) -> list[str]:
+    """config.json's claims about its forget set (these images) against what is recomputed from the weights:
+    each number that can be recomputed, the attacked values between the clean CD and the certified bound, and
+    the release's own gate verdict. `certified_at(gamma)`: each image's certified CD within gamma / 255."""
+    claims, gate = protection["per_image"], protection["release_gate"]
+    gamma, threshold = claims["gamma"], gate["conf_dist_at_most"]
     failures = []
+    if gate["gamma"] != gamma:
+        failures.append(f"config.json states two radii: release_gate.gamma={gate['gamma']} and per_image.gamma={gamma}")
+    if not 0.0 <= gamma <= MAX_GAMMA:
+        return [*failures, f"config.json claims per_image.gamma={gamma}; a radius is in [0, {MAX_GAMMA:g}]"]
+    if not 0.0 <= threshold < 1.0 - 1.0 / num_classes:
+        why = f"config.json claims a release gate at CD <= {threshold}, which cannot fail with {num_classes} classes"
+        return [*failures, why]
+    certified = certified_at(gamma)
+
+    def above(values):
+        return sum(not value <= threshold for value in values)
+
+    def share(at_most):
+        return sum(value <= at_most for value in certified) / len(certified)
+
+    measured = {"forget_worst_conf_dist": max(clean), "forget_exposed": above(clean),
+                "forget_certified_worst_conf_dist": max(certified), "forget_certified_share_05": share(0.05),
+                "forget_certified_share_10": share(0.1)}
     for key, value in measured.items():
-        stated = claimed.get(key)
-        if not isinstance(stated, (int, float)) or abs(stated - value) > CLAIM_TOLERANCE:
-            failures.append(f"config.json claims {key} = {stated}; recomputed from the weights: {value:.6f}")
+        if not _close(claims[key], value):
+            failures.append(f"config.json claims {key} = {claims[key]} within {gamma:g}/255; recomputed from the "
+                            f"weights: {value:.6g}")
+    if not _close(protection["forget_conf_dist"], sum(clean) / len(clean)):
+        failures.append(f"config.json claims forget_conf_dist = {protection['forget_conf_dist']}; recomputed: "
+                        f"{sum(clean) / len(clean):.6g}")
+    if protection["forget_size"] != len(clean):
+        failures.append(f"config.json claims forget_size = {protection['forget_size']}; these are {len(clean)} images")
+    # an attack finds a point in the ball: never below the clean CD, never above the certified bound
+    for key, low, high in (("forget_robust_worst_conf_dist", max(clean), max(certified)),
+                           ("forget_robust_exposed", above(clean), above(certified))):
+        if claims[key] is not None and not _between(claims[key], low, high):
+            failures.append(f"config.json claims {key} = {claims[key]} within {gamma:g}/255; an attack can only find "
+                            f"a value between {low:.6g} (the images) and {high:.6g} (the certified bound)")
+    return failures + gate_claim_failures(protection, clean, certified)
+
+
+def gate_claim_failures(protection: dict, clean: list[float], certified: list[float]) -> list[str]:
+    """A release that says it is protected must meet its own stated gate on the recomputed values."""
+    gate = protection["release_gate"]
+    if not protection["protected"]:
+        return []
+    if gate["reasons"]:
+        return [f"config.json says protected, yet lists why its gate failed: {gate['reasons'][0]}"]
+    if "clean" not in gate["require"]:
+        return [f"config.json says protected under a gate that does not require clean: {gate['require']}"]
+    threshold, attacked = gate["conf_dist_at_most"], protection["per_image"]["forget_robust_worst_conf_dist"]
+    worst = {"clean": max(clean), "certified": max(certified), "attacked": attacked}
+    return [f"config.json says protected with every forget image's {kind} CD <= {threshold}, but the worst is "
+            f"{worst[kind]}" for kind in gate["require"]
+            if not (isinstance(worst[kind], (int, float)) and worst[kind] <= threshold)]
+
+
+def folder_failures(release: Path, config: dict) -> list[str]:
+    """What the folder says about itself that must agree: the model card's title with config.json's verdict, the
+    card's Effect cells with config.json's claims (which are compared with the recomputation), and `certified`
+    with the certificate beside it."""
+    protection = config["protection"]
+    text = (release / CARD).read_text(errors="replace")
+    title = text.splitlines()[0] if text else ""
+    failures = []
+    if (NOT_PROTECTED_TITLE in title) == protection["protected"]:
+        failures.append(f"{CARD}'s title {title[:80]!r} contradicts config.json's \"protected\": "
+                        f"{str(protection['protected']).lower()}")
+    claims = {**protection["per_image"], "forget_conf_dist": protection["forget_conf_dist"],
+              "test_acc": protection["test_acc"]}
+    gate = protection["release_gate"]
+    rows = effect_rows(gate["gamma"], gate["conf_dist_at_most"])
+    cells = card_cells(text, gate["gamma"], gate["conf_dist_at_most"])
+    for key in rows.keys() & claims.keys():
+        expected = rows[key][1]({key: claims[key]})
+        if cells.get(key) != expected:
+            failures.append(f"{CARD} says {cells.get(key, 'nothing')!r} for {rows[key][0]!r}; config.json claims "
+                            f"{expected!r}")
+    if protection["certified"] != (release / "certificate.json").is_file():
+        failures.append(f"config.json says certified: {str(protection['certified']).lower()}, but the folder "
+                        + ("holds no" if protection["certified"] else "holds a") + " certificate.json")
     return failures
+
+
+def recompute(release: Path, config: dict, images_dir: Path, gamma: float, resize: bool):
+    """(files, pixels, clean CDs, certified_at) from the weights and the images alone; `certified_at(g)` bounds
+    each image's CD within g / 255 (computed once per radius)."""
+    import torch
+
+    if not (release / CARD).is_file():
+        raise TTPUserError(f"{str(release)!r} holds no {CARD}; a release folder holds model.safetensors, config.json "
+                           f"and {CARD}")
+    model = network_of(release, config)
+    files = image_files(images_dir)
+    given = config["input"]
+    pixels = read_images(files, given["channels"], given["image_size"], resize)
+    images = pixels.float() / 255.0
+    bounds: dict[float, list[float]] = {}
+
+    def certified_at(radius: float) -> list[float]:
+        if radius not in bounds:
+            bounds[radius] = certified_conf_dist(model, images, radius).tolist()
+        return bounds[radius]
+
+    certified_at(gamma)  # an unsupported layer is unusable input: found before anything is printed
+    with torch.no_grad():
+        clean = conf_dist_of_probs(model(images).softmax(-1).double()).tolist()
+    return files, pixels, clean, certified_at
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-
-    import torch
-
     try:
+        check_arguments(args.gamma, args.at_most)
         config = read_release_config(args.release)
-        protection = config["protection"] if isinstance(config.get("protection"), dict) else {}
-        gate = protection.get("release_gate") if isinstance(protection.get("release_gate"), dict) else {}
-        claimed = protection.get("per_image") if isinstance(protection.get("per_image"), dict) else {}
-        gamma = args.gamma if args.gamma is not None else float(claimed.get("gamma") or 8.0)
-        at_most = args.at_most if args.at_most is not None else float(gate.get("conf_dist_at_most") or DEFAULT_AT_MOST)
-        if not (gamma >= 0 and 0 <= at_most < 1):
-            raise TTPUserError(f"--gamma={gamma:g} and --at-most={at_most:g} are not allowed; choose gamma >= 0 "
-                               "and at-most in [0, 1)")
-        model = load_released(args.release)
-        files = image_files(args.images)
-        given = config["input"]
-        pixels = read_images(files, given["channels"], given["image_size"], args.resize)
-        images = pixels.float() / 255.0
-        bounds = certified_conf_dist(model, images, gamma)
-        with torch.no_grad():
-            probs = model(images).softmax(-1).double()
-        clean = conf_dist_of_probs(probs)
+        files, pixels, clean, certified_at = recompute(args.release, config, args.images, args.gamma, args.resize)
+        bounds = certified_at(args.gamma)
     except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SchemaError,
             UnsupportedLayer) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -115,19 +233,25 @@ def main(argv: list[str]) -> int:
         return EXIT_UNUSABLE
 
     failures = []
-    print(f"{'image':<40}  {'clean CD':>8}  {'certified CD':>12}  (L-inf {gamma:g}/255, at most {at_most:g})")
-    for path, value, bound in zip(files, clean.tolist(), bounds.tolist()):
+    unprotected = not_protected_line(args.release, config)
+    if unprotected:
+        print(f"{'checked as asked (--allow-unprotected): ' if args.allow_unprotected else 'FAIL: '}{unprotected}")
+        if not args.allow_unprotected:
+            failures.append(f"{unprotected}; --allow-unprotected checks its bounds anyway")
+    print(f"{'image':<40}  {'clean CD':>8}  {'certified CD':>12}  (L-inf {args.gamma:g}/255, at most {args.at_most:g})")
+    for path, value, bound in zip(files, clean, bounds):
         name = str(path.relative_to(args.images))
-        print(f"{name[-40:]:<40}  {value:8.4f}  {bound:12.4f}  {'ok' if bound <= at_most else 'ABOVE'}")
-        if bound > at_most:
-            failures.append(f"{name}: certified CD {bound:.4f} > {at_most:g} within {gamma:g}/255")
-    same_set = set_digest(fingerprint(image) for image in pixels) == protection.get("forget_set_digest")
-    if same_set:
-        summary = stage_summary({"certified": bounds.tolist()}, at_most)
-        measured = {key: summary[key] for key in ("forget_certified_worst_conf_dist", "forget_certified_share_05",
-                                                  "forget_certified_share_10")}
-        failures += claim_failures(claimed, measured, gamma)
-        print(f"these {len(files)} images are the release's forget set (its set digest matches config.json)")
+        ok = bound <= args.at_most and math.isfinite(value)  # NaN is never at most anything
+        print(f"{name[-40:]:<40}  {value:8.4f}  {bound:12.4f}  {'ok' if ok else 'ABOVE'}")
+        if not ok:
+            failures.append(f"{name}: certified CD {bound:.4f} (clean {value:.4f}) is not <= {args.at_most:g} within "
+                            f"{args.gamma:g}/255")
+    failures += folder_failures(args.release, config)
+    protection = config["protection"]
+    if set_digest(fingerprint(image) for image in pixels) == protection["forget_set_digest"]:
+        print(f"these {len(files)} images are the release's forget set (its set digest matches config.json); its "
+              "claims about them are compared with what is recomputed")
+        failures += claim_failures(protection, clean, certified_at, config["input"]["num_classes"])
     else:
         print(f"these {len(files)} images are not exactly the release's forget set (set digest differs from "
               "config.json); each bound above is still a proof for its own image")
@@ -135,6 +259,6 @@ def main(argv: list[str]) -> int:
         print(f"FAIL: {failure}")
     if failures:
         return EXIT_FAIL
-    print(f"verified: every one of the {len(files)} images has certified CD <= {at_most:g} anywhere within "
-          f"{gamma:g}/255 (worst {max(bounds.tolist()):.4f}), from the weights alone")
+    print(f"verified: every one of the {len(files)} images has certified CD <= {args.at_most:g} anywhere within "
+          f"{args.gamma:g}/255 (worst {max(bounds):.4f}), from the weights alone")
     return EXIT_OK

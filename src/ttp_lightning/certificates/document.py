@@ -418,6 +418,31 @@ def is_vacuous(epsilon: float, threshold: float = DEFAULT_VACUOUS_ABOVE) -> bool
     return not epsilon <= threshold
 
 
+def training_set_size(cert: dict) -> int:
+    """n = |D|, the records the (epsilon, delta) statement protects: the forget plus the retain set of a step
+    (the same for every step; Alg 4 moves instances from one to the other)."""
+    return max(int(step["forget_size"]) + int(step["retain_size"]) for step in cert["steps"])
+
+
+def delta_allowed(delta: float, n: int) -> bool:
+    """delta < 1/n, the standard requirement: a mechanism that publishes one of n records at random is
+    (0, 1/n)-differentially private, so a delta of 1/n or more can be met while leaking a whole record."""
+    return 0.0 < delta < 1.0 / n
+
+
+def vacuous_reasons(cert: dict, epsilon_above: float) -> list[str]:
+    """Why a certificate that passes its checks still guarantees nothing meaningful (empty: it does)."""
+    reasons = []
+    if is_vacuous(cert["epsilon"], epsilon_above):
+        reasons.append(f"epsilon={cert['epsilon']:.6g} > {epsilon_above:g}: an (epsilon, delta) statement this weak "
+                       "protects nothing; the noise is too small for the stated constants")
+    n = training_set_size(cert)
+    if not delta_allowed(cert["delta"], n):
+        reasons.append(f"delta={cert['delta']:.3g} is not below 1/n = {1.0 / n:.3g} (n = {n} training records): a "
+                       "mechanism that publishes one record at random meets it")
+    return reasons
+
+
 def guarantee_lines(cert: dict) -> list[str]:
     """What a certificate that passes the checks proves, and under which assumptions."""
     k = composed_releases(cert)

@@ -3,7 +3,7 @@
 The pipeline builds the class its `_target_` names with the YAML's settings, checked once: the schema's
 object (config_schema.ParetoSchema, CertifiedSchema, ...; a config for a method without a schema). It then
 calls `check(settings)` with the whole run's settings (config_schema.MainSchema) before any work (bad values
-end in one `error:` line) and `run(ctx, pretrained, datamodule, make_net)`, which returns a MethodOutput.
+end in one `error:` line), `check_data(datamodule)` once the data is read, and `run(ctx, pretrained, datamodule, make_net)`, which returns a MethodOutput.
 Adding a method touches no other file: see the README's "Adding a method".
 """
 
@@ -22,6 +22,10 @@ class Method:
 
     def check(self, settings: MainSchema) -> None:
         """Raise TTPUserError for a bad value of this method's settings (cross-field checks included)."""
+
+    def check_data(self, datamodule) -> None:
+        """Raise TTPUserError for a setting the data makes impossible (called once the data is read, before any
+        training)."""
 
     def run(self, ctx, pretrained: nn.Module, datamodule, make_net) -> MethodOutput:
         """Apply the method to a copy of `pretrained` (or train a fresh model from `make_net()`)."""

@@ -18,7 +18,7 @@ chooses how the Newton step is solved, and all three share one procedure (common
 from torch import nn
 
 from ttp_lightning import checks
-from ttp_lightning.certificates.document import ONLINE
+from ttp_lightning.certificates.document import ONLINE, delta_allowed
 from ttp_lightning.certify.newton import resolve_lam
 from ttp_lightning.config_schema import CertifiedSchema, MainSchema
 from ttp_lightning.errors import TTPUserError
@@ -36,6 +36,15 @@ class Certified(Method):
 
     def check(self, settings: MainSchema) -> None:
         check_certified(settings, online=self.algorithm == ONLINE)
+
+    def check_data(self, datamodule) -> None:
+        """delta < 1/n for the n records of D (forget plus retain): the certificate protects each of them."""
+        n = len(datamodule.dataset("forget")) + len(datamodule.dataset("retain"))
+        delta = float(self.settings.delta)
+        if not delta_allowed(delta, n):
+            raise TTPUserError(f"method.delta={delta:g} is not allowed; with n = {n} training records choose a delta "
+                               f"in (0, 1/n = {1.0 / n:.3g}) (the paper's 1e-5 is below 1/60,000; a delta of 1/n or "
+                               "more is met by publishing one record at random)")
 
     def run(self, ctx, pretrained: nn.Module, datamodule, make_net) -> MethodOutput:
         return run_certified(ctx, self.settings, pretrained, datamodule, self.algorithm)

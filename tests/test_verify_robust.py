@@ -1,0 +1,349 @@
+"""Issue 36: `verify robust` and `load_released` decide from what they recompute, never from the folder they check.
+
+One genuine protected release (the default digits job, tiny) is attacked the way an adversary would: by editing its
+own files (config.json, the weights with their SHA-256 rewritten, MODEL_CARD.md), every value replaced by NaN,
+infinities, 0, a negative, 1e308, a string, a list of another length or nothing. Nothing may verify unless the
+edited field takes no part in the verdict (SAFE, each with its reason)."""
+
+import contextlib
+import copy
+import io
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+from safetensors.torch import load_file, save_file
+
+from conftest import CONF_DIR, TINY, registered_loader
+from ttp_lightning.cli_checks import normalize_overrides
+from ttp_lightning.errors import TTPUserError
+from ttp_lightning.files import sha256_of
+from ttp_lightning.release import NotProtectedWarning, load_released
+from ttp_lightning.verify import main as verify
+
+RUN = ["method.epochs=40", "attacks.gammas=[2]", "attacks.robust_gamma=2", "attacks.apgd_steps=10",
+       "attacks.restarts=1", "attacks.relearn.enabled=false"]
+
+
+@dataclass(frozen=True)
+class Genuine:
+    release: Path  # a protected release folder (exit 0, release/)
+    forget: Path  # its 20 forget images as PNG files, in subfolders
+    other: Path  # 10 test images the release was not made uncertain on
+
+
+def _write_pngs(folder: Path, images) -> None:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, image in enumerate(images):
+        Image.fromarray(np.asarray(image[0], dtype=np.uint8), mode="L").save(folder / f"{i:03d}.png")
+
+
+@pytest.fixture(scope="module")
+def genuine(tmp_path_factory) -> Genuine:
+    from ttp_lightning.data.datamodule import TTPDataModule
+    from ttp_lightning.pipeline import run
+
+    work = tmp_path_factory.mktemp("genuine")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="main", overrides=normalize_overrides(
+            [*TINY, *RUN, f"paths.output_dir={work}", f"paths.cache_dir={work / 'cache'}"]), return_hydra_config=True)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    results = run(cfg, str(work))
+    assert results["release_gate"]["passed"], results["release_gate"]
+    datamodule = TTPDataModule("digits", registered_loader("digits"), split="paper", forget={"size": 20})
+    datamodule.setup()
+    _write_pngs(work / "forget" / "any" / "sub", datamodule.train_images[datamodule.forget_indices])
+    _write_pngs(work / "other", datamodule.test_images[:10])
+    return Genuine(work / "release", work / "forget", work / "other")
+
+
+def _copy(genuine: Genuine, target: Path) -> Path:
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(genuine.release, target)
+    return target
+
+
+def _check(release: Path, images: Path, *extra: str) -> tuple[int, str]:
+    """verify robust in this process (anything a folder smuggled in would run right here): exit code, output."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = verify(["robust", str(release), str(images), *extra])
+    return code, out.getvalue() + err.getvalue()
+
+
+def _config(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
+def _write_config(folder: Path, config: dict) -> None:
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _rehash(folder: Path, config: dict) -> dict:
+    config["weights"]["sha256"] = sha256_of(folder / "model.safetensors")
+    return config
+
+
+def test_verify_robust_rechecks_a_release_from_its_weights_and_the_images(genuine, tmp_path):
+    """A genuine release verifies at its own radius; other images, a weights file swapped without or with its hash
+    rewritten, images of the wrong shape or a folder that is no release do not."""
+    release = _copy(genuine, tmp_path / "release")
+    claimed = _config(release)["protection"]["per_image"]
+    assert claimed["gamma"] == 2.0 and claimed["forget_certified_worst_conf_dist"] is not None
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 0 and "its claims about them are compared" in text, text  # the clean CDs, all <= 0.1
+    assert _check(release, genuine.forget, "--gamma", "2", "--at-most", "0.899")[0] == 0
+    assert _check(release, genuine.forget, "--at-most", "0.899")[0] in (0, 1)  # verify's own 8/255
+    assert _check(release, genuine.other, "--gamma", "0")[0] == 1  # confident on other images
+
+    weights = release / "model.safetensors"
+    state = load_file(str(weights))
+    last = max(state)
+    state[last] = state[last] * 3  # a sharper model
+    save_file(state, str(weights))
+    assert _check(release, genuine.forget, "--gamma", "2", "--at-most", "0.899")[0] == 2  # hash differs: refused
+    _write_config(release, _rehash(release, _config(release)))
+    code, text = _check(release, genuine.forget, "--gamma", "2", "--at-most", "0.899")
+    assert code == 1 and "recomputed from the weights" in text  # its claims no longer hold
+
+    _write_pngs(tmp_path / "wrong", torch.zeros(2, 1, 9, 9, dtype=torch.uint8))
+    assert _check(release, tmp_path / "wrong")[0] == 2
+    assert _check(tmp_path, genuine.forget)[0] == 2  # not a release folder
+
+
+def test_a_std_that_float32_cannot_hold_is_refused_and_nan_never_passes(genuine, tmp_path, monkeypatch):
+    """Issue 36, case 1: std 1e-300 with mean 0.5 (weights and hash untouched) made every image NaN and verified.
+    Now load_released refuses such a std in one line; and a NaN bound, whatever produced it, fails."""
+    release = _copy(genuine, tmp_path / "release")
+    config = _config(release)
+    config["input"].update(std=[1e-300], mean=[0.5])
+    _write_config(release, config)
+    code, text = _check(release, genuine.forget, "--gamma", "1")
+    assert code == 2 and "input.std=[1e-300] is not allowed" in text and "[1e-06, 1000]" in text
+    with pytest.raises(TTPUserError, match=r"std=\[1e-300\] is not allowed"):
+        load_released(release)
+
+    from ttp_lightning import verify_robust
+
+    release = _copy(genuine, tmp_path / "nan")
+    monkeypatch.setattr(verify_robust, "certified_conf_dist", lambda net, images, gamma: torch.full((len(images),),
+                                                                                                    math.nan))
+    code, text = _check(release, genuine.forget, "--gamma", "1")
+    assert code == 1 and "ABOVE" in text and "verified" not in text
+    for argument in (["--gamma", "nan"], ["--at-most", "nan"], ["--gamma", "inf"], ["--at-most", "1"]):
+        code, text = _check(release, genuine.forget, *argument)
+        assert code == 2 and "is not allowed" in text, argument
+
+
+def test_the_threshold_is_verifys_own_never_the_folders(genuine, tmp_path):
+    """Issue 36, case 2: one class's bias raised by 50 (every image fully confident), the hash rewritten, and
+    config.json's gate threshold and per-image claims edited to match: verify's own 0.1 fails every image, and a
+    gate claimed at 0.95 is one that cannot fail."""
+    release = _copy(genuine, tmp_path / "release")
+    state = load_file(str(release / "model.safetensors"))
+    bias = [name for name in state if name.endswith("bias")][-1]
+    state[bias][3] += 50.0
+    save_file(state, str(release / "model.safetensors"))
+    config = _rehash(release, _config(release))
+    config["protection"]["release_gate"]["conf_dist_at_most"] = 0.95
+    config["protection"]["per_image"].update(forget_worst_conf_dist=0.9, forget_exposed=0,
+                                            forget_certified_worst_conf_dist=0.9, forget_certified_share_05=0.0,
+                                            forget_certified_share_10=0.0)
+    _write_config(release, config)
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 1 and text.count("ABOVE") == 20 and "at most 0.1" in text
+    assert "which cannot fail with 10 classes" in text and "verified" not in text.split("FAIL")[-1]
+
+
+def test_a_release_that_says_it_is_not_protected_fails_unless_asked_and_load_released_warns(genuine, tmp_path):
+    """Issue 36, case 7: verify robust on a release_not_protected/ folder said "verified"; load_released loaded it
+    without a word."""
+    release = _copy(genuine, tmp_path / "release_not_protected")
+    config = _config(release)
+    config["protection"]["protected"] = False
+    config["protection"]["release_gate"]["reasons"] = ["4 of 20 forget images keep clean CD > 0.1"]
+    _write_config(release, config)
+    card = (release / "MODEL_CARD.md").read_text().splitlines()
+    (release / "MODEL_CARD.md").write_text("\n".join([card[0] + ": NOT PROTECTED", *card[1:]]))
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 1 and text.startswith("FAIL: ") and "is NOT a protected release" in text.splitlines()[0]
+    code, text = _check(release, genuine.forget, "--gamma", "0", "--allow-unprotected")
+    assert code == 0 and text.startswith("checked as asked (--allow-unprotected)")
+    with pytest.warns(NotProtectedWarning, match="NOT a protected release"):
+        load_released(release)
+    (release / "MODEL_CARD.md").write_text("\n".join(card))  # a card that says protected beside that config
+    code, text = _check(release, genuine.forget, "--gamma", "0", "--allow-unprotected")
+    assert code == 1 and "MODEL_CARD.md's title" in text
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"image_size": "5000 digits"}, "is not JSON this format can hold"),
+    ({"pixel_range": [0, 255]}, r"pixel_range=\[0, 255\] is not allowed"),
+    ({"mean": [1e6]}, r"mean=\[1000000.0\] is not allowed"),
+    ({"std": [math.inf]}, "expected a finite number"),
+])
+def test_load_released_refuses_input_it_would_otherwise_ignore_or_crash_on(genuine, tmp_path, change, message):
+    """Issue 36, case 7: a 5000-digit image_size raised a raw ValueError; pixel_range was accepted and ignored."""
+    release = _copy(genuine, tmp_path / "release")
+    config = _config(release)
+    config["input"].update(change)
+    if "image_size" in change:  # Python's own json writer refuses such an integer: written as an adversary would
+        config["input"]["image_size"] = 0
+        text = json.dumps(config).replace('"image_size": 0', '"image_size": ' + "9" * 5000)
+    else:
+        text = json.dumps(config)
+    (release / "config.json").write_text(text)
+    with pytest.raises(TTPUserError, match=message):
+        load_released(release)
+    code, out = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 2 and out.startswith("error: cannot verify:") and out.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------------------------ the fuzz
+MISSING, LONGER = object(), object()
+REPLACEMENTS = {"NaN": math.nan, "inf": math.inf, "-inf": -math.inf, "0": 0, "negative": -1.5, "1e308": 1e308,
+                "a string": "x", "a list of another length": LONGER, "missing": MISSING}
+# The fields whose edit may still verify: they take no part in the verdict, and why each is safe. Every other
+# single edit must end in exit 1 or 2.
+UNREAD = "text for people; verify reads no part of it"
+SAFE = {
+    "config.json library.version": "the version of the software that wrote the release: " + UNREAD,
+    "config.json input.class_names[*]": "a class's name: the verdict is about confidence, whatever the classes are "
+                                        "called",
+    "config.json protection.method": "the method's name: " + UNREAD,
+    "config.json protection.label": "the method's label: " + UNREAD,
+    "config.json protection.experiment": "the experiment's name: " + UNREAD,
+    "config.json protection.theta": "the method's setting, any fraction (or none): " + UNREAD,
+    "config.json protection.test_acc": "accuracy on test data verify does not have; the card must agree with it",
+    "config.json protection.per_image.forget_robust_worst_conf_dist": "an attack's result, not a bound: verify "
+        "checks only that it lies between the clean CD and the certified bound; the verdict never uses it",
+    "config.json protection.per_image.forget_robust_exposed": "the same, as a count",
+    "MODEL_CARD.md (prose and the before column)": "text and the starting model's numbers, for people: verify reads "
+        "only the title (against \"protected\") and the after cells config.json also claims",
+    "MODEL_CARD.md row 'retain accuracy'": "needs the retain set, which verify does not have",
+    "MODEL_CARD.md row 'forget accuracy'": "needs the forget images' labels, which verify does not read",
+    "MODEL_CARD.md row 'forget confidence distance under attack'": "the mean of an attack's results: not a bound",
+    "MODEL_CARD.md row 'test confidence distance'": "needs the test set, which verify does not have",
+}
+
+
+def _paths(value, prefix: tuple = ()):
+    if prefix:
+        yield prefix
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _paths(item, (*prefix, index))
+
+
+def _edited(document: dict, path: tuple, replacement):
+    """A copy of `document` with the value at `path` replaced (None when the edit changes nothing)."""
+    edited = copy.deepcopy(document)
+    parent = edited
+    for key in path[:-1]:
+        parent = parent[key]
+    old = parent[path[-1]]
+    if replacement is MISSING:
+        del parent[path[-1]]
+        return edited
+    new = ([*old, old[-1]] if old else ["x"]) if isinstance(old, list) and replacement is LONGER else \
+        [old, old] if replacement is LONGER else replacement
+    if new == old and isinstance(new, bool) == isinstance(old, bool):  # 0 for 0.0 is no edit; 0 for false is
+        return None
+    parent[path[-1]] = new
+    return edited
+
+
+def _name(path: tuple) -> str:
+    return ".".join(str(p) if isinstance(p, str) else "[*]" for p in path).replace(".[*]", "[*]")
+
+
+def _verdicts(folder: Path, images: Path) -> tuple[int, str]:
+    """(verify robust's exit, what load_released did): load_released may refuse in one TTPUserError line or load
+    a network whose outputs on the images are finite; anything else (a raw exception, NaN) fails the test."""
+    from ttp_lightning.verify_robust import image_files, read_images
+
+    code, _ = _check(folder, images, "--gamma", "0")
+    try:
+        net = load_released(folder)
+    except TTPUserError as exc:
+        assert "\n" not in str(exc)
+        return code, "refused"
+    with torch.no_grad():
+        assert torch.isfinite(net(read_images(image_files(images), 1, 8, False).float() / 255)).all()
+    return code, "loaded"
+
+
+def test_no_single_edit_of_a_release_verifies_unless_the_field_takes_no_part(genuine, tmp_path):
+    """At least 200 single-field edits of config.json, the weights (hash rewritten) and the model card."""
+    import warnings
+
+    folder = _copy(genuine, tmp_path / "release")
+    original = _config(folder)
+    card = (folder / "MODEL_CARD.md").read_text()
+    weights, weights_file = load_file(str(folder / "model.safetensors")), (folder / "model.safetensors").read_bytes()
+    assert _check(folder, genuine.forget, "--gamma", "0")[0] == 0  # the genuine release verifies
+    passed, tried = {}, 0
+    warnings.simplefilter("ignore", NotProtectedWarning)
+
+    def attempt(field: str) -> None:
+        nonlocal tried
+        tried += 1
+        code, loaded = _verdicts(folder, genuine.forget)
+        if code == 0:
+            passed.setdefault(field, []).append(loaded)
+
+    for path in _paths(original):
+        for replacement in REPLACEMENTS.values():
+            edited = _edited(original, path, replacement)
+            if edited is None:
+                continue
+            (folder / "config.json").write_text(json.dumps(edited))  # NaN and Infinity as Python writes them
+            attempt(f"config.json {_name(path)}")
+    _write_config(folder, original)
+
+    for name, tensor in weights.items():  # the weights, with the hash in config.json rewritten to match
+        for label, change in (("NaN", lambda t: t.flatten().index_fill(0, torch.tensor([0]), math.nan).view_as(t)),
+                              ("inf", lambda t: t.flatten().index_fill(0, torch.tensor([0]), math.inf).view_as(t)),
+                              ("zeros", torch.zeros_like), ("negated", torch.neg), ("x3", lambda t: t * 3),
+                              ("one value +1", lambda t: t.flatten().index_add(0, torch.tensor([0]),
+                                                                                 torch.ones(1)).view_as(t))):
+            save_file({**weights, name: change(tensor)}, str(folder / "model.safetensors"))
+            _write_config(folder, _rehash(folder, copy.deepcopy(original)))
+            attempt(f"model.safetensors {name} {label}")
+    (folder / "model.safetensors").write_bytes(weights_file)
+    _write_config(folder, original)
+    assert _check(folder, genuine.forget, "--gamma", "0")[0] == 0  # restored
+
+    lines = card.splitlines()
+    effect = [i for i, line in enumerate(lines) if line.startswith("| ") and line.count("|") == 4
+              and not line.startswith("| measure")]
+    edits = [(0, lines[0] + ": NOT PROTECTED", "MODEL_CARD.md title"),
+             (0, "# Model card", "MODEL_CARD.md (prose and the before column)")]
+    for i in effect:
+        label, before, after = (part.strip() for part in lines[i].strip("|").split("|"))
+        for value in ("nan", "0.0000", "x", "-1.5000", "1e308"):
+            if value != after:
+                edits.append((i, f"| {label} | {before} | {value} |", f"MODEL_CARD.md row {label!r}"))
+        edits.append((i, f"| {label} | 0.1234 | {after} |", "MODEL_CARD.md (prose and the before column)"))
+    for i, text, field in edits:
+        (folder / "MODEL_CARD.md").write_text("\n".join(lines[:i] + [text] + lines[i + 1:]))
+        attempt(field)
+    (folder / "MODEL_CARD.md").write_text(card)
+
+    assert tried >= 200, tried
+    unsafe = {field: how for field, how in passed.items() if field not in SAFE}
+    assert not unsafe, unsafe
+    print(f"{tried} edits; verified after an edit of: {sorted(passed)}")

@@ -118,9 +118,12 @@ def test_an_exif_rotated_jpeg_of_a_training_image_is_refused_in_one_line_or_matc
     exif = Image.Exif()
     exif[ORIENTATION] = 8
     Image.fromarray(np.rot90(train[4], k=-1).copy()).save(forget / "photo.jpg", quality=90, exif=exif.tobytes())
-    with pytest.raises(TTPUserError, match=r"is no training image bit for bit, but training image 4 differs") as caught:
+    with pytest.raises(TTPUserError, match=r"is no training image bit for bit, but training image "
+                                           r"'train/1/3.png' \(index 4\) differs") as caught:
         _datamodule(root, tmp_path / "forget")
-    assert "near_copies=match" in str(caught.value) and "\n" not in str(caught.value)
+    message = str(caught.value)
+    assert "near_copies=match" in message and "\n" not in message and "NEAR_COPY" not in message
+    assert "(a near copy: under 8/255)" in message  # the rule in words, not a constant's name
     matched = _datamodule(root, tmp_path / "forget", near_copies="match").forget_images[0]
     assert matched["training_indices"] == [4] and matched["near_copy_of"] == 4 and not matched["outside"]
     assert _datamodule(root, tmp_path / "forget", near_copies="outside").forget_images[0]["outside"]

@@ -3,6 +3,7 @@ confident, a method that took no step or changed nothing, or an early-stopping r
 one line naming the images and the reasons, and a folder that says it is not protected."""
 
 import json
+import logging
 import re
 
 import pytest
@@ -155,52 +156,56 @@ def test_the_gate_threshold_must_be_able_to_fail(run_main):
     assert "error: release_gate.conf_dist_at_most=0.95 is not allowed" in err and "cannot fail" in err
 
 
-def _write_pngs(folder, images) -> None:
-    import numpy as np
-    from PIL import Image
+@pytest.mark.parametrize("overrides, message", [
+    (["attacks.enabled=false"], "attacks.enabled=false measures none"),
+    (["attacks.suite.apgd=null"], "holds no attack that follows gradients"),
+])
+def test_a_setting_that_would_weaken_robust_alg1s_promise_is_refused_before_any_work(run_main, tmp_path, overrides,
+                                                                                     message):
+    """Issue 36, case 6: method=pareto_robust with attacks.enabled=false released at [clean] with exit 0, where the same
+    job with attacks on exits 4. Now it is one line naming the setting that states the weaker promise; stated, it runs."""
+    code, _, err, results = run_main("method=pareto_robust", *overrides)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and results is None and len(errors) == 1, err
+    assert message in errors[0] and "release_gate.require=[clean] states the weaker promise" in errors[0]
+    assert not any((tmp_path / "out" / name).exists() for name in ("release", "release_not_protected", "results.json"))
 
-    folder.mkdir(parents=True, exist_ok=True)
-    for i, image in enumerate(images):
-        Image.fromarray(np.asarray(image[0], dtype=np.uint8), mode="L").save(folder / f"{i:03d}.png")
+
+def test_a_required_certified_cd_on_a_network_the_bound_cannot_take_is_refused_at_once():
+    from torch import nn
+
+    gate = GateSettings(0.1, ("clean", "certified"))
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.GELU(), nn.Linear(8, 10))
+    with pytest.raises(TTPUserError, match=r"needs a certified CD, and this network cannot be bounded .*GELU.*"
+                                           r"release_gate.require=\[clean\] states the weaker promise"):
+        gate.check_network(net, 1, 8)
+    GateSettings(0.1, ("clean",)).check_network(net, 1, 8)  # not required: nothing to bound
+    GateSettings(0.1, ("clean", "certified")).check_network(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), 1, 8)
 
 
-def test_verify_robust_rechecks_a_release_from_its_weights_and_the_images(run_main, tmp_path):
-    """A genuine release verifies; a weights file swapped without or with its hash rewritten, images that are
-    not the forget set, or images of the wrong shape do not."""
-    import hashlib
+def test_a_rerun_into_the_same_folder_never_leaves_an_earlier_release_beside_its_results(run_main, tmp_path, caplog):
+    """Issue 36, case 3: a protected run, then `method=retrain` into the same folder (exit 4) left the first
+    release/ ("protected": true) beside the new results.json, and load_released loaded it. The earlier outputs
+    now move to superseded/<time>/ before the new run writes anything, whole and beside their own results.json."""
+    from conftest import TINY_WITHOUT_METHOD
+    from ttp_lightning.files import SUPERSEDED
+    from ttp_lightning.release import load_released
 
-    from safetensors.torch import load_file, save_file
+    out = tmp_path / "out"
+    code, _, err, first = run_main("method.epochs=40", "attacks.enabled=false")
+    assert code == 0 and (out / PROTECTED_DIR).is_dir(), err
+    with caplog.at_level(logging.WARNING, logger="ttp_lightning.pipeline"):
+        code, _, err, second = run_main(*TINY_WITHOUT_METHOD, "method=retrain", "attacks.enabled=false", tiny=False)
+    assert code == EXIT_NOT_PROTECTED and second["method"] == "retrain"
+    assert "held an earlier run's outputs; moved them to" in caplog.text
+    assert not (out / PROTECTED_DIR).exists() and (out / NOT_PROTECTED_DIR).is_dir()
+    with pytest.raises(TTPUserError, match="does not exist"):
+        load_released(out / PROTECTED_DIR)
+    (moved,) = (out / SUPERSEDED).iterdir()
+    assert json.loads((moved / "results.json").read_text())["method"] == "pareto" == first["method"]
+    assert (moved / PROTECTED_DIR / "model.safetensors").is_file()
+    assert json.loads((out / NOT_PROTECTED_DIR / "config.json").read_text())["protection"]["protected"] is False
 
-    from ttp_lightning.data.datamodule import TTPDataModule
-    from ttp_lightning.verify import main as verify
+    from ttp_lightning.reporting.tables import load_results
 
-    code, _, err, _ = run_main("method.epochs=40", "attacks.gammas=[2]", "attacks.robust_gamma=2",
-                                     "attacks.apgd_steps=10", "attacks.restarts=1", "attacks.relearn.enabled=false")
-    assert code == 0, err
-    release = tmp_path / "out" / PROTECTED_DIR
-    datamodule = TTPDataModule("digits", registered_loader("digits"), split="paper", forget={"size": 20})
-    datamodule.setup()
-    forget_dir, other_dir = tmp_path / "forget", tmp_path / "other"
-    _write_pngs(forget_dir / "any" / "sub", datamodule.train_images[datamodule.forget_indices])
-    _write_pngs(other_dir, datamodule.test_images[:10])
-    claimed = json.loads((release / "config.json").read_text())["protection"]["per_image"]
-    assert claimed["gamma"] == 2.0 and claimed["forget_certified_worst_conf_dist"] is not None
-
-    assert verify(["robust", str(release), str(forget_dir), "--gamma", "0"]) == 0  # the clean CDs, all <= 0.1
-    assert verify(["robust", str(release), str(forget_dir), "--at-most", "0.899"]) == 0  # the release's own gamma
-    assert verify(["robust", str(release), str(other_dir), "--gamma", "0"]) == 1  # confident on other images
-
-    weights = release / "model.safetensors"
-    state = load_file(str(weights))
-    last = max(state)
-    state[last] = state[last] * 3  # a sharper model
-    save_file(state, str(weights))
-    assert verify(["robust", str(release), str(forget_dir), "--at-most", "0.899"]) == 2  # hash differs: refused
-    config = json.loads((release / "config.json").read_text())
-    config["weights"]["sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
-    (release / "config.json").write_text(json.dumps(config))
-    assert verify(["robust", str(release), str(forget_dir), "--at-most", "0.899"]) == 1  # claims no longer hold
-
-    _write_pngs(tmp_path / "wrong", torch.zeros(2, 1, 9, 9, dtype=torch.uint8))
-    assert verify(["robust", str(release), str(tmp_path / "wrong")]) == 2
-    assert verify(["robust", str(tmp_path), str(forget_dir)]) == 2  # not a release folder
+    assert [r["method"] for r in load_results([out])] == ["retrain"]  # tables read the folder's own run only

@@ -90,7 +90,7 @@ def test_robust_alg1_keeps_uniformity_under_attack_and_stops_on_the_attacked_cd(
 
 def test_robust_alg1_fullbatch_runs_and_logs_the_attacked_cd(compose_cfg, tmp_path, monkeypatch):
     robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=3", "attacks.enabled=false",
-                  "method.mode=fullbatch", "method.gradient_surgery=true")
+                  "release_gate.require=[clean]", "method.mode=fullbatch", "method.gradient_surgery=true")
     assert [row["epoch"] for row in robust["history"]["pareto_robust"]] == [1, 2, 3]
     assert 0 <= robust["history"]["pareto_robust"][-1]["forget_robust_conf_dist"] <= 1
 
@@ -220,9 +220,10 @@ def test_robust_alg1_takes_the_same_steps_whether_pretraining_was_trained_or_rea
     """The inner attack draws from the global generators: they are seeded before the method, so a rerun of the
     same command (A(D) now from the cache) gives the same numbers as the first run (it did not: 95.36 / 95.73 %
     test accuracy on digits)."""
-    fresh = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=3", "attacks.enabled=false")
+    clean_gate = ("method.epochs=3", "attacks.enabled=false", "release_gate.require=[clean]")
+    fresh = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", *clean_gate)
     (tmp_path / "pareto_robust").rename(tmp_path / "first")
-    cached = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=3", "attacks.enabled=false")
+    cached = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", *clean_gate)
     assert not fresh["metrics"]["pretrain"]["cached"] and cached["metrics"]["pretrain"]["cached"]
     assert fresh["history"]["pareto_robust"][-1]["forget_robust_conf_dist"] == \
         cached["history"]["pareto_robust"][-1]["forget_robust_conf_dist"]

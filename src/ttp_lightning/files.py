@@ -80,3 +80,31 @@ def run_folder_lock(folder: str | Path, rank: int = 0) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+SUPERSEDED = "superseded"  # where a run folder keeps an earlier run's outputs (supersede_outputs)
+
+
+def supersede_outputs(folder: str | Path, names: tuple[str, ...]) -> Path | None:
+    """Move an earlier run's outputs (`names` present in `folder`, its results.json last) into
+    `folder`/superseded/<time of its results.json, UTC>/, each by one rename in the same file system, so the
+    folder's outputs are only ever those of the run writing there now: a release/ never stays beside a
+    results.json that does not back it. Returns the new folder (None when there was nothing to move).
+    Interrupted half-way, what is left is moved by the next run."""
+    from datetime import datetime, timezone
+
+    folder = Path(folder)
+    present = sorted((name for name in names if (folder / name).exists() or (folder / name).is_symlink()),
+                     key=lambda name: (name.startswith("results"), name))  # the record that backs them last
+    if not present:
+        return None
+    record = folder / "results.json"
+    when = record.stat().st_mtime if record.is_file() else datetime.now(timezone.utc).timestamp()
+    stamp = datetime.fromtimestamp(when, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    target, n = folder / SUPERSEDED / stamp, 1
+    while target.exists():
+        target, n = folder / SUPERSEDED / f"{stamp}-{n}", n + 1
+    target.mkdir(parents=True)
+    for name in present:
+        os.replace(folder / name, target / name)
+    return target

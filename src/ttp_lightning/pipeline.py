@@ -22,6 +22,7 @@ from ttp_lightning.config_schema import AttacksSchema, MainSchema, plain
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device, evaluate, forget_softmax, predictions
+from ttp_lightning.files import supersede_outputs
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
 from ttp_lightning.progress import quiet_lightning
@@ -225,8 +226,15 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     attacks = build_suite(settings.attacks.suite) if settings.attacks.enabled else {}  # conf/attack, by _target_
     datamodule = build_datamodule(settings.data)
     gate = GateSettings.from_config(settings.release_gate, robust_method=setting(settings.method, "adversarial")
-                                    is not None and settings.attacks.enabled)
-    gate.check(datamodule.info.num_classes, settings.attacks.enabled)
+                                    is not None)
+    gate.check(datamodule.info.num_classes, settings.attacks.enabled,
+               tuple(name for name, attack in attacks.items() if not attack.random))
+    method.check_data(datamodule)
+    if is_global_zero():  # every setting holds: from here on the folder's outputs are this run's
+        moved = supersede_outputs(output_dir, OUTPUTS)
+        if moved is not None:
+            log.warning("%s held an earlier run's outputs; moved them to %s, so that what the folder holds is this "
+                        "run's", output_dir, moved)
 
     def make_net():
         L.seed_everything(settings.seed, workers=True, verbose=False)
@@ -256,6 +264,7 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     release, table, logger."""
     output_dir = ctx.output_dir
     pretrained = make_net()
+    gate.check_network(pretrained, datamodule.info.channels, datamodule.info.image_size)
     choose_threads(settings, multiply_accumulates(pretrained, datamodule.info.channels, datamodule.info.image_size))
     pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)
     original = None
@@ -318,7 +327,7 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     return results
 
 
-OUTPUTS = ("model.pt", "release", "release_not_protected", PRIVATE_DIR, "results.json")
+OUTPUTS = ("model.pt", "release", "release_not_protected", PRIVATE_DIR, "figures", "results.json")
 
 
 def _remove_outputs(output_dir: Path) -> None:

@@ -55,8 +55,11 @@ class GateSettings:
             ("clean",) if cfg.require is None else tuple(str(kind) for kind in cfg.require)
         return cls(float(cfg.conf_dist_at_most), require)
 
-    def check(self, num_classes: int, attacks_enabled: bool) -> None:
-        """A threshold the CD cannot exceed (it is at most 1 - 1/K) would make a gate that cannot fail."""
+    def check(self, num_classes: int, attacks_enabled: bool, gradient_attacks: tuple[str, ...] = ("apgd",)) -> None:
+        """A threshold the CD cannot exceed (it is at most 1 - 1/K) would make a gate that cannot fail; a required
+        CD that nothing in the run measures (the attacks off, or only random noise to judge an attacked CD) would
+        weaken the promise in silence: both end in one line naming the setting that states the weaker promise.
+        `gradient_attacks`: the attacks of attacks.suite that follow gradients."""
         ceiling = 1.0 - 1.0 / num_classes
         if not 0.0 <= self.conf_dist_at_most < ceiling:
             raise TTPUserError(f"release_gate.conf_dist_at_most={self.conf_dist_at_most:g} is not allowed; with "
@@ -64,8 +67,30 @@ class GateSettings:
                                f"[0, {ceiling:.4g}) (a gate that cannot fail protects nobody)")
         if "clean" not in self.require:
             raise TTPUserError(f"release_gate.require={list(self.require)} is not allowed; it must include clean")
-        if "attacked" in self.require and not attacks_enabled:
-            raise TTPUserError("release_gate.require names attacked, which needs attacks.enabled=true")
+        if "attacked" not in self.require:
+            return
+        weaker = [kind for kind in self.require if kind != "attacked"]
+        accept = f"release_gate.require=[{','.join(weaker)}] states the weaker promise"
+        if not attacks_enabled:
+            raise TTPUserError(f"release_gate.require={list(self.require)} (the method's promise unless stated) needs "
+                               f"the attacked CD, and attacks.enabled=false measures none; turn the attacks on, or {accept}")
+        if not gradient_attacks:
+            raise TTPUserError(f"release_gate.require={list(self.require)} judges the attacked CD, and attacks.suite "
+                               f"holds no attack that follows gradients (random noise alone would judge it); add one "
+                               f"(+attack@attacks.suite.apgd=apgd), or {accept}")
+
+    def check_network(self, net: nn.Module, channels: int, image_size: int) -> None:
+        """A required certified CD needs a network interval bounds can propagate through: checked on the
+        network before any training, so the run is refused at once instead of failing its gate at the end."""
+        if "certified" not in self.require:
+            return
+        try:
+            certified_conf_dist(net, torch.zeros(1, channels, image_size, image_size), 0.0)
+        except UnsupportedLayer as exc:
+            weaker = [kind for kind in self.require if kind != "certified"]
+            raise TTPUserError(f"release_gate.require={list(self.require)} needs a certified CD, and this network "
+                               f"cannot be bounded ({exc}); release_gate.require=[{','.join(weaker)}] states the "
+                               "weaker promise") from None
 
 
 def clean_conf_dist(net: nn.Module, images: torch.Tensor, device) -> torch.Tensor:

@@ -14,3 +14,5 @@ class ImageArrays:
     test_images: torch.Tensor
     test_labels: torch.Tensor
     class_names: tuple[str, ...] = ()  # from the data set's own files (CIFAR's meta, TinyImageNet's folders)
+    train_files: tuple[str, ...] = ()  # each image's file under the data root, where it has one (image folders)
+    test_files: tuple[str, ...] = ()

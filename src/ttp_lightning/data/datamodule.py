@@ -63,6 +63,7 @@ class TTPDataModule(L.LightningDataModule):
         self.forget_test_indices: list[int] = []  # forget.source=test|mixed: the test-set indices taken
         self.info: DatasetInfo | None = None
         self._nearest_test: torch.Tensor | None = None
+        self._train_files: tuple[str, ...] = ()  # each training image's file under data.root (image folders)
 
     # ----------------------------------------------------------------- set-up
     def setup(self, stage: str | None = None) -> None:
@@ -75,6 +76,7 @@ class TTPDataModule(L.LightningDataModule):
         train_x, train_y, test_x, test_y = self._split(arrays)
         if self.max_train_size:
             train_x, train_y = train_x[: self.max_train_size], train_y[: self.max_train_size]
+            self._train_files = self._train_files[: self.max_train_size]
         if self.max_test_size:
             test_x, test_y = test_x[: self.max_test_size], test_y[: self.max_test_size]
         self.pretrain_size = len(train_y)
@@ -142,7 +144,7 @@ class TTPDataModule(L.LightningDataModule):
         for i, digest in enumerate(found.hashes):
             wrong = [j for j in in_train[digest] if int(train_y[j]) != int(found.labels[i])]
             if wrong:
-                raise TTPUserError(f"forget image {found.files[i]!r} is training image {wrong[0]}, labelled "
+                raise TTPUserError(f"forget image {found.files[i]!r} is {self.training_image(wrong[0])}, labelled "
                                    f"{info.names()[int(train_y[wrong[0]])]!r} there, not "
                                    f"{info.names()[int(found.labels[i])]!r}")
             near = {} if in_train[digest] else self._near_copy(found, i, train_x, train_y, info)
@@ -169,11 +171,12 @@ class TTPDataModule(L.LightningDataModule):
         if nearest is None or nearest[1] > NEAR_COPY:
             return {}
         index, distance = nearest
-        what = (f"forget image {found.files[i]!r} is no training image bit for bit, but training image {index} "
-                f"differs from it by {distance:.2f}/255 per pixel on average (NEAR_COPY: {NEAR_COPY:g})")
+        training = self.training_image(index)
+        what = (f"forget image {found.files[i]!r} is no training image bit for bit, but {training} differs from "
+                f"it by {distance:.2f}/255 per pixel on average (a near copy: under {NEAR_COPY:g}/255)")
         if policy == "refuse":
             raise TTPUserError(f"{what}: a re-encoded copy (JPEG is lossy)? Set data.forget.near_copies=match to "
-                               f"protect training image {index} with it, or near_copies=outside to treat it as a new "
+                               f"protect that training image with it, or near_copies=outside to treat it as a new "
                                "image (or send the original file)")
         if int(train_y[index]) != int(found.labels[i]):
             raise TTPUserError(f"{what}, labelled {info.names()[int(train_y[index])]!r} there, not "
@@ -209,13 +212,24 @@ class TTPDataModule(L.LightningDataModule):
         return len(self.train_labels) - self.pretrain_size
 
     def _split(self, arrays):
+        """(train images, labels, test images, labels) of the chosen split; each training image's file, where
+        the data set has files, goes to `_train_files`."""
         if self.split == "official":
+            self._train_files = arrays.train_files
             return arrays.train_images, arrays.train_labels, arrays.test_images, arrays.test_labels
         images = torch.cat([arrays.train_images, arrays.test_images])
         labels = torch.cat([arrays.train_labels, arrays.test_labels])
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
         cut = round(self.train_fraction * len(labels))
+        files = arrays.train_files + arrays.test_files
+        self._train_files = tuple(files[i] for i in order[:cut].tolist()) if len(files) == len(labels) else ()
         return images[order[:cut]], labels[order[:cut]], images[order[cut:]], labels[order[cut:]]
+
+    def training_image(self, index: int) -> str:
+        """How a message names training image `index`: its file under data.root where it has one."""
+        if index < len(self._train_files):
+            return f"training image {self._train_files[index]!r} (index {index})"
+        return f"training image {index}"
 
     # -------------------------------------------------------------- identity
     def data_fingerprint(self) -> str:

@@ -17,7 +17,7 @@ import io
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -216,13 +216,14 @@ def load_imagefolder(root: str | Path, image_size: int | None, channels: int | N
     train_files = class_tree(root / "train", "data.root train")
     test_files = class_tree(root / "test", "data.root test") if (root / "test").exists() else []
     if cache_dir is None:
-        return _decode_imagefolder(root, train_files, test_files, image_size, channels)
+        return _named(root, train_files, test_files, *_decode_imagefolder(root, train_files, test_files, image_size,
+                                                                         channels))
     folder = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
     entry = Path(cache_dir).expanduser() / \
         f"{folder}_{_folder_key(root, train_files + test_files, image_size, channels)}.safetensors"
     cached = _read_decoded(entry, image_size)
     if cached is not None:
-        return cached
+        return _named(root, train_files, test_files, *cached)
     info, arrays, prep = _decode_imagefolder(root, train_files, test_files, image_size, channels)
     entry.parent.mkdir(parents=True, exist_ok=True)
     atomic_tensors(entry, {"train_images": arrays.train_images, "train_labels": arrays.train_labels,
@@ -233,7 +234,13 @@ def load_imagefolder(root: str | Path, image_size: int | None, channels: int | N
         if superseded != entry:                                       # leaves no copy behind here
             superseded.unlink(missing_ok=True)
             proofs.sidecar(superseded).unlink(missing_ok=True)
-    return info, arrays, prep
+    return _named(root, train_files, test_files, info, arrays, prep)
+
+
+def _named(root: Path, train_files, test_files, info, arrays: ImageArrays, prep):
+    """(info, arrays with each image's file under `root`, prep): messages name a training image by its file."""
+    names = (tuple(str(path.relative_to(root)) for path, _ in files) for files in (train_files, test_files))
+    return info, replace(arrays, train_files=next(names), test_files=next(names)), prep
 
 
 DECODED_FORMAT = "ttp_lightning.decoded_images/1"

@@ -20,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from ttp_lightning.files import SUPERSEDED
 from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
 
 MAIN_TABLE_ORDER = ("retrain", "synthetic", "labeldp", "gaussian_uniform", "pareto", "pareto_robust", "certified_exact",
@@ -40,7 +41,7 @@ def load_results(paths: list[Path]) -> list[dict]:
     files = []
     for path in paths:
         if path.is_dir():
-            files += sorted(path.rglob("results.json"))
+            files += sorted(f for f in path.rglob("results.json") if SUPERSEDED not in f.relative_to(path).parts)
         elif path.is_file():
             files.append(path)
         else:

@@ -81,7 +81,8 @@ def test_robust_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, 
     (issue 36: the history first differed at the epoch after the stop), and the per-image table and the
     released weights must be an uninterrupted run's, bit for bit."""
     overrides = ("method=pareto_robust", "method.epochs=6", "method.early_stopping.patience=null",
-                 "release_gate.require=[clean]", "method.adversarial.eval_steps=5")
+                 "release_gate.require=[clean]", "method.adversarial.eval_steps=5",
+                 "trainer.num_sanity_val_steps=1")  # a sanity check draws before the first (resumed) epoch
     whole = _job(compose_cfg, tmp_path, "whole", *overrides, "checkpoint_every_n_epochs=0")
     with monkeypatch.context() as patch:
         _stop_at(patch, "method", 4)
@@ -189,13 +190,20 @@ def test_the_newest_of_last_and_a_slurm_requeue_checkpoint_is_resumed_and_resume
     assert not list(folder.iterdir())
 
 
-def test_random_state_round_trips_every_global_generator():
+def test_random_state_round_trips_every_global_generator_when_training_starts():
+    """Restored as training starts, so draws between reading the checkpoint and the first resumed epoch (a sanity
+    check's loaders, fit-start hooks) do not shift the resumed epochs' random numbers."""
     callback = RandomState()
     saved = callback.state_dict()
     first = (torch.rand(3), np.random.rand(3), random.random())
     callback.load_state_dict(saved)
+    torch.rand(5), np.random.rand(5), random.random()  # what runs between the checkpoint's load and training
+    callback.on_train_start(None, None)
     again = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(first[0], again[0]) and np.array_equal(first[1], again[1]) and first[2] == again[2]
+    torch.rand(1)
+    callback.on_train_start(None, None)  # applied once: a later start of the same fit draws on
+    assert not torch.equal(torch.rand(3), again[0])
 
 
 def test_a_cache_key_others_can_read_or_change_is_named_in_one_warning(tmp_path, monkeypatch, caplog):

@@ -132,8 +132,11 @@ def batch_loader(dataset: ImageBatchDataset, batch_size: int, shuffle: bool = Fa
     batch_size = max(1, min(batch_size, len(dataset)))
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle, drop_last, seed, equal_shards=training,
                                   sharded=sharded, on_epoch=getattr(dataset, "set_epoch", None) if training else None)
+    # its own generator: a DataLoader without one draws its workers' base seed from the global generator every time
+    # it is iterated, so the loaders (a sanity check's too) would move the stream robust Alg 1's inner attack and
+    # dropout draw from, and a resumed fit, which iterates its loaders once more, would not take the same steps
     return DataLoader(dataset, sampler=sampler, batch_size=None, num_workers=num_workers,
-                      persistent_workers=num_workers > 0)
+                      persistent_workers=num_workers > 0, generator=torch.Generator().manual_seed(seed))
 
 
 def iterate_shard(dataset: ImageBatchDataset, chunk_size: int, sharded: bool = True):

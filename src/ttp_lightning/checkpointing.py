@@ -42,7 +42,14 @@ LATEST: dict = {}
 
 class RandomState(Callback):
     """Puts the global torch / numpy / random (and CUDA) generator states into every checkpoint and back
-    on resume: Alg 1's robust inner attack, mixup and dropout draw from them."""
+    on resume: Alg 1's robust inner attack, mixup and dropout draw from them. A resumed fit sets them when its
+    training starts (on_train_start), not when the checkpoint is read: whatever runs in between (a sanity check's
+    loaders, the fit-start hooks) then draws as it likes, and the first resumed epoch starts from exactly the
+    state the stopped run's next epoch started from. (The other streams need no state: data order and
+    augmentation are seeded per epoch, the validation attack by a fixed seed.)"""
+
+    def __init__(self):
+        self._restore: dict | None = None
 
     def state_dict(self) -> dict:
         kind, keys, position, has_gauss, cached = np.random.get_state()
@@ -55,6 +62,16 @@ class RandomState(Callback):
         return states
 
     def load_state_dict(self, state_dict: dict) -> None:
+        self._restore = state_dict
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self._restore is not None:
+            self.apply(self._restore)
+            self._restore = None
+
+    @staticmethod
+    def apply(state_dict: dict) -> None:
+        """Set the global generators to a saved state."""
         torch.set_rng_state(state_dict["torch"])
         kind, keys, position, has_gauss, cached = state_dict["numpy"]
         np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))

@@ -166,7 +166,10 @@ def read_release_config(folder: str | Path) -> dict:
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, an integer of thousands of digits
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
         raise SchemaError(f"{str(path)!r} is not JSON this format can hold ({reason})") from None
-    return record(CONFIG_FIELDS)(document, "")
+    try:
+        return record(CONFIG_FIELDS)(document, "")
+    except SchemaError as exc:  # name the file, as every other line about it does
+        raise SchemaError(f"{str(path)!r} {exc}") from None
 
 
 def not_protected_line(folder: str | Path, config: dict) -> str | None:

@@ -76,9 +76,9 @@ def test_a_required_bound_that_cannot_be_computed_fails_the_gate():
 @pytest.mark.parametrize("threshold", [0.9, 0.95])
 def test_a_threshold_the_cd_cannot_exceed_is_refused(threshold):
     with pytest.raises(TTPUserError, match="cannot fail"):
-        GateSettings(threshold).check(num_classes=10, attacks_enabled=True)  # a CD is at most 0.9 with K = 10
+        GateSettings(threshold).check(num_classes=10, attacks_enabled=True, gradient_attacks=("apgd",))  # CD <= 0.9
     with pytest.raises(TTPUserError, match="attacks.enabled"):
-        GateSettings(0.1, ("clean", "attacked")).check(num_classes=10, attacks_enabled=False)
+        GateSettings(0.1, ("clean", "attacked")).check(num_classes=10, attacks_enabled=False, gradient_attacks=())
 
 
 def test_an_unchanged_model_ends_in_exit_4_with_a_folder_that_says_so(run_main, tmp_path):

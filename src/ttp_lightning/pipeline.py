@@ -230,11 +230,6 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
     gate.check(datamodule.info.num_classes, settings.attacks.enabled,
                tuple(name for name, attack in attacks.items() if not attack.random))
     method.check_data(datamodule)
-    if is_global_zero():  # every setting holds: from here on the folder's outputs are this run's
-        moved = supersede_outputs(output_dir, OUTPUTS)
-        if moved is not None:
-            log.warning("%s held an earlier run's outputs; moved them to %s, so that what the folder holds is this "
-                        "run's", output_dir, moved)
 
     def make_net():
         L.seed_everything(settings.seed, workers=True, verbose=False)
@@ -265,6 +260,11 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     output_dir = ctx.output_dir
     pretrained = make_net()
     gate.check_network(pretrained, datamodule.info.channels, datamodule.info.image_size)
+    if is_global_zero():  # every setting holds: from here on the folder's outputs are this run's
+        moved = supersede_outputs(output_dir, OUTPUTS)
+        if moved is not None:
+            log.warning("%s held an earlier run's outputs; moved them to %s, so that what the folder holds is this "
+                        "run's", output_dir, moved)
     choose_threads(settings, multiply_accumulates(pretrained, datamodule.info.channels, datamodule.info.image_size))
     pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)
     original = None

@@ -55,7 +55,7 @@ class GateSettings:
             ("clean",) if cfg.require is None else tuple(str(kind) for kind in cfg.require)
         return cls(float(cfg.conf_dist_at_most), require)
 
-    def check(self, num_classes: int, attacks_enabled: bool, gradient_attacks: tuple[str, ...] = ("apgd",)) -> None:
+    def check(self, num_classes: int, attacks_enabled: bool, gradient_attacks: tuple[str, ...]) -> None:
         """A threshold the CD cannot exceed (it is at most 1 - 1/K) would make a gate that cannot fail; a required
         CD that nothing in the run measures (the attacks off, or only random noise to judge an attacked CD) would
         weaken the promise in silence: both end in one line naming the setting that states the weaker promise.

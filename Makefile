@@ -26,8 +26,8 @@ install: $(STAMP)  ## create .venv with torch 2.14.1 and the package (editable, 
 run: $(STAMP)  ## the default job (digits + MLP + Alg 1); extra overrides via ARGS="..."
 	$(BIN)/python -m ttp_lightning $(ARGS)
 
-test: $(STAMP)  ## the test suite without the slow tests (under 10 minutes on 2 cores)
-	$(BIN)/python -m pytest -m "not slow" -q
+test: $(STAMP)  ## the test suite without the slow tests, one worker per core (about 6 minutes on 2 cores)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -q -n auto --dist loadfile
 
 test-slow: $(STAMP)  ## only the slow tests (DDP simulation, MNIST paper row)
 	$(BIN)/python -m pytest -m slow -q

@@ -130,11 +130,12 @@ def test_mnist_logreg_alg3_matches_alg2(run_cli):
 
 def test_fault_injection_script_reports_every_case_as_expected(tmp_path):
     """scripts/faults.py: kills, signals, SLURM requeue, divergence, corrupt caches and checkpoints, concurrent
-    jobs, read-only output, hostile inputs, tampered caches and checkpoints, image files decoded or refused,
-    and refused settings each end as the README's table says (about 8 minutes)."""
+    jobs, read-only output, hostile inputs, tampered caches, checkpoints and releases, image files decoded or
+    refused, refused settings, and robust Alg 1 and a certified run killed and resumed bit for bit each end as the
+    README's table says."""
     out = tmp_path / "faults.json"
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "faults.py"), "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=1800, check=False)
+                          capture_output=True, text=True, timeout=3600, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     cases = json.loads(out.read_text())["cases"]
-    assert len(cases) >= 53 and all(case["ok"] for case in cases)
+    assert len(cases) >= 65 and all(case["ok"] for case in cases)  # 66, one skipped where a GPU is

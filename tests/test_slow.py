@@ -63,6 +63,12 @@ def test_mnist_mlp_matches_the_paper_row_and_the_gate_names_the_images_it_leaves
     assert proc.returncode == 4 and alg1["forget_exposed"] >= 1 and alg1["forget_worst_conf_dist"] > 0.5
 
 
+def unprotected(results: dict) -> list[str]:
+    """verify's flag for a release whose gate failed (issue 39: the certified MNIST releases keep forget images
+    above 0.1), whose certificate is checked all the same."""
+    return [] if results["release_gate"]["passed"] else ["--allow-unprotected"]
+
+
 @needs_mnist
 def test_mnist_logreg_certified_meets_the_paper_row_at_epsilon_1(run_cli, tmp_path):
     """Issue 25: the residual certificate at epsilon 1 (verify exit 0, not vacuous) with the paper's Cert. LogReg
@@ -76,8 +82,8 @@ def test_mnist_logreg_certified_meets_the_paper_row_at_epsilon_1(run_cli, tmp_pa
     assert results["certificate"]["epsilon"] == 1.0 and not alg2["vacuous"] and results["certificate"]["mu"] == 1e-4
     out = tmp_path / "out"
     check = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", release_of(out), "--recompute", "--audit",
-                            out / "private" / "audit.json", f"data.root={MNIST_ROOT}"], capture_output=True,
-                           text=True, check=False)
+                            out / "private" / "audit.json", f"data.root={MNIST_ROOT}", *unprotected(results)],
+                           capture_output=True, text=True, check=False)
     assert check.returncode == 0 and "release reproduced from the audit record" in check.stdout, check.stdout
 
 
@@ -94,8 +100,8 @@ def test_mnist_logreg_certified_paper_meets_the_paper_row_and_verifies_as_vacuou
     assert results["certificate"]["sensitivity"] == 2 * 10 < results["certificate"]["sensitivity_formula"]
     out = tmp_path / "out"
     check = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", release_of(out), "--recompute", "--audit",
-                            out / "private" / "audit.json", f"data.root={MNIST_ROOT}"], capture_output=True,
-                           text=True, check=False)
+                            out / "private" / "audit.json", f"data.root={MNIST_ROOT}", *unprotected(results)],
+                           capture_output=True, text=True, check=False)
     assert check.returncode == 3 and "VACUOUS" in check.stdout, check.stdout + check.stderr
     assert "release reproduced from the audit record" in check.stdout
 
@@ -111,8 +117,8 @@ def test_mnist_mlp_certified_last_layer_keeps_the_mlp_accuracy(run_cli, tmp_path
     assert results["certificate"]["epsilon"] == 1.0 and len(results["certificate"]["parameter_names"]) == 2
     out = tmp_path / "out"
     check = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", release_of(out), "--audit",
-                            out / "private" / "audit.json", f"data.root={MNIST_ROOT}"], capture_output=True,
-                           text=True, check=False)
+                            out / "private" / "audit.json", f"data.root={MNIST_ROOT}", *unprotected(results)],
+                           capture_output=True, text=True, check=False)
     assert check.returncode == 0 and "final layer only" in check.stdout, check.stdout + check.stderr
 
 

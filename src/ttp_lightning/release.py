@@ -45,6 +45,7 @@ from ttp_lightning.errors import TTPUserError
 from ttp_lightning.files import atomic_tensors, atomic_text, atomic_write, sha256_of
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.components.checkpoint import first_non_finite
+from ttp_lightning.protection import KINDS
 from ttp_lightning.version import __version__
 
 RELEASE_FORMAT = "ttp_lightning.release/1"
@@ -82,7 +83,6 @@ def _architecture(value, key):
 INPUT_FIELDS = {"channels": count, "image_size": count, "num_classes": count, "mean": list_of(finite, 4),
                 "std": list_of(finite, 4), "pixel_range": _pixel_range, "layout": one_of("NCHW"),
                 "class_names": list_of(_text, 100_000)}
-GATE_KINDS = ("clean", "attacked", "certified")  # protection.KINDS, the CDs a release gate can require
 # config.json `protection`: what the run measured and decided. Typed so that a checker reads numbers, never NaN
 # (a claim is compared with what verify recomputes; it never decides a pass)
 PER_IMAGE_FIELDS = {"gamma": finite, "forget_worst_conf_dist": optional(finite), "forget_exposed": optional(count),
@@ -92,7 +92,7 @@ PER_IMAGE_FIELDS = {"gamma": finite, "forget_worst_conf_dist": optional(finite),
 
 
 def _require(value, key):
-    kinds = list_of(one_of(*GATE_KINDS), len(GATE_KINDS))(value, key)
+    kinds = list_of(one_of(*KINDS), len(KINDS))(value, key)  # the CDs a release gate can require
     if len(set(kinds)) != len(kinds) or "clean" not in kinds:
         raise SchemaError(f"{key}={kinds} is not allowed; a gate requires clean and each kind once")
     return kinds

@@ -1,0 +1,238 @@
+"""Linear bound propagation (CROWN; Zhang et al. 2018) through a network's traced graph.
+
+Interval bounds (propagate.py) lose the correlation between a layer's inputs at every layer, so through a deep or
+BatchNorm network they grow far faster than the network's true range. CROWN keeps it: a lower bound on a linear
+function c . f(x) of the network's output is carried backwards as a linear function A . v + b of each value v in
+the graph, and only at the input is it concretised over the box (the minimum of A . x over lower <= x <= upper is
+A . centre - |A| . radius). Two kinds of operation cover the supported layers:
+
+  affine   Linear, Conv1d/2d, BatchNorm in eval mode, average and adaptive-average pooling, flatten / view /
+           reshape / indexing / concatenation, mean and sum, residual additions, subtraction, negation,
+           multiplication or division by a constant: A passes backwards through the operation's transpose (its
+           vector-Jacobian product, which autograd computes exactly for an affine map) and b gains A . h(0);
+  ReLU     relaxed by two lines over each unstable neuron's pre-activation interval [l, u] (l < 0 < u): above by
+           the chord u (z - l) / (u - l), below by a z with a = 1 when u > -l, else 0 (CROWN's adaptive choice); a
+           neuron with l >= 0 passes A through, one with u <= 0 stops it. A lower bound takes the lower line where
+           A is positive and the chord where A is negative.
+
+The ReLUs' pre-activation intervals come first, in the graph's order: each from the interval pass and, with
+`intermediate="crown"`, from a backward pass of its own (every neuron a specification, in chunks that bound the
+memory), the tighter of the two at every neuron. `intermediate="ibp"` keeps the interval ones (CROWN-IBP:
+cheaper on convolutional networks, looser). The final bounds are intersected with the interval bounds, so they
+are never looser. A layer without a rule (max pooling, GELU, softmax, attention, a product of two bounded values)
+raises UnsupportedLayer naming it.
+
+Arithmetic is the network's own dtype (callers use float64); rounding is not accounted for.
+"""
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.func import vjp, vmap
+
+from ttp_lightning.ibp.propagate import ADDITIONS, Box, UnsupportedLayer, _is_box, run_graph, trace
+from ttp_lightning.ibp.propagate import logit_difference_lower_bounds as interval_differences
+
+AFFINE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.AvgPool1d, nn.AvgPool2d,
+                  nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout)
+AFFINE_FUNCTIONS = {
+    *ADDITIONS, operator.sub, torch.sub, operator.neg, torch.neg, operator.mul, torch.mul, operator.truediv,
+    torch.div, torch.flatten, torch.reshape, torch.cat, torch.mean, torch.sum, operator.getitem, torch.squeeze,
+    torch.unsqueeze, torch.permute, torch.transpose, F.avg_pool1d, F.avg_pool2d, F.adaptive_avg_pool1d,
+    F.adaptive_avg_pool2d,
+}
+AFFINE_METHODS = {"flatten", "view", "reshape", "mean", "sum", "permute", "transpose", "contiguous", "squeeze",
+                  "unsqueeze", "clone", "view_as", "add", "__add__", "sub", "__sub__", "mul", "__mul__", "div",
+                  "__truediv__", "neg"}
+OUT_OF_PLACE = {operator.iadd: operator.add}  # evaluated on fresh inputs, never in place
+PRODUCTS = {operator.mul, torch.mul, "mul", "__mul__"}
+QUOTIENTS = {operator.truediv, torch.div, "div", "__truediv__"}
+INTERMEDIATE = ("crown", "ibp")
+MEMORY = 16 << 20  # numbers (float64: 128 MiB) one coefficient tensor of a backward pass may hold
+
+
+def is_relu(net: nn.Module, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        return isinstance(net.get_submodule(node.target), nn.ReLU)
+    if node.op == "call_function":
+        return node.target in (F.relu, torch.relu)
+    return node.op == "call_method" and node.target == "relu"
+
+
+def check_affine(net: nn.Module, node: fx.Node, bounded: list[fx.Node]) -> None:
+    """UnsupportedLayer (naming it) unless `node` is affine in its `bounded` inputs."""
+    if node.op == "call_module":
+        module = net.get_submodule(node.target)
+        needs_eval = isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout)) and module.training
+        if isinstance(module, AFFINE_MODULES) and not needs_eval:
+            return
+        raise UnsupportedLayer(f"linear bounds have no rule for {type(module).__name__}"
+                               f"{' in training mode' if needs_eval else ''} (module {node.target})")
+    known = node.target in AFFINE_FUNCTIONS if node.op == "call_function" else \
+        node.op == "call_method" and node.target in AFFINE_METHODS
+    if not known:
+        raise UnsupportedLayer(f"linear bounds have no rule for {getattr(node.target, '__name__', node.target)} "
+                               f"(node {node.name})")
+    if node.target in PRODUCTS and len(bounded) > 1:
+        raise UnsupportedLayer(f"linear bounds have no rule for a product of two bounded values (node {node.name})")
+    if node.target in QUOTIENTS and (len(node.args) < 2 or node.args[1] in bounded):
+        raise UnsupportedLayer(f"linear bounds have no rule for division by a bounded value (node {node.name})")
+
+
+class LinearBounds:
+    """CROWN over one network's traced graph for one batch of input boxes. `lower_bound(node, spec)` bounds
+    spec . node from below; `bounds(node)` is a node's tightest elementwise Box (a ReLU input's tightened by its
+    own backward passes, computed once, on first use)."""
+
+    def __init__(self, net: nn.Module, lower: torch.Tensor, upper: torch.Tensor, graph: fx.GraphModule | None = None,
+                 intermediate: str = "crown", memory: int = MEMORY):
+        if intermediate not in INTERMEDIATE:
+            raise ValueError(f"intermediate={intermediate!r}; choose one of {', '.join(INTERMEDIATE)}")
+        self.net, self.graph = net, trace(net) if graph is None else graph
+        self.intermediate, self.memory = intermediate, memory
+        self.env = run_graph(net, self.graph, Box(lower, upper))  # the interval pass: every node's Box
+        self.nodes = list(self.graph.graph.nodes)
+        self.input = next(node for node in self.nodes if node.op == "placeholder")
+        self.output = next(node for node in self.nodes if node.op == "output").args[0]
+        self.bounded = {node for node in self.nodes if _is_box(self.env.get(node)) and node.op != "output"}
+        self.position = {node: i for i, node in enumerate(self.nodes)}
+        self.tightened: dict[fx.Node, Box] = {}
+        for node in self.nodes:
+            if node in self.bounded and node is not self.input and not is_relu(net, node):
+                check_affine(net, node, self.sources(node))
+
+    def sources(self, node: fx.Node) -> list[fx.Node]:
+        """The node's inputs that depend on the network's input, in order."""
+        return [arg for arg in node.all_input_nodes if arg in self.bounded]
+
+    def chunk(self, images: int) -> int:
+        """Specifications per backward pass, so that its largest coefficient tensor stays within `memory`."""
+        largest = max(self.env[node].lower[0].numel() for node in self.bounded)
+        return max(1, self.memory // max(1, images * largest))
+
+    # ------------------------------------------------------------------------------- the ReLUs' intervals
+    def bounds(self, node: fx.Node) -> Box:
+        if node in self.tightened:
+            return self.tightened[node]
+        box = self.env[node]
+        if self.intermediate == "ibp" or node is self.input:
+            return box
+        images, shape = box.lower.shape[0], box.lower.shape[1:]
+        count = box.lower[0].numel()
+        step = self.chunk(images)
+        lower, upper = [], []
+        for start in range(0, count, step):
+            rows = torch.arange(start, min(start + step, count), device=box.lower.device)
+            spec = torch.zeros(len(rows), images, count, dtype=box.lower.dtype, device=box.lower.device)
+            spec[torch.arange(len(rows)), :, rows] = 1.0
+            spec = spec.view(len(rows), images, *shape)
+            lower.append(self.lower_bound(node, spec))
+            upper.append(-self.lower_bound(node, -spec))
+        crown = Box(torch.cat(lower).T.reshape(box.lower.shape), torch.cat(upper).T.reshape(box.lower.shape))
+        self.tightened[node] = Box(torch.maximum(box.lower, crown.lower), torch.minimum(box.upper, crown.upper))
+        return self.tightened[node]
+
+    # ------------------------------------------------------------------------------- the backward pass
+    def lower_bound(self, target: fx.Node, spec: torch.Tensor) -> torch.Tensor:
+        """[S, N]: for each specification s, a lower bound on sum(spec[s, n] * target[n]) over image n's box
+        (spec: [S, N, *target's shape per image])."""
+        coefficients = {target: spec}
+        constant = torch.zeros(spec.shape[:2], dtype=spec.dtype, device=spec.device)
+        for node in sorted(self._ancestors(target), key=self.position.get, reverse=True):
+            if node is self.input or node not in coefficients:
+                continue
+            weights = coefficients.pop(node)
+            if is_relu(self.net, node):
+                (source,) = self.sources(node)
+                passed, gained = self._through_relu(source, weights)
+                constant = constant + gained
+                _add_to(coefficients, source, passed)
+                continue
+            offset, passed = self._through_affine(node, weights)
+            constant = constant + offset
+            for source, weights_in in passed.items():
+                _add_to(coefficients, source, weights_in)
+        weights = coefficients.get(self.input)
+        if weights is None:  # the target does not depend on the input
+            return constant
+        box, dims = self.env[self.input], tuple(range(2, weights.dim()))
+        return constant + (weights * box.centre).sum(dims) - (weights.abs() * box.radius).sum(dims)
+
+    def _ancestors(self, target: fx.Node) -> set:
+        found, stack = set(), [target]
+        while stack:
+            node = stack.pop()
+            if node not in found and node in self.bounded:
+                found.add(node)
+                stack.extend(node.all_input_nodes)
+        return found
+
+    def _through_relu(self, source: fx.Node, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the coefficients of the ReLU's input, the constant gained) for a lower bound."""
+        box = self.bounds(source)
+        low, high = box.lower, box.upper
+        unstable, active = (low < 0) & (high > 0), (low >= 0).to(low.dtype)
+        chord = torch.where(unstable, high / (high - low).clamp(min=torch.finfo(low.dtype).tiny), active)
+        below = torch.where(unstable, (high > -low).to(low.dtype), active)
+        intercept = torch.where(unstable, -chord * low, torch.zeros_like(low))
+        positive, negative = weights.clamp(min=0), weights.clamp(max=0)
+        dims = tuple(range(2, weights.dim()))
+        return positive * below + negative * chord, (negative * intercept).sum(dims)
+
+    def _through_affine(self, node: fx.Node, weights: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """(A . h(0), {bounded input: its coefficients}) for an affine node h, by its vector-Jacobian product
+        (taken at 0, over the traced batch, and mapped over the specifications)."""
+        sources = self.sources(node)
+        zeros = [torch.zeros_like(self.env[source].lower) for source in sources]
+        offset, transpose = vjp(lambda *values: self._evaluate(node, dict(zip(sources, values))), *zeros)
+        dims = tuple(range(2, weights.dim()))
+        grads = vmap(transpose)(weights)
+        return (weights * offset).sum(dims), dict(zip(sources, grads))
+
+    def _evaluate(self, node: fx.Node, values: dict) -> torch.Tensor:
+        """`node` with its bounded inputs replaced by `values` and its other inputs as the graph gives them."""
+        def resolve(arg):
+            if isinstance(arg, fx.Node):
+                return values[arg] if arg in values else self.env[arg]
+            return arg
+
+        args, kwargs = _map(node.args, resolve), _map(node.kwargs, resolve)
+        if node.op == "call_module":
+            return self.net.get_submodule(node.target)(*args, **kwargs)
+        if node.op == "call_function":
+            return OUT_OF_PLACE.get(node.target, node.target)(*args, **kwargs)
+        return getattr(args[0], node.target)(*args[1:], **kwargs)
+
+
+def _add_to(coefficients: dict, node: fx.Node, weights: torch.Tensor) -> None:
+    coefficients[node] = weights if node not in coefficients else coefficients[node] + weights
+
+
+def _map(value, function):
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map(v, function) for v in value)
+    if isinstance(value, dict):
+        return {k: _map(v, function) for k, v in value.items()}
+    return function(value)
+
+
+@torch.no_grad()  # the transposes are torch.func's own; nothing here needs the weights' gradients
+def logit_difference_lower_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor,
+                                  graph: fx.GraphModule | None = None, intermediate: str = "crown",
+                                  memory: int = MEMORY) -> torch.Tensor:
+    """[N, K, K]: entry (n, j, c) bounds z_j - z_c from below over image n's box (0 where j = c), by CROWN,
+    never looser than the interval bound (propagate.logit_difference_lower_bounds)."""
+    propagation = LinearBounds(net, lower, upper, graph, intermediate, memory)
+    if propagation.output not in propagation.bounded:
+        raise UnsupportedLayer("the network's output does not depend on its input")
+    images, classes = propagation.env[propagation.output].lower.shape
+    eye = torch.eye(classes, dtype=lower.dtype, device=lower.device)
+    spec = (eye[:, None, :] - eye[None, :, :]).reshape(classes * classes, 1, classes).expand(-1, images, -1)
+    step = propagation.chunk(images)
+    rows = [propagation.lower_bound(propagation.output, spec[start:start + step].contiguous())
+            for start in range(0, len(spec), step)]
+    crown = torch.cat(rows).T.reshape(images, classes, classes)  # (n, j, c): row j * K + c, e_j - e_c
+    crown = crown - torch.diag_embed(torch.diagonal(crown, dim1=1, dim2=2))
+    return torch.maximum(crown, interval_differences(net, lower, upper, propagation.graph))

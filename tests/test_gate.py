@@ -59,6 +59,23 @@ def test_an_unset_require_is_the_methods_promise_and_a_passed_gate_names_what_it
     assert not robust["passed"] and robust["failing_images"] == ["train:0"]
 
 
+def test_a_required_certified_radius_is_judged_per_image():
+    """release_gate.min_certified_radius: every forget image certified within at least that radius (issue 37)."""
+    rows = per_image_rows(["train:0", "train:1", "train:2"],
+                          {"pareto": {"clean": [0.01, 0.02, 0.01], "certified_radius": [2.0, 0.5, 3.25]}})
+    passed = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), min_certified_radius=0.5), 8)
+    assert passed["passed"] and passed["min_certified_radius"] == 0.5
+    refused = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), min_certified_radius=1.0), 8)
+    assert not refused["passed"] and refused["failing_images"] == ["train:1"]
+    assert refused["reasons"] == ["1 of 3 forget images are certified within less than 1/255 (min 0.5/255)"]
+    unmeasured = per_image_rows(["train:0"], {"pareto": {"clean": [0.01]}})
+    missing = judge(unmeasured, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), 1.0), 8, "GELU")
+    assert not missing["passed"] and "certified radius of the forget images could not be computed (GELU)" in \
+        missing["reasons"][0]
+    with pytest.raises(TTPUserError, match="the radius search stops at bounds.max_radius=16"):
+        GateSettings(0.1, ("clean",), 20.0).check_network(torch.nn.Linear(4, 2), 1, 2, 16.0)
+
+
 def test_no_step_an_unchanged_model_or_an_unmet_rule_is_never_protected_even_when_images_look_uniform():
     uniform = _rows([0.0, 0.0])
     for metrics, reason in (({"train_steps": 0}, "0 training steps"),

@@ -126,3 +126,38 @@ def test_a_layer_without_a_linear_rule_is_refused_by_name(layer):
     lower, upper = input_box(torch.rand(1, 1, 4, 4, dtype=torch.float64), 0.01)
     with pytest.raises(UnsupportedLayer, match=type(layer).__name__):
         logit_difference_lower_bounds(net.eval(), lower, upper)
+
+
+@pytest.mark.parametrize("bound", ["interval", "linear"])
+def test_the_radius_search_matches_a_full_scan_and_grows_with_the_threshold(bound):
+    """The bisection returns, per image, the largest radius of the grid (0, 1/4, ..., 16 per 255) whose certified CD
+    is at most the threshold, as a scan of every radius does; it never shrinks when the threshold grows; every
+    radius it returns is proven (its bound passes); per-image radii give each image its own ball."""
+    from ttp_lightning.ibp.uniformity import RADIUS_STEP, Certifier
+
+    torch.manual_seed(5)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 4))
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            layer.weight.data *= 3  # confident enough that the radii spread over the grid
+    net = net.double().eval()
+    images = torch.rand(12, 1, 3, 4, dtype=torch.float64)
+    certifier = Certifier(net, bound)
+    grid = torch.arange(0.0, 16.0 + RADIUS_STEP / 2, RADIUS_STEP, dtype=torch.float64)
+    scan = torch.stack([certifier.conf_dist(images, float(g)) for g in grid], dim=1)  # [N, 65]
+    assert torch.allclose(certifier.conf_dist(images, grid[:12]), scan[torch.arange(12), torch.arange(12)])
+    previous, seen = torch.zeros(12, dtype=torch.float64), set()
+    for threshold in (0.05, 0.15, 0.3, 0.5, 0.7):
+        radius = certifier.radius(images, threshold)
+        ok = scan <= threshold
+        largest = torch.tensor([grid[row.nonzero().max()].item() if row.any() else 0.0 for row in ok],
+                               dtype=torch.float64)
+        assert torch.equal(radius, largest), (threshold, radius, largest)
+        known = {float(grid[i]): scan[:, i] for i in (4, 8, 20, 32)}  # the bounds at 1, 2, 5 and 8 per 255
+        assert torch.equal(certifier.radius(images, threshold, known=known), largest)  # bracketed by them
+        assert (radius >= previous).all()
+        proven = certifier.conf_dist(images, radius) <= threshold
+        assert (proven | (radius == 0)).all()
+        previous = radius
+        seen |= set(radius.tolist())
+    assert len(seen) >= 5  # the radii are spread over the grid, so the comparison says something

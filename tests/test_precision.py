@@ -43,7 +43,8 @@ def test_performance_settings_train_the_same_model_on_cpu(run_job, tmp_path):
     """channels_last, fused Adam and compile forced on (auto leaves them off on a CPU) on a ResNet: the
     same numbers as without them, to float rounding."""
     common = [*TINY_WITHOUT_METHOD, "model=resnet8", "model.width=8", "pretrain.epochs=2", "method.epochs=2",
-              "attacks.enabled=false", "pretrain.use_cache=false", "checkpoint_every_n_epochs=0"]
+              "attacks.enabled=false", "pretrain.use_cache=false", "checkpoint_every_n_epochs=0",
+              "bounds.kind=interval"]  # the training is tested here; linear bounds of a CNN cost a minute
     _, plain = run_job(*common, tiny=False)
     proc, fast = run_job(*common, "performance.channels_last=true", "performance.fused_optimizer=true",
                          "performance.compile=true", tiny=False)

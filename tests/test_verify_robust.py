@@ -136,8 +136,8 @@ def test_a_std_that_float32_cannot_hold_is_refused_and_nan_never_passes(genuine,
     from ttp_lightning import verify_robust
 
     release = _copy(genuine, tmp_path / "nan")
-    monkeypatch.setattr(verify_robust, "certified_conf_dist", lambda net, images, gamma: torch.full((len(images),),
-                                                                                                    math.nan))
+    monkeypatch.setattr(verify_robust.Certifier, "conf_dist",
+                        lambda self, images, gamma: torch.full((len(images),), math.nan, dtype=torch.float64))
     code, text = _check(release, genuine.forget, "--gamma", "1")
     assert code == 1 and "ABOVE" in text and "verified" not in text
     for argument in (["--gamma", "nan"], ["--at-most", "nan"], ["--gamma", "inf"], ["--at-most", "1"]):
@@ -347,3 +347,61 @@ def test_no_single_edit_of_a_release_verifies_unless_the_field_takes_no_part(gen
     unsafe = {field: how for field, how in passed.items() if field not in SAFE}
     assert not unsafe, unsafe
     print(f"{tried} edits; verified after an edit of: {sorted(passed)}")
+
+
+def test_verify_robust_recomputes_each_images_certified_radius_and_fails_an_edited_claim(genuine, tmp_path):
+    """Issue 37: the release claims its forget images' smallest and median certified radius (linear bounds, at its
+    gate's threshold); verify robust recomputes both from the weights and the images and fails a changed claim."""
+    release = _copy(genuine, tmp_path / "release")
+    claims = _config(release)["protection"]["per_image"]
+    assert claims["bound"] == "linear" and claims["forget_certified_radius_min"] is not None
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 0 and f"certified radius min {claims['forget_certified_radius_min']:g}/255" in text
+    config = _config(release)
+    config["protection"]["per_image"]["forget_certified_radius_min"] += 0.25
+    _write_config(release, config)
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 1 and "config.json claims forget_certified_radius_min" in text
+
+
+def test_a_release_of_the_earlier_format_loads_and_verifies_without_radius_claims(genuine, tmp_path):
+    """ttp_lightning.release/1 (before the certified radius): still loaded and verified; its claims were computed
+    with interval bounds, and it claims no radius."""
+    from ttp_lightning.ibp.uniformity import Certifier
+    from ttp_lightning.verify_robust import image_files, read_images
+
+    release = _copy(genuine, tmp_path / "release")
+    config = _config(release)
+    config["format"] = "ttp_lightning.release/1"
+    for key in ("forget_certified_radius_min", "forget_certified_radius_median", "bound", "intermediate",
+                "radius_step", "max_radius"):
+        del config["protection"]["per_image"][key]
+    del config["protection"]["release_gate"]["min_certified_radius"]
+    net = load_released(release)
+    images = read_images(image_files(genuine.forget), 1, 8, False).float() / 255
+    interval = Certifier(net, "interval").conf_dist(images, 2.0)
+    config["protection"]["per_image"].update(forget_certified_worst_conf_dist=round(float(interval.max()), 6),
+                                             forget_certified_share_05=float((interval <= 0.05).double().mean()),
+                                             forget_certified_share_10=float((interval <= 0.1).double().mean()))
+    _write_config(release, config)
+    _rewrite_card(release, config)  # the card of a release/1 run states the interval bounds too
+    load_released(release)
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 0, text
+    config["format"] = "ttp_lightning.release/2"  # the new format without its new fields is refused
+    _write_config(release, config)
+    assert _check(release, genuine.forget, "--gamma", "0")[0] == 2
+
+
+def _rewrite_card(release: Path, config: dict) -> None:
+    """MODEL_CARD.md's Effect cells made to say what config.json claims (as the run that wrote both would)."""
+    from ttp_lightning.release import effect_rows
+
+    gate, claims = config["protection"]["release_gate"], config["protection"]["per_image"]
+    lines = (release / "MODEL_CARD.md").read_text().splitlines()
+    for key, (label, cell) in effect_rows(gate["gamma"], gate["conf_dist_at_most"]).items():
+        for i, line in enumerate(lines):
+            if line.startswith(f"| {label} |") and key in claims:
+                before = line.strip().strip("|").split("|")[1].strip()
+                lines[i] = f"| {label} | {before} | {cell({key: claims[key]})} |"
+    (release / "MODEL_CARD.md").write_text("\n".join(lines))

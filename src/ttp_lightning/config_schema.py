@@ -38,6 +38,8 @@ Release = StrEnum("Release", [("each", "each"), ("final", "final")])
 Bound = StrEnum("Bound", [(n, n) for n in ("residual", "paper")])
 Layers = StrEnum("Layers", [(n, n) for n in ("all", "last")])
 GateKind = StrEnum("GateKind", [(n, n) for n in ("clean", "attacked", "certified")])
+BoundKind = StrEnum("BoundKind", [(n, n) for n in ("linear", "interval")])
+Intermediate = StrEnum("Intermediate", [(n, n) for n in ("auto", "crown", "ibp")])
 AttackObjective = StrEnum("AttackObjective", [(n, n) for n in ("logsumexp", "max_softmax", "ce_pretrained")])
 
 
@@ -92,15 +94,37 @@ class PerformanceSchema:
 
 
 @dataclass
+class BoundsSchema:
+    """conf/main.yaml `bounds` (ibp/): how every forget image's certified CD and certified radius are bounded."""
+
+    kind: BoundKind = BoundKind["linear"]
+    intermediate: Intermediate = Intermediate["auto"]
+    intermediate_budget: int = 1024
+    radius_step: float = 0.25
+    max_radius: float = 16.0
+
+    def __post_init__(self) -> None:
+        checks.at_least_zero(self.intermediate_budget, "bounds.intermediate_budget")
+        checks.positive(self.radius_step, "bounds.radius_step")
+        checks.positive(self.max_radius, "bounds.max_radius")
+        if self.max_radius / self.radius_step > 4096:
+            raise TTPUserError(f"bounds.max_radius={self.max_radius:g} with bounds.radius_step={self.radius_step:g} is "
+                               "not allowed; the grid may hold at most 4096 radii")
+
+
+@dataclass
 class ReleaseGateSchema:
     """conf/main.yaml `release_gate` (protection.py): the per-image threshold and the CDs that must meet it."""
 
     conf_dist_at_most: float = 0.1
     require: list[GateKind] | None = None  # None: the method's default (protection.GateSettings.from_config)
+    min_certified_radius: float | None = None  # every forget image certified at least this far (1/255); None: off
 
     def __post_init__(self) -> None:
         checks.unit_interval(checks.number(self.conf_dist_at_most, "release_gate.conf_dist_at_most"),
                           "release_gate.conf_dist_at_most")
+        if self.min_certified_radius is not None:
+            checks.positive(self.min_certified_radius, "release_gate.min_certified_radius")
 
 
 @dataclass
@@ -126,6 +150,7 @@ class MainSchema:
     performance: PerformanceSchema = field(default_factory=PerformanceSchema)
     pretrain: PretrainSchema = field(default_factory=PretrainSchema)
     release_gate: ReleaseGateSchema = field(default_factory=ReleaseGateSchema)
+    bounds: BoundsSchema = field(default_factory=BoundsSchema)
 
     def __post_init__(self) -> None:
         threads = self.threads

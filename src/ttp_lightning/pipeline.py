@@ -18,7 +18,7 @@ from ttp_lightning.attacks.relearn import relearn_attack
 from ttp_lightning.certificates.document import AUDIT_FILE, PRIVATE_DIR, write_release
 from ttp_lightning.certificates.schema import data_spec, model_spec
 from ttp_lightning.checkpointing import remove as remove_checkpoints
-from ttp_lightning.config_schema import AttacksSchema, MainSchema, plain
+from ttp_lightning.config_schema import AttacksSchema, BoundsSchema, MainSchema, plain
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device, evaluate, forget_softmax, predictions
@@ -28,7 +28,7 @@ from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrain
 from ttp_lightning.progress import quiet_lightning
 from ttp_lightning.protection import (
     GateSettings,
-    certified_by_gamma,
+    certified_bounds,
     clean_conf_dist,
     judge,
     per_image_rows,
@@ -165,22 +165,27 @@ def attack_models(results: dict, models: dict, datamodule, cfg: AttacksSchema, a
 
 
 def account_per_image(results: dict, models: dict, datamodule, attacks: AttacksSchema, attacked: dict,
-                      threshold: float) -> str | None:
-    """Every forget image, one by one: results["forget_per_image"] (clean, attacked and certified CD per image
-    and stage), results["certified"] (the certified bound at every attack radius) and each stage's per-image
-    summary in its metrics. Returns why no certified bound could be computed (None when it was)."""
+                      threshold: float, bounds: BoundsSchema) -> str | None:
+    """Every forget image, one by one: results["forget_per_image"] (clean, attacked and certified CD and the
+    certified radius per image and stage), results["certified"] (the certified bound at every attack radius),
+    results["certified_bound"] (which bound gave them) and each stage's per-image summary in its metrics. Returns
+    why no certified bound could be computed (None when it was)."""
     forget_images, _ = datamodule.dataset("forget").everything()
     gamma = float(attacks.robust_gamma)
     gammas = sorted({float(g) for g in attacks.gammas} | {gamma})
     device = eval_device()
-    columns, results["certified"], note = {}, {}, None
+    columns, results["certified"], results["certified_bound"], note = {}, {}, {}, None
     for stage, net in models.items():
-        certified, note = certified_by_gamma(net, forget_images, gammas, device)
+        certified = certified_bounds(net, forget_images, gammas, device, bounds, threshold)
+        note = None if certified.by_gamma is not None else certified.note
         columns[stage] = {"clean": clean_conf_dist(net, forget_images, device).tolist(), "attacked": attacked.get(stage),
-                          "certified": None if certified is None else certified[f"{gamma:g}"]}
-        if certified is not None:
+                          "certified": None if certified.by_gamma is None else certified.by_gamma[f"{gamma:g}"],
+                          "certified_radius": certified.radius}
+        if certified.by_gamma is not None:
             results["certified"][stage] = {g: stage_summary({"certified": values}, threshold)
-                                           for g, values in certified.items()}
+                                           for g, values in certified.by_gamma.items()}
+        results["certified_bound"][stage] = {"bound": certified.bound, "intermediate": certified.intermediate,
+                                             "note": certified.note}
         results["metrics"][stage].update(stage_summary(columns[stage], threshold))
     if note:
         results["certified_note"] = note
@@ -259,7 +264,8 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     release, table, logger."""
     output_dir = ctx.output_dir
     pretrained = make_net()
-    gate.check_network(pretrained, datamodule.info.channels, datamodule.info.image_size)
+    gate.check_network(pretrained, datamodule.info.channels, datamodule.info.image_size,
+                       float(settings.bounds.max_radius))
     if is_global_zero():  # every setting holds: from here on the folder's outputs are this run's
         moved = supersede_outputs(output_dir, OUTPUTS)
         if moved is not None:
@@ -307,7 +313,8 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
         log.info("attacking the forget set: %s at gamma %s/255", ", ".join(attacks),
                  ", ".join(f"{float(g):g}" for g in settings.attacks.gammas))
         attacked = attack_models(results, models, datamodule, settings.attacks, attacks)
-    note = account_per_image(results, models, datamodule, settings.attacks, attacked, gate.conf_dist_at_most)
+    note = account_per_image(results, models, datamodule, settings.attacks, attacked, gate.conf_dist_at_most,
+                             settings.bounds)
     results["release_gate"] = judge(results["forget_per_image"], method.name, metrics[method.name], gate,
                                     float(settings.attacks.robust_gamma), note)
     try:  # a full disk or a lost mount while writing: one line, and no output of this run left half-made

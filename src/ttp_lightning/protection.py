@@ -18,6 +18,7 @@ EXIT_NOT_PROTECTED after one line naming how many images failed, which, and why.
 """
 
 import logging
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ from torch import nn
 from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
 from ttp_lightning.evaluation import probabilities
 from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
+from ttp_lightning.ibp.uniformity import MAX_RADIUS, Certifier
 from ttp_lightning.metrics import conf_dist_of_probs
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class GateSettings:
 
     conf_dist_at_most: float = 0.1
     require: tuple[str, ...] = ("clean",)
+    min_certified_radius: float | None = None  # in 1/255: every forget image certified at least this far
 
     @classmethod
     def from_config(cls, cfg, robust_method: bool = False) -> "GateSettings":
@@ -53,7 +56,13 @@ class GateSettings:
             return cls()
         require = ROBUST_DEFAULT if cfg.require is None and robust_method else \
             ("clean",) if cfg.require is None else tuple(str(kind) for kind in cfg.require)
-        return cls(float(cfg.conf_dist_at_most), require)
+        radius = getattr(cfg, "min_certified_radius", None)
+        return cls(float(cfg.conf_dist_at_most), require, None if radius is None else float(radius))
+
+    @property
+    def needs_bound(self) -> bool:
+        """Whether the gate reads a certified bound (a certified CD, or a certified radius)."""
+        return "certified" in self.require or self.min_certified_radius is not None
 
     def check(self, num_classes: int, attacks_enabled: bool, gradient_attacks: tuple[str, ...]) -> None:
         """A threshold the CD cannot exceed (it is at most 1 - 1/K) would make a gate that cannot fail; a required
@@ -79,18 +88,25 @@ class GateSettings:
                                f"holds no attack that follows gradients (random noise alone would judge it); add one "
                                f"(+attack@attacks.suite.apgd=apgd), or {accept}")
 
-    def check_network(self, net: nn.Module, channels: int, image_size: int) -> None:
-        """A required certified CD needs a network interval bounds can propagate through: checked on the
-        network before any training, so the run is refused at once instead of failing its gate at the end."""
-        if "certified" not in self.require:
+    def check_network(self, net: nn.Module, channels: int, image_size: int, max_radius: float = MAX_RADIUS) -> None:
+        """A required certified CD or radius needs a network bounds can propagate through, and a radius the
+        search reaches: checked before any training, so the run is refused at once instead of failing its gate at
+        the end."""
+        if self.min_certified_radius is not None and self.min_certified_radius > max_radius:
+            raise TTPUserError(f"release_gate.min_certified_radius={self.min_certified_radius:g} is not allowed; the "
+                               f"radius search stops at bounds.max_radius={max_radius:g}")
+        if not self.needs_bound:
             return
         try:
             certified_conf_dist(net, torch.zeros(1, channels, image_size, image_size), 0.0)
         except UnsupportedLayer as exc:
             weaker = [kind for kind in self.require if kind != "certified"]
-            raise TTPUserError(f"release_gate.require={list(self.require)} needs a certified CD, and this network "
-                               f"cannot be bounded ({exc}); release_gate.require=[{','.join(weaker)}] states the "
-                               "weaker promise") from None
+            needs = (f"release_gate.require={list(self.require)} needs a certified CD" if "certified" in self.require
+                     else f"release_gate.min_certified_radius={self.min_certified_radius:g} needs a certified radius")
+            accept = ([f"release_gate.require=[{','.join(weaker)}]"] if "certified" in self.require else []) + \
+                (["release_gate.min_certified_radius=null"] if self.min_certified_radius is not None else [])
+            raise TTPUserError(f"{needs}, and this network cannot be bounded ({exc}); {' with '.join(accept)} "
+                               "states the weaker promise") from None
 
 
 def clean_conf_dist(net: nn.Module, images: torch.Tensor, device) -> torch.Tensor:
@@ -113,18 +129,22 @@ def stage_summary(columns: dict[str, list | None], threshold: float) -> dict:
         for share in SHARES:
             out[f"forget_certified_share_{round(share * 100):02d}"] = round(
                 sum(value <= share for value in certified) / count, 6)
+    radius = columns.get("certified_radius")
+    if radius:
+        out["forget_certified_radius_min"] = min(radius)
+        out["forget_certified_radius_median"] = statistics.median(radius)
     return out
 
 
 def per_image_rows(ids: list[str], stages: dict[str, dict[str, list | None]]) -> list[dict]:
-    """results.json `forget_per_image`: one row per forget image, {id, <stage>: {clean, attacked, certified}}
-    (None where not measured)."""
+    """results.json `forget_per_image`: one row per forget image, {id, <stage>: {clean, attacked, certified,
+    certified_radius}} (None where not measured; the radius in units of 1/255)."""
     rows = []
     for i, image_id in enumerate(ids):
         row: dict = {"id": image_id}
         for stage, columns in stages.items():
             row[stage] = {kind: (None if columns.get(kind) is None else round(float(columns[kind][i]), 6))
-                          for kind in KINDS}
+                          for kind in (*KINDS, "certified_radius")}
         rows.append(row)
     return rows
 
@@ -141,6 +161,18 @@ def judge(rows: list[dict], stage: str, metrics: dict, settings: GateSettings, g
         rule = metrics.get("stopping_rule")
         reasons.append("no epoch met the early-stopping rule" + (f" ({rule})" if rule else ""))
     threshold = settings.conf_dist_at_most
+    if settings.min_certified_radius is not None:
+        least = settings.min_certified_radius
+        radii = [row[stage]["certified_radius"] for row in rows]
+        if any(radius is None for radius in radii):
+            reasons.append(f"the certified radius of the forget images could not be computed "
+                           f"({certify_note or 'not measured'})")
+        else:
+            short = [row["id"] for row, radius in zip(rows, radii) if not radius >= least]
+            if short:
+                reasons.append(f"{len(short)} of {len(rows)} forget images are certified within less than {least:g}/255 "
+                               f"(min {min(radii):g}/255)")
+                failing += [image for image in short if image not in failing]
     for kind in settings.require:
         values = [row[stage][kind] for row in rows]
         if any(value is None for value in values):
@@ -155,6 +187,7 @@ def judge(rows: list[dict], stage: str, metrics: dict, settings: GateSettings, g
     passed = not reasons
     return {"passed": passed, "stage": stage, "folder": PROTECTED_DIR if passed else NOT_PROTECTED_DIR,
             "conf_dist_at_most": threshold, "require": list(settings.require), "gamma": gamma,
+            "min_certified_radius": settings.min_certified_radius,
             "reasons": reasons, "failing_images": failing, "unrequired_above": unrequired_above(rows, stage, settings)}
 
 
@@ -191,13 +224,33 @@ def gate_line(record: dict) -> str:
             f"not released as protected (exit {EXIT_NOT_PROTECTED})")
 
 
-def certified_by_gamma(net: nn.Module, images: torch.Tensor, gammas: list[float], device
-                       ) -> tuple[dict[str, list[float]] | None, str | None]:
-    """{gamma: each image's certified CD bound} for every radius, or (None, why) when the network has a layer
-    interval propagation does not support (the certified column then reads "-")."""
+@dataclass(frozen=True)
+class CertifiedBounds:
+    """One stage's certified bounds on the forget images: {gamma: each image's certified CD}, each image's
+    certified radius (1/255), the bound that gave them (linear or interval, with CROWN's intermediate mode), and
+    why there is none (`by_gamma` None) or why the linear bound fell back to intervals."""
+
+    by_gamma: dict[str, list[float]] | None
+    radius: list[float] | None
+    bound: str | None = None
+    intermediate: str | None = None
+    note: str | None = None
+
+
+def certified_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], device, bounds,
+                     threshold: float) -> CertifiedBounds:
+    """Every image's certified CD at each radius and its certified radius at `threshold`, by `bounds`
+    (config_schema.BoundsSchema; the certified column reads "-" when the network has a layer no bound supports)."""
+    certifier = Certifier(net, str(bounds.kind), device, intermediate=str(bounds.intermediate),
+                          budget=int(bounds.intermediate_budget))
     try:
-        return {f"{float(g):g}": certified_conf_dist(net, images, float(g), device=device).tolist()
-                for g in gammas}, None
+        by_gamma = {f"{float(g):g}": certifier.conf_dist(images, float(g)).tolist() for g in gammas}
+        radius = certifier.radius(images, threshold, float(bounds.radius_step), float(bounds.max_radius),
+                                  known={float(g): values for g, values in by_gamma.items()}).tolist()
     except UnsupportedLayer as exc:
         log.warning("no certified CD for this network: %s", exc)
-        return None, str(exc)
+        return CertifiedBounds(None, None, note=str(exc))
+    if certifier.fallback:
+        log.warning("linear bounds fell back to interval bounds: %s", certifier.fallback)
+    return CertifiedBounds(by_gamma, radius, certifier.bound,
+                           certifier.intermediate if certifier.bound == "linear" else None, certifier.fallback)

@@ -48,7 +48,8 @@ from ttp_lightning.models.components.checkpoint import first_non_finite
 from ttp_lightning.protection import KINDS
 from ttp_lightning.version import __version__
 
-RELEASE_FORMAT = "ttp_lightning.release/1"
+RELEASE_FORMAT = "ttp_lightning.release/2"  # /2: the certified radius and the bound that gave the claims
+EARLIER_FORMATS = ("ttp_lightning.release/1",)  # read as well (loading, and verify robust without radius claims)
 CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "MODEL_CARD.md"
 MAX_CONFIG_BYTES = 1 << 20
@@ -85,10 +86,14 @@ INPUT_FIELDS = {"channels": count, "image_size": count, "num_classes": count, "m
                 "class_names": list_of(_text, 100_000)}
 # config.json `protection`: what the run measured and decided. Typed so that a checker reads numbers, never NaN
 # (a claim is compared with what verify recomputes; it never decides a pass)
-PER_IMAGE_FIELDS = {"gamma": finite, "forget_worst_conf_dist": optional(finite), "forget_exposed": optional(count),
-                    "forget_robust_worst_conf_dist": optional(finite), "forget_robust_exposed": optional(count),
-                    "forget_certified_worst_conf_dist": optional(finite),
-                    "forget_certified_share_05": optional(fraction), "forget_certified_share_10": optional(fraction)}
+PER_IMAGE_FIELDS_1 = {"gamma": finite, "forget_worst_conf_dist": optional(finite), "forget_exposed": optional(count),
+                      "forget_robust_worst_conf_dist": optional(finite), "forget_robust_exposed": optional(count),
+                      "forget_certified_worst_conf_dist": optional(finite),
+                      "forget_certified_share_05": optional(fraction), "forget_certified_share_10": optional(fraction)}
+PER_IMAGE_FIELDS = {**PER_IMAGE_FIELDS_1,
+                    "forget_certified_radius_min": optional(finite), "forget_certified_radius_median": optional(finite),
+                    "bound": optional(one_of("linear", "interval")), "intermediate": optional(one_of("crown", "ibp")),
+                    "radius_step": finite, "max_radius": finite}
 
 
 def _require(value, key):
@@ -98,16 +103,31 @@ def _require(value, key):
     return kinds
 
 
-GATE_FIELDS = {"conf_dist_at_most": finite, "require": _require, "gamma": finite, "reasons": list_of(_reason, 100)}
-PROTECTION_FIELDS = {
-    "method": name, "label": _text, "theta": optional(fraction), "forget_size": count, "forget_fingerprint": hex64,
-    "forget_set_digest": optional(hex64), "forget_conf_dist": optional(finite), "test_acc": optional(fraction),
-    "certified": boolean, "experiment": _text, "protected": boolean, "release_gate": record(GATE_FIELDS),
-    "per_image": record(PER_IMAGE_FIELDS)}
-CONFIG_FIELDS = {"format": one_of(RELEASE_FORMAT), "architecture": _architecture, "input": record(INPUT_FIELDS),
-                 "weights": record({"file": one_of(WEIGHTS), "sha256": hex64, "prefix": one_of("", "backbone.")}),
-                 "protection": record(PROTECTION_FIELDS),
-                 "library": record({"name": one_of("ttp_lightning"), "version": _text})}
+GATE_FIELDS_1 = {"conf_dist_at_most": finite, "require": _require, "gamma": finite, "reasons": list_of(_reason, 100)}
+
+
+def _positive(value, key):
+    if not finite(value, key) > 0:
+        raise SchemaError(f"{key}={value} is not allowed; expected a number > 0")
+    return value
+
+
+GATE_FIELDS = {**GATE_FIELDS_1, "min_certified_radius": optional(_positive)}
+
+
+def _config_fields(gate: dict, per_image: dict, form: str) -> dict:
+    protection = {
+        "method": name, "label": _text, "theta": optional(fraction), "forget_size": count, "forget_fingerprint": hex64,
+        "forget_set_digest": optional(hex64), "forget_conf_dist": optional(finite), "test_acc": optional(fraction),
+        "certified": boolean, "experiment": _text, "protected": boolean, "release_gate": record(gate),
+        "per_image": record(per_image)}
+    return {"format": one_of(form), "architecture": _architecture, "input": record(INPUT_FIELDS),
+            "weights": record({"file": one_of(WEIGHTS), "sha256": hex64, "prefix": one_of("", "backbone.")}),
+            "protection": record(protection), "library": record({"name": one_of("ttp_lightning"), "version": _text})}
+
+
+CONFIG_FIELDS = _config_fields(GATE_FIELDS, PER_IMAGE_FIELDS, RELEASE_FORMAT)
+EARLIER_FIELDS = {form: _config_fields(GATE_FIELDS_1, PER_IMAGE_FIELDS_1, form) for form in EARLIER_FORMATS}
 
 
 class NotProtectedWarning(UserWarning):
@@ -166,8 +186,9 @@ def read_release_config(folder: str | Path) -> dict:
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, an integer of thousands of digits
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
         raise SchemaError(f"{str(path)!r} is not JSON this format can hold ({reason})") from None
+    form = document.get("format") if isinstance(document, dict) else None
     try:
-        return record(CONFIG_FIELDS)(document, "")
+        return record(EARLIER_FIELDS.get(form, CONFIG_FIELDS) if isinstance(form, str) else CONFIG_FIELDS)(document, "")
     except SchemaError as exc:  # name the file, as every other line about it does
         raise SchemaError(f"{str(path)!r} {exc}") from None
 
@@ -320,7 +341,9 @@ def effect_rows(gamma: float, threshold: float) -> dict:
             ("test confidence distance", "test_conf_dist", False),
             ("worst forget image's confidence distance", "forget_worst_conf_dist", False),
             (f"worst forget image under attack ({radius})", "forget_robust_worst_conf_dist", False),
-            (f"worst forget image, certified bound ({radius})", "forget_certified_worst_conf_dist", False)]
+            (f"worst forget image, certified bound ({radius})", "forget_certified_worst_conf_dist", False),
+            (f"smallest certified radius (1/255, CD <= {threshold:g})", "forget_certified_radius_min", None),
+            (f"median certified radius (1/255, CD <= {threshold:g})", "forget_certified_radius_median", None)]
     counts = [(f"forget images with confidence distance > {threshold:g}", "forget_exposed", False),
               (f"forget images with confidence distance > {threshold:g} under attack ({radius})",
                "forget_robust_exposed", False),
@@ -343,10 +366,13 @@ def card_cells(card: str, gamma: float, threshold: float) -> dict[str, str]:
     return cells
 
 
-def _metric(values: dict, key: str, percent: bool) -> str:
+def _metric(values: dict, key: str, percent: bool | None) -> str:
+    """A cell: a percentage, a CD to 4 places, or (percent None) a radius as it is."""
     value = values.get(key)
     if not isinstance(value, (int, float)):
         return "-"
+    if percent is None:
+        return f"{value:g}"
     return f"{100 * value:.2f} %" if percent else f"{value:.4f}"
 
 
@@ -422,11 +448,13 @@ def _gate_rule(gate: dict) -> str:
 
 PER_IMAGE_TEXT = ("Per image: a release is judged by its worst protected image, not the mean. The certified bound is "
                   "an upper bound on the confidence distance anywhere within {gamma} (L-inf, pixels in [0, 1]) of "
-                  "each forget image, computed from these weights alone by interval bound propagation; anyone "
-                  "holding the weights and the images can recompute it: `python -m ttp_lightning.verify robust "
-                  "RELEASE_DIR IMAGES_DIR`.")
+                  "each forget image, computed from these weights alone (linear bound propagation, CROWN, never "
+                  "looser than interval bounds); an image's certified radius is the largest L-inf radius at which "
+                  "that bound is at most the gate's threshold. Anyone holding the weights and the images can "
+                  "recompute both: `python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR`.")
 PER_IMAGE_KEYS = ("forget_worst_conf_dist", "forget_exposed", "forget_robust_worst_conf_dist", "forget_robust_exposed",
-                  "forget_certified_worst_conf_dist", "forget_certified_share_05", "forget_certified_share_10")
+                  "forget_certified_worst_conf_dist", "forget_certified_share_05", "forget_certified_share_10",
+                  "forget_certified_radius_min", "forget_certified_radius_median")
 
 
 def release_protection(results: dict, method_label: str) -> dict:
@@ -440,7 +468,17 @@ def release_protection(results: dict, method_label: str) -> dict:
             "forget_conf_dist": after.get("forget_conf_dist"), "test_acc": after.get("test_acc"),
             "certified": "certificate" in results, "experiment": results["experiment"],
             "protected": gate["passed"],
-            "release_gate": {k: gate[k] for k in ("conf_dist_at_most", "require", "gamma", "reasons")},
-            "per_image": {"gamma": gate["gamma"], **{k: after.get(k) for k in PER_IMAGE_KEYS}}}
+            "release_gate": {k: gate.get(k) for k in ("conf_dist_at_most", "require", "gamma", "reasons",
+                                                      "min_certified_radius")},
+            "per_image": {"gamma": gate["gamma"], **{k: after.get(k) for k in PER_IMAGE_KEYS},
+                          **_bound_record(results)}}
+
+
+def _bound_record(results: dict) -> dict:
+    """How the method's certified bounds were computed (verify robust recomputes its claims the same way)."""
+    used = (results.get("certified_bound") or {}).get(results["method"]) or {}
+    bounds = results["config"].get("bounds") or {}
+    return {"bound": used.get("bound"), "intermediate": used.get("intermediate"),
+            "radius_step": float(bounds.get("radius_step", 0.25)), "max_radius": float(bounds.get("max_radius", 16.0))}
 
 

@@ -3,10 +3,11 @@ release's certified uniformity without the training data.
 
 For every image under IMAGES_DIR (PNG or JPEG, in any subfolders; labels are not needed) it computes, from the
 release's weights alone, an upper bound on the confidence distance (CD) anywhere in the L-inf ball of radius
-gamma / 255 around the image (interval bound propagation in float64, ttp_lightning.ibp): no perturbation of
-the image within that radius can make the released model more confident than that. A provider, an auditor
-or a data subject holding the images can run it; nothing is trusted but the weights file, whose SHA-256 must
-match the release's config.json, and the images.
+gamma / 255 around the image (linear bound propagation, CROWN, never looser than interval bounds, in float64;
+ttp_lightning.ibp): no perturbation of the image within that radius can make the released model more confident
+than that; and the image's certified radius, the largest radius (0, 1/4, ..., 16 per 255) at which that bound is
+at most --at-most. A provider, an auditor or a data subject holding the images can run it; nothing is trusted
+but the weights file, whose SHA-256 must match the release's config.json, and the images.
 
 The verdict is this checker's own: --gamma and --at-most are its settings (default 8/255 and 0.1), never
 numbers read from the folder. What the folder says is compared with what is recomputed, and a mismatch fails,
@@ -25,15 +26,17 @@ support).
 
 import argparse
 import math
+import statistics
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from ttp_lightning.certificates.schema import SchemaError
 from ttp_lightning.data.forget import fingerprint, set_digest
 from ttp_lightning.data.images import IMAGE_SUFFIXES, Preprocess, inside, read_file
 from ttp_lightning.errors import TTPUserError
-from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
+from ttp_lightning.ibp import UnsupportedLayer
+from ttp_lightning.ibp.linear import INTERMEDIATE
+from ttp_lightning.ibp.uniformity import BOUNDS, MAX_RADIUS, RADIUS_STEP, Certifier
 from ttp_lightning.metrics import conf_dist_of_probs
 from ttp_lightning.protection import stage_summary
 from ttp_lightning.release import (
@@ -65,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--resize", action="store_true",
                         help="resize (shorter side) and centre-crop each image to the model's input size, as "
                              "data.image_size did; without it every image must already have that size")
+    parser.add_argument("--bound", choices=BOUNDS, default="linear",
+                        help="linear (CROWN, never looser than intervals; intervals where a layer has no linear rule) "
+                             "or interval (default linear)")
+    parser.add_argument("--intermediate", choices=("auto", *INTERMEDIATE), default="auto",
+                        help="CROWN's pre-activation bounds: crown, ibp, or auto (crown for networks with at most "
+                             "1024 neurons behind a ReLU feeding another; default)")
     parser.add_argument("--allow-unprotected", action="store_true",
                         help='check a release whose config.json says "protected": false (its gate failed)')
     return parser
@@ -108,11 +117,10 @@ def _between(stated, low: float, high: float) -> bool:
     return low - CLAIM_TOLERANCE <= stated <= high + CLAIM_TOLERANCE
 
 
-def claim_failures(protection: dict, clean: list[float], certified_at: Callable[[float], list[float]],
-                   num_classes: int) -> list[str]:
-    """config.json's claims about its forget set (these images) against what is recomputed from the weights:
-    each number that can be recomputed, the attacked values between the clean CD and the certified bound, and
-    the release's own gate verdict. `certified_at(gamma)`: each image's certified CD within gamma / 255."""
+def claim_failures(protection: dict, recomputed: "Recomputation", num_classes: int) -> list[str]:
+    """config.json's claims about its forget set (these images) against what is recomputed from the weights,
+    by the bound the release states it used: each number that can be recomputed (certified CDs, radii), the
+    attacked values between the clean CD and the certified bound, and the release's own gate verdict."""
     claims, gate = protection["per_image"], protection["release_gate"]
     gamma, threshold = claims["gamma"], gate["conf_dist_at_most"]
     failures = []
@@ -123,15 +131,22 @@ def claim_failures(protection: dict, clean: list[float], certified_at: Callable[
     if not 0.0 <= threshold < 1.0 - 1.0 / num_classes:
         why = f"config.json claims a release gate at CD <= {threshold}, which cannot fail with {num_classes} classes"
         return [*failures, why]
-    certified = certified_at(gamma)
+    grid = (claims.get("radius_step", RADIUS_STEP), claims.get("max_radius", MAX_RADIUS))
+    if not (0 < grid[0] and 0 < grid[1] <= 4096 * grid[0]):
+        return [*failures, f"config.json claims a radius grid of step {grid[0]} up to {grid[1]}, which no run has"]
+    bound = (claims.get("bound") or "interval", claims.get("intermediate") or "crown")  # release/1: intervals
+    clean, certified = recomputed.clean, recomputed.certified(gamma, *bound)
+    radii = recomputed.radius(threshold, *bound, *grid) if "forget_certified_radius_min" in claims else None
 
     def above(values):
         return sum(not value <= threshold for value in values)
 
-    bounds = stage_summary({"certified": certified}, threshold)  # as the run summarised them
+    columns = {"certified": certified, "certified_radius": radii}
+    bounds = stage_summary(columns, threshold)  # as the run summarised them
     measured = {"forget_worst_conf_dist": max(clean), "forget_exposed": above(clean),
                 **{key: bounds[key] for key in ("forget_certified_worst_conf_dist", "forget_certified_share_05",
-                                                "forget_certified_share_10")}}
+                                                "forget_certified_share_10", "forget_certified_radius_min",
+                                                "forget_certified_radius_median") if key in bounds}}
     for key, value in measured.items():
         if not _close(claims[key], value):
             failures.append(f"config.json claims {key} = {claims[key]} within {gamma:g}/255; recomputed from the "
@@ -147,10 +162,11 @@ def claim_failures(protection: dict, clean: list[float], certified_at: Callable[
         if claims[key] is not None and not _between(claims[key], low, high):
             failures.append(f"config.json claims {key} = {claims[key]} within {gamma:g}/255; an attack can only find "
                             f"a value between {low:.6g} (the images) and {high:.6g} (the certified bound)")
-    return failures + gate_claim_failures(protection, clean, certified)
+    return failures + gate_claim_failures(protection, clean, certified, radii)
 
 
-def gate_claim_failures(protection: dict, clean: list[float], certified: list[float]) -> list[str]:
+def gate_claim_failures(protection: dict, clean: list[float], certified: list[float],
+                        radii: list[float] | None) -> list[str]:
     """A release that says it is protected must meet its own stated gate on the recomputed values."""
     gate = protection["release_gate"]
     if not protection["protected"]:
@@ -161,9 +177,14 @@ def gate_claim_failures(protection: dict, clean: list[float], certified: list[fl
         return [f"config.json says protected under a gate that does not require clean: {gate['require']}"]
     threshold, attacked = gate["conf_dist_at_most"], protection["per_image"]["forget_robust_worst_conf_dist"]
     worst = {"clean": max(clean), "certified": max(certified), "attacked": attacked}
-    return [f"config.json says protected with every forget image's {kind} CD <= {threshold}, but the worst is "
-            f"{worst[kind]}" for kind in gate["require"]
-            if not (isinstance(worst[kind], (int, float)) and worst[kind] <= threshold)]
+    failures = [f"config.json says protected with every forget image's {kind} CD <= {threshold}, but the worst is "
+                f"{worst[kind]}" for kind in gate["require"]
+                if not (isinstance(worst[kind], (int, float)) and worst[kind] <= threshold)]
+    least = gate.get("min_certified_radius")
+    if least is not None and not (radii is not None and min(radii) >= least):
+        failures.append(f"config.json says protected with every forget image certified within {least}/255, but the "
+                        f"smallest certified radius recomputes to {None if radii is None else min(radii)}")
+    return failures
 
 
 def folder_failures(release: Path, config: dict) -> list[str]:
@@ -193,11 +214,47 @@ def folder_failures(release: Path, config: dict) -> list[str]:
     return failures
 
 
-def recompute(release: Path, config: dict, images_dir: Path, gamma: float, resize: bool):
-    """(files, pixels, clean CDs, certified_at) from the weights and the images alone; `certified_at(g)` bounds
-    each image's CD within g / 255 (computed once per radius)."""
-    import torch
+class Recomputation:
+    """What verify recomputes from the weights and the images alone: each image's clean CD and, per bound
+    (linear or interval, CROWN's intermediate mode), certified CDs at a radius and certified radii at a
+    threshold, each computed once."""
 
+    def __init__(self, model, images, budget: int = 1024):
+        import torch
+
+        self.model, self.images, self.budget = model, images, budget
+        self._certifiers: dict = {}
+        self._values: dict = {}
+        with torch.no_grad():
+            self.clean = conf_dist_of_probs(model(images).softmax(-1).double()).tolist()
+
+    def certifier(self, bound: str, intermediate: str) -> Certifier:
+        """One Certifier per bound actually used (`auto` resolved first, so it shares the mode it resolves to)."""
+        if intermediate == "auto" and bound == "linear":
+            intermediate = Certifier(self.model, bound, budget=self.budget, intermediate="auto").resolve(self.images[:1])
+        key = (bound, intermediate if bound == "linear" else None)
+        if key not in self._certifiers:
+            self._certifiers[key] = Certifier(self.model, bound, intermediate=intermediate, budget=self.budget)
+        return self._certifiers[key]
+
+    def certified(self, gamma: float, bound: str = "linear", intermediate: str = "auto") -> list[float]:
+        certifier = self.certifier(bound, intermediate)
+        key = ("certified", gamma, id(certifier))
+        if key not in self._values:
+            self._values[key] = certifier.conf_dist(self.images, gamma).tolist()
+        return self._values[key]
+
+    def radius(self, at_most: float, bound: str = "linear", intermediate: str = "auto", step: float = RADIUS_STEP,
+               largest: float = MAX_RADIUS) -> list[float]:
+        certifier = self.certifier(bound, intermediate)
+        key = ("radius", at_most, id(certifier), step, largest)
+        if key not in self._values:
+            self._values[key] = certifier.radius(self.images, at_most, step, largest).tolist()
+        return self._values[key]
+
+
+def recompute(release: Path, config: dict, images_dir: Path, resize: bool):
+    """(files, pixels, Recomputation) from the weights and the images alone."""
     if not (release / CARD).is_file():
         raise TTPUserError(f"{str(release)!r} holds no {CARD}; a release folder holds model.safetensors, config.json "
                            f"and {CARD}")
@@ -205,18 +262,7 @@ def recompute(release: Path, config: dict, images_dir: Path, gamma: float, resiz
     files = image_files(images_dir)
     given = config["input"]
     pixels = read_images(files, given["channels"], given["image_size"], resize)
-    images = pixels.float() / 255.0
-    bounds: dict[float, list[float]] = {}
-
-    def certified_at(radius: float) -> list[float]:
-        if radius not in bounds:
-            bounds[radius] = certified_conf_dist(model, images, radius).tolist()
-        return bounds[radius]
-
-    certified_at(gamma)  # an unsupported layer is unusable input: found before anything is printed
-    with torch.no_grad():
-        clean = conf_dist_of_probs(model(images).softmax(-1).double()).tolist()
-    return files, pixels, clean, certified_at
+    return files, pixels, Recomputation(model, pixels.float() / 255.0)
 
 
 def main(argv: list[str]) -> int:
@@ -224,8 +270,10 @@ def main(argv: list[str]) -> int:
     try:
         check_arguments(args.gamma, args.at_most)
         config = read_release_config(args.release)
-        files, pixels, clean, certified_at = recompute(args.release, config, args.images, args.gamma, args.resize)
-        bounds = certified_at(args.gamma)
+        files, pixels, recomputed = recompute(args.release, config, args.images, args.resize)
+        bounds = recomputed.certified(args.gamma, args.bound, args.intermediate)
+        radii = recomputed.radius(args.at_most, args.bound, args.intermediate)
+        used = recomputed.certifier(args.bound, args.intermediate)
     except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SchemaError,
             UnsupportedLayer) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -238,11 +286,14 @@ def main(argv: list[str]) -> int:
         print(f"{'checked as asked (--allow-unprotected): ' if args.allow_unprotected else 'FAIL: '}{unprotected}")
         if not args.allow_unprotected:
             failures.append(f"{unprotected}; --allow-unprotected checks its bounds anyway")
-    print(f"{'image':<40}  {'clean CD':>8}  {'certified CD':>12}  (L-inf {args.gamma:g}/255, at most {args.at_most:g})")
-    for path, value, bound in zip(files, clean, bounds):
+    how = used.bound + (f", intermediate {used.intermediate}" if used.bound == "linear" else "") + \
+        (f"; linear bounds fell back: {used.fallback}" if used.fallback else "")
+    print(f"{'image':<40}  {'clean CD':>8}  {'certified CD':>12}  {'radius':>6}  (L-inf {args.gamma:g}/255, at most "
+          f"{args.at_most:g}; {how} bounds)")
+    for path, value, bound, radius in zip(files, recomputed.clean, bounds, radii):
         name = str(path.relative_to(args.images))
         ok = bound <= args.at_most and math.isfinite(value)  # NaN is never at most anything
-        print(f"{name[-40:]:<40}  {value:8.4f}  {bound:12.4f}  {'ok' if ok else 'ABOVE'}")
+        print(f"{name[-40:]:<40}  {value:8.4f}  {bound:12.4f}  {radius:6g}  {'ok' if ok else 'ABOVE'}")
         if not ok:
             failures.append(f"{name}: certified CD {bound:.4f} (clean {value:.4f}) is not <= {args.at_most:g} within "
                             f"{args.gamma:g}/255")
@@ -251,7 +302,7 @@ def main(argv: list[str]) -> int:
     if set_digest(fingerprint(image) for image in pixels) == protection["forget_set_digest"]:
         print(f"these {len(files)} images are the release's forget set (its set digest matches config.json); its "
               "claims about them are compared with what is recomputed")
-        failures += claim_failures(protection, clean, certified_at, config["input"]["num_classes"])
+        failures += claim_failures(protection, recomputed, config["input"]["num_classes"])
     else:
         print(f"these {len(files)} images are not exactly the release's forget set (set digest differs from "
               "config.json); each bound above is still a proof for its own image")
@@ -260,5 +311,6 @@ def main(argv: list[str]) -> int:
     if failures:
         return EXIT_FAIL
     print(f"verified: every one of the {len(files)} images has certified CD <= {args.at_most:g} anywhere within "
-          f"{args.gamma:g}/255 (worst {max(bounds):.4f}), from the weights alone")
+          f"{args.gamma:g}/255 (worst {max(bounds):.4f}; certified radius min {min(radii):g}/255, median "
+          f"{statistics.median(radii):g}/255), from the weights alone")
     return EXIT_OK

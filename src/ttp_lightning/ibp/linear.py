@@ -114,24 +114,28 @@ class LinearBounds:
 
     # ------------------------------------------------------------------------------- the ReLUs' intervals
     def bounds(self, node: fx.Node) -> Box:
+        """A ReLU input's pre-activation bounds: the interval pass rerun from the bounds already tightened
+        before it, then, for the neurons still unstable in some image (the only ones whose relaxation the
+        bounds' values change), CROWN's, the tighter of the two at every neuron."""
         if node in self.tightened:
             return self.tightened[node]
         box = self.env[node]
         if self.intermediate == "ibp" or node is self.input:
             return box
+        refined = run_graph(self.net, self.graph, self.env[self.input], until=node, known=self.tightened)[node]
+        box = Box(torch.maximum(box.lower, refined.lower), torch.minimum(box.upper, refined.upper))
         images, shape = box.lower.shape[0], box.lower.shape[1:]
-        count = box.lower[0].numel()
-        step = self.chunk(images)
-        lower, upper = [], []
-        for start in range(0, count, step):
-            rows = torch.arange(start, min(start + step, count), device=box.lower.device)
+        flat_lower, flat_upper = box.lower.flatten(1).clone(), box.upper.flatten(1).clone()
+        unstable = ((flat_lower < 0) & (flat_upper > 0)).any(0).nonzero().flatten()
+        step, count = self.chunk(images), flat_lower.shape[1]
+        for start in range(0, len(unstable), step):
+            rows = unstable[start:start + step]
             spec = torch.zeros(len(rows), images, count, dtype=box.lower.dtype, device=box.lower.device)
             spec[torch.arange(len(rows)), :, rows] = 1.0
             spec = spec.view(len(rows), images, *shape)
-            lower.append(self.lower_bound(node, spec))
-            upper.append(-self.lower_bound(node, -spec))
-        crown = Box(torch.cat(lower).T.reshape(box.lower.shape), torch.cat(upper).T.reshape(box.lower.shape))
-        self.tightened[node] = Box(torch.maximum(box.lower, crown.lower), torch.minimum(box.upper, crown.upper))
+            flat_lower[:, rows] = torch.maximum(flat_lower[:, rows], self.lower_bound(node, spec).T)
+            flat_upper[:, rows] = torch.minimum(flat_upper[:, rows], -self.lower_bound(node, -spec).T)
+        self.tightened[node] = Box(flat_lower.view_as(box.lower), flat_upper.view_as(box.upper))
         return self.tightened[node]
 
     # ------------------------------------------------------------------------------- the backward pass
@@ -204,6 +208,30 @@ class LinearBounds:
         if node.op == "call_function":
             return OUT_OF_PLACE.get(node.target, node.target)(*args, **kwargs)
         return getattr(args[0], node.target)(*args[1:], **kwargs)
+
+
+def deep_relu_neurons(net: nn.Module, image: torch.Tensor, graph: fx.GraphModule | None = None) -> int:
+    """Neurons per image at the input of a ReLU that has another ReLU before it: the ones whose pre-activation
+    bounds CROWN tightens by backward passes of their own (its cost on a network; the others are affine in the
+    input, where the interval pass is as good or the bound is cheap)."""
+    graph = trace(net) if graph is None else graph
+    env = run_graph(net, graph, Box(image, image))
+    relus = [node for node in graph.graph.nodes if _is_box(env.get(node)) and is_relu(net, node)]
+
+    def behind_relu(node: fx.Node) -> bool:
+        stack, seen = list(node.all_input_nodes), set()
+        while stack:
+            current = stack.pop()
+            if current in seen or not _is_box(env.get(current)):
+                continue
+            seen.add(current)
+            if is_relu(net, current):
+                return True
+            stack.extend(current.all_input_nodes)
+        return False
+
+    inputs = {node.all_input_nodes[0] for node in relus}
+    return sum(env[node].lower[0].numel() for node in inputs if behind_relu(node))
 
 
 def _add_to(coefficients: dict, node: fx.Node, weights: torch.Tensor) -> None:

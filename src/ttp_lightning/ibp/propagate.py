@@ -218,11 +218,14 @@ def _lookup(env: dict, value):
     return value
 
 
-def run_graph(net: nn.Module, graph: fx.GraphModule, box: Box, until: fx.Node | None = None) -> dict:
+def run_graph(net: nn.Module, graph: fx.GraphModule, box: Box, until: fx.Node | None = None,
+              known: dict | None = None) -> dict:
     """Every node's value (a Box where it depends on the input) in the graph's order, up to and including
     `until` (default: all). Modules, parameters and buffers are looked up on `net` itself, so a graph traced
-    once stays right after `net` moves to another device or its weights change."""
+    once stays right after `net` moves to another device or its weights change. `known` holds tighter boxes
+    already proven for some nodes (linear bounds): each replaces the interval one where it is computed."""
     env: dict = {}
+    known = known or {}
     for node in graph.graph.nodes:
         args, kwargs = _lookup(env, node.args), _lookup(env, node.kwargs)
         if node.op == "placeholder":
@@ -238,6 +241,8 @@ def run_graph(net: nn.Module, graph: fx.GraphModule, box: Box, until: fx.Node | 
             env[node] = _method(node, args, kwargs)
         elif node.op == "output":
             env[node] = args[0]
+        if node in known:
+            env[node] = known[node]
         if node is until:
             break
     return env

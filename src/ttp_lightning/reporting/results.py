@@ -131,13 +131,17 @@ PER_IMAGE_COLUMNS = [("forget_worst_conf_dist", "worst CD", "{:.4f}"), ("forget_
                      ("forget_robust_exposed", "attacked > {t}", "{:d}"),
                      ("forget_certified_worst_conf_dist", "worst certified", "{:.4f}"),
                      ("forget_certified_share_05", "certified <= 0.05", "{:.0%}"),
-                     ("forget_certified_share_10", "certified <= 0.1", "{:.0%}")]
+                     ("forget_certified_share_10", "certified <= 0.1", "{:.0%}"),
+                     ("forget_certified_radius_min", "radius min", "{:g}"),
+                     ("forget_certified_radius_median", "radius median", "{:g}")]
 
 
 def per_image_title(results: dict) -> str:
     gate = results["release_gate"]
+    bound = next((b["bound"] for b in (results.get("certified_bound") or {}).values() if b.get("bound")), None)
     return (f"forget images one by one ({results['data']['forget_size']} images; attacked and certified within "
-            f"{gate['gamma']:g}/255; certified: a bound no attack can exceed)")
+            f"{gate['gamma']:g}/255; certified: a bound no attack can exceed" + (f", by {bound} bounds" if bound else "")
+            + f"; radius: the largest L-inf radius, in 1/255, certified at CD <= {gate['conf_dist_at_most']:g})")
 
 
 def per_image_summary_rows(metrics: dict[str, dict], gate: dict) -> list[list[str]]:

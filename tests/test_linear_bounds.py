@@ -161,3 +161,38 @@ def test_the_radius_search_matches_a_full_scan_and_grows_with_the_threshold(boun
         previous = radius
         seen |= set(radius.tolist())
     assert len(seen) >= 5  # the radii are spread over the grid, so the comparison says something
+
+
+@pytest.mark.parametrize("name,net,shape", [_networks()[i] for i in (0, 2, 4, 5)], ids=["mlp", "cnn", "residual", "resnet8"])
+def test_the_crown_ibp_training_term_bounds_the_ball_and_its_gradient_is_the_true_one(name, net, shape):
+    """Robust Alg 1's bound term with bound_term=linear (CROWN-IBP): an upper bound on KL(u || p) at 10,000
+    points of each ball, never above the interval term, and its gradient in the weights equal to the finite
+    difference along a random direction (the backward pass runs through torch.func's transposes)."""
+    import math
+
+    from ttp_lightning.ibp.uniformity import reverse_kl_upper_bound
+
+    net = _randomise_batchnorm(net)
+    images = torch.rand((2, *shape), dtype=torch.float64) * 0.6 + 0.2
+    linear_term = reverse_kl_upper_bound(net, images, 12 / 255, bound="linear")
+    with torch.no_grad():
+        interval_term = reverse_kl_upper_bound(net, images, 12 / 255)
+        lower, upper = input_box(images, 12 / 255)
+        for n in range(len(images)):
+            logits = torch.cat([net(chunk) for chunk in _points(lower[n:n + 1], upper[n:n + 1], POINTS).split(2500)])
+            kl = torch.logsumexp(logits, -1) - logits.mean(-1) - math.log(logits.shape[-1])
+            assert (kl <= linear_term[n] + TOLERANCE).all(), name
+    assert (linear_term <= interval_term + 1e-12).all()
+    params = [p for p in net.parameters() if p.requires_grad]
+    gradients = torch.autograd.grad(linear_term.sum(), params)
+    torch.manual_seed(3)
+    direction = [torch.randn_like(p) for p in params]
+    step = 1e-6
+    with torch.no_grad():
+        for p, d in zip(params, direction):
+            p += step * d
+        moved = reverse_kl_upper_bound(net, images, 12 / 255, bound="linear").sum()
+        for p, d in zip(params, direction):
+            p -= step * d
+    predicted = sum((g * d).sum() for g, d in zip(gradients, direction))
+    assert abs(float((moved - linear_term.sum()) / step - predicted)) <= 1e-4 * max(1.0, abs(float(predicted)))

@@ -36,6 +36,7 @@ class AdversarialSettings:
     clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked) + interval_weight B(clean)
     interval_weight: float = 0.0       # B: the interval bound on KL(u || p) over the training ball
     interval_ramp_epochs: int = 10     # B's radius grows linearly to the training radius over these epochs
+    bound_term: str = "interval"       # B by interval bounds, or linear (CROWN-IBP: tighter, about 2x the cost)
     radius_rule: str = "fixed"         # retain: the training radius steps down a rung of RADIUS_RUNGS after an
                                        # epoch that breaks the retain rule and up one after an epoch that keeps it
     eval_steps: int = 20

@@ -33,6 +33,7 @@ from torch import fx, nn
 from torch.func import vjp, vmap
 
 from ttp_lightning.ibp.propagate import ADDITIONS, Box, UnsupportedLayer, _is_box, run_graph, trace
+from ttp_lightning.ibp.propagate import centred_logit_upper_bounds as interval_centred
 from ttp_lightning.ibp.propagate import logit_difference_lower_bounds as interval_differences
 
 AFFINE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.AvgPool1d, nn.AvgPool2d,
@@ -264,3 +265,21 @@ def logit_difference_lower_bounds(net: nn.Module, lower: torch.Tensor, upper: to
     crown = torch.cat(rows).T.reshape(images, classes, classes)  # (n, j, c): row j * K + c, e_j - e_c
     crown = crown - torch.diag_embed(torch.diagonal(crown, dim1=1, dim2=2))
     return torch.maximum(crown, interval_differences(net, lower, upper, propagation.graph))
+
+
+def centred_logit_upper_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor,
+                               graph: fx.GraphModule | None = None, memory: int = MEMORY) -> torch.Tensor:
+    """[N, K]: entry (n, j) bounds z_j - mean(z) from above over image n's box by CROWN-IBP (the ReLUs' inputs
+    from the interval pass, CROWN from the output back; Zhang et al. 2020), intersected with the interval bound.
+    Differentiable in the network's weights (torch.func's transposes compose with autograd): robust Alg 1's bound
+    term with `bound_term=linear`. BatchNorm layers must be in eval mode."""
+    propagation = LinearBounds(net, lower, upper, graph, "ibp", memory)
+    if propagation.output not in propagation.bounded:
+        raise UnsupportedLayer("the network's output does not depend on its input")
+    images, classes = propagation.env[propagation.output].lower.shape
+    eye = torch.eye(classes, dtype=lower.dtype, device=lower.device)
+    spec = ((1.0 / classes) - eye)[:, None, :].expand(-1, images, -1)  # row j: -(e_j - 1/K): a lower bound on it
+    step = propagation.chunk(images)
+    rows = [propagation.lower_bound(propagation.output, spec[start:start + step].contiguous())
+            for start in range(0, classes, step)]
+    return torch.minimum(-torch.cat(rows).T, interval_centred(net, lower, upper, propagation.graph))

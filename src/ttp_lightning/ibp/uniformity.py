@@ -10,7 +10,7 @@ so max_c of the right-hand side, minus 1/K, bounds the confidence distance (CD) 
 provable statement anyone holding the released weights and the image can recompute (`python -m
 ttp_lightning.verify robust`). At gamma = 0 it is the clean CD.
 
-For training (robust Alg 1's interval term, as GOOD, Bitterwolf et al. 2020), the reverse KL divergence
+For training (robust Alg 1's bound term: intervals as GOOD, Bitterwolf et al. 2020, or CROWN-IBP), the reverse KL divergence
 KL(u || softmax z) = logsumexp_j (z_j - mean z) - log K is bounded over B by logsumexp_j of upper bounds on
 z_j - mean z. It is 0 only where the output is uniform on the whole box, it bounds KL(u || p) at every point
 (so, by Pinsker's inequality, max_c p_c - 1/K <= sqrt(bound / 2) there), and unlike a bound on the top
@@ -133,10 +133,15 @@ def confidence_upper_bound(difference_lower: torch.Tensor) -> torch.Tensor:
     return torch.exp(-torch.logsumexp(difference_lower, dim=1)).amax(dim=-1)
 
 
-def reverse_kl_upper_bound(net: nn.Module, images: torch.Tensor, radius: float, graph=None) -> torch.Tensor:
+def reverse_kl_upper_bound(net: nn.Module, images: torch.Tensor, radius: float, graph=None,
+                           bound: str = "interval") -> torch.Tensor:
     """[N]: an upper bound on KL(u || softmax(net(x'))) for every x' in the ball of `radius` ([0, 1] pixel
-    units) around each image; differentiable in the network's weights (robust Alg 1's interval term).
-    BatchNorm layers must be in eval mode."""
+    units) around each image; differentiable in the network's weights (robust Alg 1's bound term). `bound`:
+    interval, or linear (CROWN-IBP, never looser: ibp.linear.centred_logit_upper_bounds). BatchNorm layers must
+    be in eval mode."""
+    if bound not in BOUNDS:
+        raise ValueError(f"bound={bound!r}; choose one of {', '.join(BOUNDS)}")
     lower, upper = input_box(images, radius)
-    centred = centred_logit_upper_bounds(net, lower, upper, graph)
+    centred = (linear.centred_logit_upper_bounds if bound == "linear" else centred_logit_upper_bounds)(
+        net, lower, upper, graph)
     return torch.logsumexp(centred, dim=-1) - math.log(centred.shape[-1])

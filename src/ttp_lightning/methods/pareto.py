@@ -16,6 +16,7 @@ from ttp_lightning.config_schema import CertifiedSchema, EarlyStoppingSchema, Ma
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import evaluate
+from ttp_lightning.ibp.uniformity import BOUNDS
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.models.optim import optimizer_settings
@@ -80,6 +81,7 @@ def check_adversarial(adversarial: AdversarialSettings) -> None:
     checks.positive(adversarial.step_size, "method.adversarial.step_size")
     checks.choice(adversarial.objective, "method.adversarial.objective", list(OBJECTIVES))
     checks.choice(adversarial.radius_rule, "method.adversarial.radius_rule", ["fixed", "retain"])
+    checks.choice(adversarial.bound_term, "method.adversarial.bound_term", list(BOUNDS))
     if not adversarial.surrogate_betas:
         raise TTPUserError("method.adversarial.surrogate_betas=[] is not allowed; list at least one beta > 0 or null")
     for key in ("surrogate_betas", "eval_surrogate_betas"):

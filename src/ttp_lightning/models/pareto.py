@@ -132,12 +132,13 @@ class ParetoFinetuneModule(PartsValidationMixin):
         return self.train_radius() * fraction
 
     def _interval_bound(self, images):
-        """Each image's upper bound on KL(u || p) over its training ball, with BatchNorm's running statistics
-        (the function the released model computes)."""
+        """Each image's upper bound on KL(u || p) over its training ball (by `bound_term`: interval or
+        CROWN-IBP), with BatchNorm's running statistics (the function the released model computes)."""
         if not self._graph:
             self._graph.append(trace(self.net))
         with evaluating(self.net):
-            return reverse_kl_upper_bound(self.net, images, self._interval_radius(), self._graph[0])
+            return reverse_kl_upper_bound(self.net, images, self._interval_radius(), self._graph[0],
+                                          self.adversarial.bound_term)
 
     def _retain_loss(self, images, labels):
         with batchnorm_in_eval_mode(self.net, self.retain_batchnorm == "eval"):

@@ -228,6 +228,9 @@ SAFE = {
     "config.json protection.per_image.forget_robust_worst_conf_dist": "an attack's result, not a bound: verify "
         "checks only that it lies between the clean CD and the certified bound; the verdict never uses it",
     "config.json protection.per_image.forget_robust_exposed": "the same, as a count",
+    "config.json protection.per_image.slope_steps": "how the claims were computed (alpha-CROWN's steps): they are "
+        "recomputed that way and must still match (on this tiny MLP CROWN's own slopes give the same worst bounds); "
+        "the verdict uses verify's own --slope-steps",
     "MODEL_CARD.md (prose and the before column)": "text and the starting model's numbers, for people: verify reads "
         "only the title (against \"protected\") and the after cells config.json also claims",
     "MODEL_CARD.md row 'retain accuracy'": "needs the retain set, which verify does not have",
@@ -364,6 +367,23 @@ def test_verify_robust_recomputes_each_images_certified_radius_and_fails_an_edit
     assert code == 1 and "config.json claims forget_certified_radius_min" in text
 
 
+def test_the_stated_slope_steps_are_bounded_work_and_verifys_own_are_checked(genuine, tmp_path):
+    """alpha-CROWN's steps: the release states the ones its claims were computed with (recomputed the same way);
+    a number that would make a checker spin is refused in one line, and so is verify's own out of range."""
+    release = _copy(genuine, tmp_path / "release")
+    config = _config(release)
+    assert config["protection"]["per_image"]["slope_steps"] == 0  # one ReLU layer: CROWN's own slopes
+    for steps in (1001, 10**9):
+        config["protection"]["per_image"]["slope_steps"] = steps
+        _write_config(release, config)
+        code, text = _check(release, genuine.forget, "--gamma", "0")
+        assert code == 2 and "slope_steps" in text and "not allowed" in text and text.count("\n") == 1
+    code, text = _check(genuine.release, genuine.forget, "--gamma", "0", "--slope-steps", "-1")
+    assert code == 2 and text.startswith("error: cannot verify: --slope-steps=-1 is not allowed")
+    code, text = _check(genuine.release, genuine.forget, "--gamma", "2", "--slope-steps", "0")
+    assert code in (0, 1) and "slope steps" not in text.splitlines()[0]
+
+
 def test_a_release_of_the_earlier_format_loads_and_verifies_without_radius_claims(genuine, tmp_path):
     """ttp_lightning.release/1 (before the certified radius): still loaded and verified; its claims were computed
     with interval bounds, and it claims no radius."""
@@ -374,7 +394,7 @@ def test_a_release_of_the_earlier_format_loads_and_verifies_without_radius_claim
     config = _config(release)
     config["format"] = "ttp_lightning.release/1"
     for key in ("forget_certified_radius_min", "forget_certified_radius_median", "bound", "intermediate",
-                "radius_step", "max_radius"):
+                "slope_steps", "radius_step", "max_radius"):
         del config["protection"]["per_image"][key]
     del config["protection"]["release_gate"]["min_certified_radius"]
     net = load_released(release)

@@ -99,12 +99,15 @@ class BoundsSchema:
 
     kind: BoundKind = BoundKind["linear"]
     intermediate: Intermediate = Intermediate["auto"]
-    intermediate_budget: int = 1024
+    intermediate_budget: int = 4096
+    slope_steps: int = 20
     radius_step: float = 0.25
     max_radius: float = 16.0
 
     def __post_init__(self) -> None:
         checks.at_least_zero(self.intermediate_budget, "bounds.intermediate_budget")
+        if self.slope_steps != 0:
+            checks.positive_int(self.slope_steps, "bounds.slope_steps")
         checks.positive(self.radius_step, "bounds.radius_step")
         checks.positive(self.max_radius, "bounds.max_radius")
         if self.max_radius / self.radius_step > 4096:

@@ -185,7 +185,7 @@ def account_per_image(results: dict, models: dict, datamodule, attacks: AttacksS
             results["certified"][stage] = {g: stage_summary({"certified": values}, threshold)
                                            for g, values in certified.by_gamma.items()}
         results["certified_bound"][stage] = {"bound": certified.bound, "intermediate": certified.intermediate,
-                                             "note": certified.note}
+                                             "slope_steps": certified.slope_steps, "note": certified.note}
         results["metrics"][stage].update(stage_summary(columns[stage], threshold))
     if note:
         results["certified_note"] = note

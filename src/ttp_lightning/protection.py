@@ -235,6 +235,7 @@ class CertifiedBounds:
     bound: str | None = None
     intermediate: str | None = None
     note: str | None = None
+    slope_steps: int = 0
 
 
 def certified_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], device, bounds,
@@ -242,7 +243,7 @@ def certified_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], 
     """Every image's certified CD at each radius and its certified radius at `threshold`, by `bounds`
     (config_schema.BoundsSchema; the certified column reads "-" when the network has a layer no bound supports)."""
     certifier = Certifier(net, str(bounds.kind), device, intermediate=str(bounds.intermediate),
-                          budget=int(bounds.intermediate_budget))
+                          budget=int(bounds.intermediate_budget), slope_steps=int(bounds.slope_steps))
     try:
         by_gamma = {f"{float(g):g}": certifier.conf_dist(images, float(g)).tolist() for g in gammas}
         radius = certifier.radius(images, threshold, float(bounds.radius_step), float(bounds.max_radius),
@@ -253,4 +254,5 @@ def certified_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], 
     if certifier.fallback:
         log.warning("linear bounds fell back to interval bounds: %s", certifier.fallback)
     return CertifiedBounds(by_gamma, radius, certifier.bound,
-                           certifier.intermediate if certifier.bound == "linear" else None, certifier.fallback)
+                           certifier.intermediate if certifier.bound == "linear" else None, certifier.fallback,
+                           certifier.slopes_used)

@@ -90,10 +90,19 @@ PER_IMAGE_FIELDS_1 = {"gamma": finite, "forget_worst_conf_dist": optional(finite
                       "forget_robust_worst_conf_dist": optional(finite), "forget_robust_exposed": optional(count),
                       "forget_certified_worst_conf_dist": optional(finite),
                       "forget_certified_share_05": optional(fraction), "forget_certified_share_10": optional(fraction)}
+MAX_SLOPE_STEPS = 1000  # a checker recomputes the claims with the stated steps: a bounded amount of work
+
+
+def _slope_steps(value, key):
+    if count(value, key) > MAX_SLOPE_STEPS:
+        raise SchemaError(f"{key}={value} is not allowed; expected an integer in [0, {MAX_SLOPE_STEPS}]")
+    return value
+
+
 PER_IMAGE_FIELDS = {**PER_IMAGE_FIELDS_1,
                     "forget_certified_radius_min": optional(finite), "forget_certified_radius_median": optional(finite),
                     "bound": optional(one_of("linear", "interval")), "intermediate": optional(one_of("crown", "ibp")),
-                    "radius_step": finite, "max_radius": finite}
+                    "slope_steps": optional(_slope_steps), "radius_step": finite, "max_radius": finite}
 
 
 def _require(value, key):
@@ -478,7 +487,7 @@ def _bound_record(results: dict) -> dict:
     """How the method's certified bounds were computed (verify robust recomputes its claims the same way)."""
     used = (results.get("certified_bound") or {}).get(results["method"]) or {}
     bounds = results["config"].get("bounds") or {}
-    return {"bound": used.get("bound"), "intermediate": used.get("intermediate"),
+    return {"bound": used.get("bound"), "intermediate": used.get("intermediate"), "slope_steps": used.get("slope_steps"),
             "radius_step": float(bounds.get("radius_step", 0.25)), "max_radius": float(bounds.get("max_radius", 16.0))}
 
 

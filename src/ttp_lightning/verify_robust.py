@@ -35,12 +35,13 @@ from ttp_lightning.data.forget import fingerprint, set_digest
 from ttp_lightning.data.images import IMAGE_SUFFIXES, Preprocess, inside, read_file
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.ibp import UnsupportedLayer
-from ttp_lightning.ibp.linear import INTERMEDIATE
+from ttp_lightning.ibp.linear import INTERMEDIATE, INTERMEDIATE_BUDGET, SLOPE_STEPS
 from ttp_lightning.ibp.uniformity import BOUNDS, MAX_RADIUS, RADIUS_STEP, Certifier
 from ttp_lightning.metrics import conf_dist_of_probs
 from ttp_lightning.protection import stage_summary
 from ttp_lightning.release import (
     CARD,
+    MAX_SLOPE_STEPS,
     card_cells,
     effect_rows,
     network_of,
@@ -73,18 +74,23 @@ def _parser() -> argparse.ArgumentParser:
                              "or interval (default linear)")
     parser.add_argument("--intermediate", choices=("auto", *INTERMEDIATE), default="auto",
                         help="CROWN's pre-activation bounds: crown, ibp, or auto (crown for networks with at most "
-                             "1024 neurons behind a ReLU feeding another; default)")
+                             f"{INTERMEDIATE_BUDGET} neurons behind a ReLU feeding another; default)")
+    parser.add_argument("--slope-steps", type=int, default=SLOPE_STEPS, metavar="S",
+                        help="with intermediate crown, where a ReLU feeds another: alpha-CROWN's steps on the final "
+                             f"bounds' ReLU slopes, 0..1000 (default {SLOPE_STEPS}; 0: CROWN's own slopes)")
     parser.add_argument("--allow-unprotected", action="store_true",
                         help='check a release whose config.json says "protected": false (its gate failed)')
     return parser
 
 
-def check_arguments(gamma: float, at_most: float) -> None:
-    """verify's own radius and threshold: finite, in range (argparse reads 'nan' as a float)."""
+def check_arguments(gamma: float, at_most: float, slope_steps: int = SLOPE_STEPS) -> None:
+    """verify's own radius, threshold and slope steps: finite, in range (argparse reads 'nan' as a float)."""
     if not 0.0 <= gamma <= MAX_GAMMA:
         raise TTPUserError(f"--gamma={gamma:g} is not allowed; choose a radius in [0, {MAX_GAMMA:g}] (units of 1/255)")
     if not 0.0 <= at_most < 1.0:
         raise TTPUserError(f"--at-most={at_most:g} is not allowed; choose a CD in [0, 1)")
+    if not 0 <= slope_steps <= MAX_SLOPE_STEPS:
+        raise TTPUserError(f"--slope-steps={slope_steps} is not allowed; choose an integer in [0, {MAX_SLOPE_STEPS}]")
 
 
 def image_files(folder: Path) -> list[Path]:
@@ -134,7 +140,8 @@ def claim_failures(protection: dict, recomputed: "Recomputation", num_classes: i
     grid = (claims.get("radius_step", RADIUS_STEP), claims.get("max_radius", MAX_RADIUS))
     if not (0 < grid[0] and 0 < grid[1] <= 4096 * grid[0]):
         return [*failures, f"config.json claims a radius grid of step {grid[0]} up to {grid[1]}, which no run has"]
-    bound = (claims.get("bound") or "interval", claims.get("intermediate") or "crown")  # release/1: intervals
+    bound = (claims.get("bound") or "interval", claims.get("intermediate") or "crown",  # release/1: intervals
+             claims.get("slope_steps") or 0)
     clean, certified = recomputed.clean, recomputed.certified(gamma, *bound)
     radii = recomputed.radius(threshold, *bound, *grid) if "forget_certified_radius_min" in claims else None
 
@@ -219,7 +226,7 @@ class Recomputation:
     (linear or interval, CROWN's intermediate mode), certified CDs at a radius and certified radii at a
     threshold, each computed once."""
 
-    def __init__(self, model, images, budget: int = 1024):
+    def __init__(self, model, images, budget: int = INTERMEDIATE_BUDGET):
         import torch
 
         self.model, self.images, self.budget = model, images, budget
@@ -228,25 +235,28 @@ class Recomputation:
         with torch.no_grad():
             self.clean = conf_dist_of_probs(model(images).softmax(-1).double()).tolist()
 
-    def certifier(self, bound: str, intermediate: str) -> Certifier:
+    def certifier(self, bound: str, intermediate: str, slope_steps: int = SLOPE_STEPS) -> Certifier:
         """One Certifier per bound actually used (`auto` resolved first, so it shares the mode it resolves to)."""
         if intermediate == "auto" and bound == "linear":
             intermediate = Certifier(self.model, bound, budget=self.budget, intermediate="auto").resolve(self.images[:1])
-        key = (bound, intermediate if bound == "linear" else None)
+        linear = bound == "linear"
+        key = (bound, intermediate if linear else None, slope_steps if linear and intermediate == "crown" else 0)
         if key not in self._certifiers:
-            self._certifiers[key] = Certifier(self.model, bound, intermediate=intermediate, budget=self.budget)
+            self._certifiers[key] = Certifier(self.model, bound, intermediate=intermediate, budget=self.budget,
+                                              slope_steps=slope_steps)
         return self._certifiers[key]
 
-    def certified(self, gamma: float, bound: str = "linear", intermediate: str = "auto") -> list[float]:
-        certifier = self.certifier(bound, intermediate)
+    def certified(self, gamma: float, bound: str = "linear", intermediate: str = "auto",
+                  slope_steps: int = SLOPE_STEPS) -> list[float]:
+        certifier = self.certifier(bound, intermediate, slope_steps)
         key = ("certified", gamma, id(certifier))
         if key not in self._values:
             self._values[key] = certifier.conf_dist(self.images, gamma).tolist()
         return self._values[key]
 
-    def radius(self, at_most: float, bound: str = "linear", intermediate: str = "auto", step: float = RADIUS_STEP,
-               largest: float = MAX_RADIUS) -> list[float]:
-        certifier = self.certifier(bound, intermediate)
+    def radius(self, at_most: float, bound: str = "linear", intermediate: str = "auto",
+               slope_steps: int = SLOPE_STEPS, step: float = RADIUS_STEP, largest: float = MAX_RADIUS) -> list[float]:
+        certifier = self.certifier(bound, intermediate, slope_steps)
         key = ("radius", at_most, id(certifier), step, largest)
         if key not in self._values:
             self._values[key] = certifier.radius(self.images, at_most, step, largest).tolist()
@@ -268,12 +278,12 @@ def recompute(release: Path, config: dict, images_dir: Path, resize: bool):
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
-        check_arguments(args.gamma, args.at_most)
+        check_arguments(args.gamma, args.at_most, args.slope_steps)
         config = read_release_config(args.release)
         files, pixels, recomputed = recompute(args.release, config, args.images, args.resize)
-        bounds = recomputed.certified(args.gamma, args.bound, args.intermediate)
-        radii = recomputed.radius(args.at_most, args.bound, args.intermediate)
-        used = recomputed.certifier(args.bound, args.intermediate)
+        how = (args.bound, args.intermediate, args.slope_steps)
+        bounds, radii, used = recomputed.certified(args.gamma, *how), recomputed.radius(args.at_most, *how), \
+            recomputed.certifier(*how)
     except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SchemaError,
             UnsupportedLayer) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -287,6 +297,7 @@ def main(argv: list[str]) -> int:
         if not args.allow_unprotected:
             failures.append(f"{unprotected}; --allow-unprotected checks its bounds anyway")
     how = used.bound + (f", intermediate {used.intermediate}" if used.bound == "linear" else "") + \
+        (f", {used.slopes_used} slope steps" if used.slopes_used else "") + \
         (f"; linear bounds fell back: {used.fallback}" if used.fallback else "")
     print(f"{'image':<40}  {'clean CD':>8}  {'certified CD':>12}  {'radius':>6}  (L-inf {args.gamma:g}/255, at most "
           f"{args.at_most:g}; {how} bounds)")

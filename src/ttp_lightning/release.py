@@ -409,7 +409,7 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
             f"accuracy elsewhere (test-time privacy). It starts from {start}. ")
     what += ("Every forget image passed the release gate (" + _gate_rule(gate) + "): anyone who runs it on a "
              "protected image gets no confident prediction for it." + _unrequired_sentence(gate, data["forget_size"])
-             if gate["passed"] else
+             + _radius_sentence(after, gate) if gate["passed"] else
              "It did NOT pass the release gate (" + _gate_rule(gate) + "): do not publish it as protected.")
     settings = [
         f"- method: {method} ({method_label})" + (f", theta = {theta}" if theta is not None else ""),
@@ -448,6 +448,16 @@ def _unrequired_sentence(gate: dict, forget_size: int) -> str:
     return (f" It is NOT protected against an attacker who may change a protected image by up to "
             f"{gate['gamma']:g}/255 per pixel: {parts} within that radius (the gate did not require it; "
             f"`release_gate.require=[clean,{','.join(above)}]` would have refused this release).")
+
+
+def _radius_sentence(after: dict, gate: dict) -> str:
+    """What is proven within a radius, from the smallest certified radius (nothing when it is 0 or unknown)."""
+    least = after.get("forget_certified_radius_min")
+    if not least:
+        return ""
+    return (f" Provably, from these weights alone: no change of up to {least:g}/255 per pixel to any protected "
+            f"image brings its confidence distance above {gate['conf_dist_at_most']:g} (the smallest certified "
+            "radius below).")
 
 
 def _gate_rule(gate: dict) -> str:

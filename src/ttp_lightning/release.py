@@ -43,6 +43,7 @@ from ttp_lightning.cli_checks import CONF_DIR
 from ttp_lightning.dataset_info import DatasetInfo
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.files import atomic_tensors, atomic_text, atomic_write, sha256_of
+from ttp_lightning.ibp.uniformity import MAX_RADIUS, RADIUS_STEP
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.components.checkpoint import first_non_finite
 from ttp_lightning.protection import KINDS
@@ -498,6 +499,7 @@ def _bound_record(results: dict) -> dict:
     used = (results.get("certified_bound") or {}).get(results["method"]) or {}
     bounds = results["config"].get("bounds") or {}
     return {"bound": used.get("bound"), "intermediate": used.get("intermediate"), "slope_steps": used.get("slope_steps"),
-            "radius_step": float(bounds.get("radius_step", 0.25)), "max_radius": float(bounds.get("max_radius", 16.0))}
+            "radius_step": float(bounds.get("radius_step", RADIUS_STEP)),
+            "max_radius": float(bounds.get("max_radius", MAX_RADIUS))}
 
 

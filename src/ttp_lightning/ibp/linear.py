@@ -289,6 +289,21 @@ def _map(value, function):
     return function(value)
 
 
+def _output_lower_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor, graph: fx.GraphModule | None,
+                         intermediate: str, memory: int, rows, slope_steps: int = 0):
+    """(LinearBounds, [N, S]): lower bounds on rows[s] . logits over each image's box, rows ([S, K], the same for
+    every image) made by `rows(classes)`, in chunks of specifications that keep within `memory`."""
+    propagation = LinearBounds(net, lower, upper, graph, intermediate, memory)
+    if propagation.output not in propagation.bounded:
+        raise UnsupportedLayer("the network's output does not depend on its input")
+    images, classes = propagation.env[propagation.output].lower.shape
+    spec = rows(torch.eye(classes, dtype=lower.dtype, device=lower.device))[:, None, :].expand(-1, images, -1)
+    step = propagation.chunk(images)
+    bounds = [propagation.optimised_lower_bound(propagation.output, spec[start:start + step].contiguous(), slope_steps)
+              for start in range(0, len(spec), step)]
+    return propagation, torch.cat(bounds).T
+
+
 @torch.no_grad()  # the transposes are torch.func's own; nothing here needs the weights' gradients
 def logit_difference_lower_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor,
                                   graph: fx.GraphModule | None = None, intermediate: str = "crown",
@@ -296,16 +311,12 @@ def logit_difference_lower_bounds(net: nn.Module, lower: torch.Tensor, upper: to
     """[N, K, K]: entry (n, j, c) bounds z_j - z_c from below over image n's box (0 where j = c), by CROWN
     (with `slope_steps` > 0: alpha-CROWN's optimised slopes for these final bounds), never looser than the
     interval bound (propagate.logit_difference_lower_bounds)."""
-    propagation = LinearBounds(net, lower, upper, graph, intermediate, memory)
-    if propagation.output not in propagation.bounded:
-        raise UnsupportedLayer("the network's output does not depend on its input")
-    images, classes = propagation.env[propagation.output].lower.shape
-    eye = torch.eye(classes, dtype=lower.dtype, device=lower.device)
-    spec = (eye[:, None, :] - eye[None, :, :]).reshape(classes * classes, 1, classes).expand(-1, images, -1)
-    step = propagation.chunk(images)
-    rows = [propagation.optimised_lower_bound(propagation.output, spec[start:start + step].contiguous(), slope_steps)
-            for start in range(0, len(spec), step)]
-    crown = torch.cat(rows).T.reshape(images, classes, classes)  # (n, j, c): row j * K + c, e_j - e_c
+    def differences(eye):  # row j * K + c: e_j - e_c
+        return (eye[:, None, :] - eye[None, :, :]).reshape(-1, eye.shape[0])
+
+    propagation, crown = _output_lower_bounds(net, lower, upper, graph, intermediate, memory, differences, slope_steps)
+    classes = propagation.env[propagation.output].lower.shape[1]
+    crown = crown.reshape(len(crown), classes, classes)  # (n, j, c)
     crown = crown - torch.diag_embed(torch.diagonal(crown, dim1=1, dim2=2))
     return torch.maximum(crown, interval_differences(net, lower, upper, propagation.graph))
 
@@ -316,13 +327,8 @@ def centred_logit_upper_bounds(net: nn.Module, lower: torch.Tensor, upper: torch
     from the interval pass, CROWN from the output back; Zhang et al. 2020), intersected with the interval bound.
     Differentiable in the network's weights (torch.func's transposes compose with autograd): robust Alg 1's bound
     term with `bound_term=linear`. BatchNorm layers must be in eval mode."""
-    propagation = LinearBounds(net, lower, upper, graph, "ibp", memory)
-    if propagation.output not in propagation.bounded:
-        raise UnsupportedLayer("the network's output does not depend on its input")
-    images, classes = propagation.env[propagation.output].lower.shape
-    eye = torch.eye(classes, dtype=lower.dtype, device=lower.device)
-    spec = ((1.0 / classes) - eye)[:, None, :].expand(-1, images, -1)  # row j: -(e_j - 1/K): a lower bound on it
-    step = propagation.chunk(images)
-    rows = [propagation.lower_bound(propagation.output, spec[start:start + step].contiguous())
-            for start in range(0, classes, step)]
-    return torch.minimum(-torch.cat(rows).T, interval_centred(net, lower, upper, propagation.graph))
+    def negated_centred(eye):  # row j: -(e_j - 1/K), whose lower bound is minus the upper bound wanted
+        return 1.0 / len(eye) - eye
+
+    propagation, negated = _output_lower_bounds(net, lower, upper, graph, "ibp", memory, negated_centred)
+    return torch.minimum(-negated, interval_centred(net, lower, upper, propagation.graph))

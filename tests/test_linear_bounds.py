@@ -45,7 +45,24 @@ def _networks():
                                  nn.Flatten(), nn.Linear(6, 3)), (2, 3, 3)),
         ("residual", nn.Sequential(Block(2), nn.Linear(4, 5)), (2, 8, 8)),
         ("resnet8", Classifier(ResNet(2, 8, 4, [1, 1, 0, 0], width=4), (0.4, 0.6), (0.2, 0.3)), (2, 8, 8)),
+        # a ResNet stem's max pooling (overlapping 3x3 windows, stride 2, padding 1), and a plain 2x2 one
+        ("maxpool_stem", nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                                       nn.MaxPool2d(3, 2, 1), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                                       nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16, 4)), (2, 8, 8)),
+        ("maxpool_functional", MaxPoolFunctional(), (1, 6, 6)),
     ]
+
+
+class MaxPoolFunctional(nn.Module):
+    """F.max_pool2d with keyword arguments and dilation, before any ReLU (a window of signed values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(1, 3, 2), nn.Linear(27, 3)
+
+    def forward(self, x):
+        y = nn.functional.max_pool2d(self.conv(x), kernel_size=2, stride=2, dilation=2, padding=1)
+        return self.head(torch.relu(y).flatten(1))
 
 
 @pytest.mark.parametrize("intermediate", ["crown", "ibp"])
@@ -119,12 +136,33 @@ def _value_at(net: nn.Sequential, name: str, points: torch.Tensor) -> torch.Tens
     raise KeyError(name)
 
 
-@pytest.mark.parametrize("layer", [nn.MaxPool2d(2), nn.GELU(), nn.Sigmoid()], ids=["maxpool", "gelu", "sigmoid"])
+def test_a_dominated_max_pooling_window_is_exact():
+    """Where one input of every window is above all the others over the whole box, max pooling is that input
+    (linear): the bound on a single 2x2 pooling followed by a linear layer is attained at a corner of the box."""
+    torch.manual_seed(3)
+    head = nn.Linear(4, 3).double()
+    net = nn.Sequential(nn.MaxPool2d(2), nn.Flatten(), head).eval()
+    image = torch.full((1, 1, 4, 4), 0.2, dtype=torch.float64)
+    image[0, 0, ::2, ::2] = 0.8  # the top-left input of every window dominates it by far
+    lower, upper = input_box(image, 4 / 255)
+    differences = logit_difference_lower_bounds(net, lower, upper)
+    weight = head.weight.detach()
+    for j in range(3):
+        for c in range(3):
+            corner = image.clone()
+            corner[0, 0, ::2, ::2] -= (4 / 255) * (weight[j] - weight[c]).sign().view(2, 2)
+            logits = net(corner)[0]
+            assert torch.allclose(logits[j] - logits[c], differences[0, j, c], atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", [nn.MaxPool2d(2, ceil_mode=True), nn.AdaptiveMaxPool2d(2), nn.GELU(),
+                                   nn.Sigmoid()], ids=["maxpool_ceil", "adaptive_maxpool", "gelu", "sigmoid"])
 def test_a_layer_without_a_linear_rule_is_refused_by_name(layer):
     net = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), layer, nn.Flatten(), nn.LazyLinear(3)).double()
     net(torch.zeros(1, 1, 4, 4, dtype=torch.float64))  # materialise the lazy layer
     lower, upper = input_box(torch.rand(1, 1, 4, 4, dtype=torch.float64), 0.01)
-    with pytest.raises(UnsupportedLayer, match=type(layer).__name__):
+    with pytest.raises(UnsupportedLayer, match="ceil_mode" if getattr(layer, "ceil_mode", False)
+                       else type(layer).__name__):
         logit_difference_lower_bounds(net.eval(), lower, upper)
 
 

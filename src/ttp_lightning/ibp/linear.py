@@ -14,23 +14,28 @@ A . centre - |A| . radius). Two kinds of operation cover the supported layers:
            the chord u (z - l) / (u - l), below by a z with a = 1 when u > -l, else 0 (CROWN's adaptive choice); a
            neuron with l >= 0 passes A through, one with u <= 0 stops it. A lower bound takes the lower line where
            A is positive and the chord where A is negative.
+  max pool (2-d, floor mode) relaxed per window: below by its input j with the largest lower bound (max >= x_j),
+           above by x_j itself where that input dominates the window (l_j >= u_i for every other i: the max is
+           x_j), else by the constant max_i u_i. Overlapping windows sum their coefficients (fold).
 
 The ReLUs' pre-activation intervals come first, in the graph's order: each from the interval pass and, with
 `intermediate="crown"`, from a backward pass of its own (every neuron a specification, in chunks that bound the
 memory), the tighter of the two at every neuron. `intermediate="ibp"` keeps the interval ones (CROWN-IBP:
 cheaper on convolutional networks, looser). The final bounds are intersected with the interval bounds, so they
-are never looser. A layer without a rule (max pooling, GELU, softmax, attention, a product of two bounded values)
-raises UnsupportedLayer naming it.
+are never looser. A layer without a rule (adaptive or ceil-mode max pooling, GELU, softmax, attention, a product of
+two bounded values) raises UnsupportedLayer naming it.
 
 Arithmetic is the network's own dtype (callers use float64); rounding is not accounted for.
 """
 
 import operator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 from torch.func import vjp, vmap
+from torch.nn.modules.utils import _pair
 
 from ttp_lightning.ibp.propagate import ADDITIONS, Box, UnsupportedLayer, _is_box, run_graph, trace
 from ttp_lightning.ibp.propagate import centred_logit_upper_bounds as interval_centred
@@ -65,6 +70,50 @@ def is_relu(net: nn.Module, node: fx.Node) -> bool:
     if node.op == "call_function":
         return node.target in (F.relu, torch.relu)
     return node.op == "call_method" and node.target == "relu"
+
+
+@dataclass(frozen=True)
+class MaxPool:
+    """A 2-d max pooling's windows (floor mode), each as a pair."""
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+
+    def windows(self, values: torch.Tensor) -> torch.Tensor:
+        """[B, C, H, W] -> [B, C, window size, windows]; padding is -inf (never a window's maximum)."""
+        (pad_h, pad_w), (batch, channels) = self.padding, values.shape[:2]
+        padded = F.pad(values, (pad_w, pad_w, pad_h, pad_h), value=-torch.inf)
+        columns = F.unfold(padded, self.kernel, dilation=self.dilation, stride=self.stride)
+        return columns.view(batch, channels, self.kernel[0] * self.kernel[1], -1)
+
+    def fold(self, columns: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """The transpose of `windows`: [B, C, window size, windows] summed back onto [B, C, *size]."""
+        (pad_h, pad_w), batch = self.padding, columns.shape[0]
+        padded = F.fold(columns.reshape(batch, -1, columns.shape[-1]), (size[0] + 2 * pad_h, size[1] + 2 * pad_w),
+                        self.kernel, dilation=self.dilation, stride=self.stride)
+        return padded[:, :, pad_h:pad_h + size[0], pad_w:pad_w + size[1]]
+
+
+def max_pool(net: nn.Module, node: fx.Node) -> MaxPool | None:
+    """The node's MaxPool when it is a 2-d max pooling (nn.MaxPool2d or F.max_pool2d), None when it is not one;
+    UnsupportedLayer for the ceil-mode and index-returning forms."""
+    if node.op == "call_module" and isinstance(net.get_submodule(node.target), nn.MaxPool2d):
+        module = net.get_submodule(node.target)
+        kernel, stride, padding, dilation, ceil, indices = (module.kernel_size, module.stride, module.padding,
+                                                            module.dilation, module.ceil_mode, module.return_indices)
+    elif node.op == "call_function" and node.target is F.max_pool2d:
+        names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+        given = {**dict(zip(names, node.args)), **node.kwargs}
+        kernel, padding, dilation = given["kernel_size"], given.get("padding", 0), given.get("dilation", 1)
+        stride = given.get("stride") or kernel
+        ceil, indices = given.get("ceil_mode", False), given.get("return_indices", False)
+    else:
+        return None
+    if ceil or indices:
+        raise UnsupportedLayer(f"linear bounds have no rule for max pooling with "
+                               f"{'ceil_mode' if ceil else 'return_indices'}=True (node {node.name})")
+    return MaxPool(_pair(kernel), _pair(stride), _pair(padding), _pair(dilation))
 
 
 def check_affine(net: nn.Module, node: fx.Node, bounded: list[fx.Node]) -> None:
@@ -106,8 +155,9 @@ class LinearBounds:
         self.position = {node: i for i, node in enumerate(self.nodes)}
         self.tightened: dict[fx.Node, Box] = {}
         self.slopes: dict[fx.Node, torch.Tensor] | None = None  # alpha-CROWN's lower slopes, by ReLU input
+        self.pools = {node: pool for node in self.nodes if node in self.bounded and (pool := max_pool(net, node))}
         for node in self.nodes:
-            if node in self.bounded and node is not self.input and not is_relu(net, node):
+            if node in self.bounded and node is not self.input and not is_relu(net, node) and node not in self.pools:
                 check_affine(net, node, self.sources(node))
 
     def sources(self, node: fx.Node) -> list[fx.Node]:
@@ -158,6 +208,12 @@ class LinearBounds:
             if is_relu(self.net, node):
                 (source,) = self.sources(node)
                 passed, gained = self._through_relu(source, weights)
+                constant = constant + gained
+                _add_to(coefficients, source, passed)
+                continue
+            if node in self.pools:
+                source = self.sources(node)[0]
+                passed, gained = self._through_max_pool(node, source, weights)
                 constant = constant + gained
                 _add_to(coefficients, source, passed)
                 continue
@@ -227,6 +283,35 @@ class LinearBounds:
         positive, negative = weights.clamp(min=0), weights.clamp(max=0)
         dims = tuple(range(2, weights.dim()))
         return positive * below + negative * chord, (negative * intercept).sum(dims)
+
+    def _value_box(self, node: fx.Node) -> Box:
+        """A node's elementwise bounds: a ReLU's output from its input's tightened bounds, else the interval pass's."""
+        box = self.env[node]
+        if is_relu(self.net, node):
+            inner = self.bounds(self.sources(node)[0])
+            box = Box(torch.maximum(box.lower, inner.lower.clamp(min=0)), torch.minimum(box.upper, inner.upper.clamp(min=0)))
+        return box
+
+    def _through_max_pool(self, node: fx.Node, source: fx.Node, weights: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the coefficients of the pooling's input, the constant gained) for a lower bound: positive weights
+        take the window's input with the largest lower bound (a line below the max), negative ones the same input
+        where it dominates its window and the window's largest upper bound (a constant above the max) elsewhere."""
+        pool, box = self.pools[node], self._value_box(source)
+        lower, upper = pool.windows(box.lower), pool.windows(box.upper)  # [N, C, window, L]
+        best, chosen = lower.max(dim=2, keepdim=True)
+        others = upper.scatter(2, chosen, -torch.inf).amax(dim=2, keepdim=True)
+        dominant, ceiling = best >= others, upper.amax(dim=2, keepdim=True)  # [N, C, 1, L]
+        specs, images, channels = weights.shape[:3]
+        flat = weights.reshape(specs, images, channels, 1, -1)
+        negative = flat.clamp(max=0)
+        taken = flat.clamp(min=0) + torch.where(dominant, negative, torch.zeros_like(negative))
+        columns = torch.zeros(specs, *lower.shape, dtype=weights.dtype, device=weights.device)
+        columns.scatter_(3, chosen.expand(specs, *chosen.shape), taken)
+        gained = (torch.where(dominant, torch.zeros_like(negative), negative * ceiling)).sum(dim=(2, 3, 4))
+        size = tuple(box.lower.shape[-2:])
+        passed = pool.fold(columns.reshape(specs * images, *lower.shape[1:]), size)
+        return passed.reshape(specs, images, channels, *size), gained
 
     def _through_affine(self, node: fx.Node, weights: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """(A . h(0), {bounded input: its coefficients}) for an affine node h, by its vector-Jacobian product

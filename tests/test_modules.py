@@ -1,3 +1,4 @@
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -105,6 +106,43 @@ def test_without_a_qualifying_epoch_the_pareto_fallback_keeps_a_pareto_optimal_e
     summary = callback.summary()
     assert summary["best_epoch"] == 2 and summary["constraint_met"] is False and "fallback" in summary["selection_rule"]
     assert net.weight.item() == 2.0  # 0.89 - 0.10 is the best trade-off; the last epoch (0.74) is not kept
+
+
+def test_select_certified_prefers_fewest_exposed_then_fewest_unproven_then_the_strongest_proof():
+    """Robust Alg 1's rank (select=certified): the attack's count first (the gate's), then the interval bound's
+    unproven count, then the proven worst CD where every image is proven (else the attacked mean); a NaN bound is
+    not a proof, and a checkpoint written when ranks were one number still resumes."""
+    from ttp_lightning.methods.pareto import CERTIFIED_RULE, certified_rank
+
+    def trainer(epoch, exposed, unproven, certified_worst, attacked_mean):
+        metrics = {"val/forget_worst_conf_dist": 0.01, "val/retain_acc": 0.99, "val/forget_robust_exposed": exposed,
+                   "val/forget_certified_unproven": unproven, "val/forget_certified_worst_conf_dist": certified_worst,
+                   "val/forget_robust_conf_dist": attacked_mean}
+        return SimpleNamespace(sanity_checking=False, callback_metrics={k: torch.tensor(v) for k, v in metrics.items()},
+                               current_epoch=epoch, should_stop=False)
+
+    net = nn.Linear(1, 1)
+    module = SimpleNamespace(state_dict=net.state_dict, load_state_dict=net.load_state_dict)
+    callback = ConstrainedBestModel(conf_dist_below=0.1, conf_dist_key="val/forget_worst_conf_dist",
+                                    rank=certified_rank, rank_rule=CERTIFIED_RULE)
+    epochs = [(2, 0, 0.02, 0.001),    # 1: two images exposed under attack, although all proven
+              (0, 3, 0.9, 0.0001),    # 2: none exposed, three unproven: the lowest attacked mean so far
+              (0, 1, 0.9, 0.01),      # 3: one unproven beats three, whatever the attacked mean
+              (0, 0, 0.08, 0.02),     # 4: all proven
+              (0, 0, 0.04, 0.03),     # 5: all proven, by a stronger proof: kept
+              (0, 0, 0.06, 0.0)]      # 6: a weaker proof, though the attack does better
+    for epoch, values in enumerate(epochs):
+        with torch.no_grad():
+            net.weight.fill_(float(epoch + 1))
+        callback.on_validation_end(trainer(epoch, *values), module)
+    callback.on_fit_end(None, module)
+    assert callback.summary()["best_epoch"] == 5 and net.weight.item() == 5.0
+    assert callback.summary()["selection_rule"].startswith(CERTIFIED_RULE)
+    assert certified_rank({"val/forget_robust_exposed": 0.0, "val/forget_robust_conf_dist": 0.5,
+                           "val/forget_certified_worst_conf_dist": 0.01})[1] == math.inf  # not counted: unproven
+    old = ConstrainedBestModel(rank=certified_rank)
+    old.load_state_dict({**callback.state_dict(), "best_rank": 0.25})
+    assert old.best_rank == [0.25]
 
 
 def test_optimizers_and_schedules_are_partial_configs_composed_by_hydra(compose_cfg):

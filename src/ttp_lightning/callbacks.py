@@ -4,6 +4,7 @@ Hydra from the `callbacks` config group), and the divergence guard every fit get
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping
 
 import lightning as L
 import torch
@@ -24,8 +25,8 @@ class ConstrainedBestModel(Callback):
     """App. "Hyperparameter Details": an epoch qualifies when the forget confidence distance (`conf_dist_key`:
     the mean, or the worst image's) is below `conf_dist_below` and the retain accuracy is at least
     `retain_acc_at_least`; keep the qualifying weights with the lowest `rank_key` (default: the same
-    distance; with `rank_higher_is_better`, the highest, e.g. the retain accuracy), restore them when
-    training ends. Training runs to the
+    distance; with `rank_higher_is_better`, the highest, e.g. the retain accuracy), or the lowest tuple `rank`
+    (a function of the logged metrics) returns, restore them when training ends. Training runs to the
     last epoch unless `patience` epochs pass without a better qualifying epoch. When no epoch qualifies,
     the last weights stay and `constraint_met` is False.
 
@@ -35,10 +36,12 @@ class ConstrainedBestModel(Callback):
     def __init__(self, conf_dist_below: float = math.inf, retain_acc_at_least: float = 0.0,
                  patience: int | None = None, conf_dist_key: str = "val/forget_conf_dist",
                  retain_acc_key: str = "val/retain_acc", fallback: str = "last", rank_key: str | None = None,
-                 rank_higher_is_better: bool = False, mean_conf_dist_key: str | None = None):
+                 rank_higher_is_better: bool = False, mean_conf_dist_key: str | None = None,
+                 rank: Callable[[Mapping[str, float]], tuple[float, ...]] | None = None, rank_rule: str | None = None):
         self.conf_dist_below, self.retain_acc_at_least, self.patience = conf_dist_below, retain_acc_at_least, patience
         self.conf_dist_key, self.retain_acc_key, self.fallback = conf_dist_key, retain_acc_key, fallback
         self.rank_key, self.rank_higher_is_better = rank_key or conf_dist_key, rank_higher_is_better
+        self.rank, self.rank_rule = rank, rank_rule  # rank_rule: the rank in words, for the summary
         self.mean_conf_dist_key = mean_conf_dist_key or conf_dist_key  # the Pareto fallback's forget CD
         self.fallback_score: float | None = None
         self.fallback_epoch: int | None = None
@@ -60,6 +63,8 @@ class ConstrainedBestModel(Callback):
     def load_state_dict(self, state_dict: dict) -> None:
         for name in self._STATE:
             setattr(self, name, state_dict[name])
+        if isinstance(self.best_rank, (int, float)):  # a checkpoint from before ranks were tuples
+            self.best_rank = [float(self.best_rank)]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.stopped:  # resumed from the checkpoint of the epoch at which patience ran out
@@ -71,7 +76,7 @@ class ConstrainedBestModel(Callback):
         metrics = trainer.callback_metrics
         retain_acc = float(metrics[self.retain_acc_key])
         criterion, conf_dist = float(metrics[self.conf_dist_key]), float(metrics[self.mean_conf_dist_key])
-        rank = float(metrics[self.rank_key]) * (-1 if self.rank_higher_is_better else 1)  # lower is better
+        rank = self._rank(metrics)  # lower is better
         self.last_epoch = trainer.current_epoch + 1
         qualifies = criterion < self.conf_dist_below and retain_acc >= self.retain_acc_at_least
         score = retain_acc - conf_dist
@@ -79,14 +84,19 @@ class ConstrainedBestModel(Callback):
                 (self.fallback_score is None or score > self.fallback_score):
             self.fallback_score, self.fallback_epoch = score, self.last_epoch
             self.fallback_state = cpu_state(pl_module)
-        if qualifies and (self.best_rank is None or rank < self.best_rank):
-            self.best_rank, self.best_epoch = rank, self.last_epoch
+        if qualifies and (self.best_rank is None or rank < tuple(self.best_rank)):
+            self.best_rank, self.best_epoch = list(rank), self.last_epoch
             self.best_state = cpu_state(pl_module)
             self._stale_epochs = 0
         elif self.best_epoch is not None:
             self._stale_epochs += 1
             if self.patience is not None and self._stale_epochs >= self.patience:
                 trainer.should_stop = self.stopped = True
+
+    def _rank(self, metrics: Mapping) -> tuple[float, ...]:
+        if self.rank is not None:
+            return tuple(float(value) for value in self.rank({k: float(v) for k, v in metrics.items()}))
+        return (float(metrics[self.rank_key]) * (-1 if self.rank_higher_is_better else 1),)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.best_state is not None:
@@ -98,7 +108,8 @@ class ConstrainedBestModel(Callback):
         """best_epoch, constraint_met and selection_rule: which rule chose the kept epoch."""
         if self.best_epoch is not None:
             return {"best_epoch": self.best_epoch, "constraint_met": True,
-                    "selection_rule": ("highest retain accuracy" if self.rank_higher_is_better else "lowest forget CD")
+                    "selection_rule": (self.rank_rule or ("highest retain accuracy" if self.rank_higher_is_better
+                                                          else "lowest forget CD"))
                     + " among the epochs meeting the thresholds"}
         if self.fallback_epoch is not None:
             return {"best_epoch": self.fallback_epoch, "constraint_met": False,

@@ -49,7 +49,7 @@ class Pareto(Method):
                                    "rule (choose radius_rule=fixed)")
         stopping = own.early_stopping
         attacked = [f"early_stopping.{key}={getattr(stopping, key)}" for key in ("criterion", "select")
-                    if "attacked" in str(getattr(stopping, key)) or str(getattr(stopping, key)) == "robust_conf_dist"]
+                    if "attacked" in str(getattr(stopping, key)) or str(getattr(stopping, key)) in ("robust_conf_dist", "certified")]
         if attacked and not own.adversarial:
             raise TTPUserError(f"method.{attacked[0]} is not allowed with method={own.name}; the attacked "
                                "forget CD is measured during training by method=pareto_robust only")
@@ -106,7 +106,21 @@ def check_adversarial(adversarial: AdversarialSettings) -> None:
 CRITERIA = {"worst": "val/forget_worst_conf_dist", "mean": "val/forget_conf_dist",
             "worst_attacked": "val/forget_robust_worst_conf_dist", "mean_attacked": "val/forget_robust_conf_dist"}
 SELECTIONS = {"conf_dist": "val/forget_conf_dist", "robust_conf_dist": "val/forget_robust_conf_dist",
-              "retain_acc": "val/retain_acc"}
+              "retain_acc": "val/retain_acc", "certified": "val/forget_robust_conf_dist"}
+CERTIFIED_RULE = ("fewest images above the gate's threshold under attack, then fewest not proven below it by "
+                  "the interval bound, then the lowest proven worst CD (all proven) or attacked mean CD")
+
+
+def certified_rank(metrics) -> tuple[float, float, float]:
+    """select=certified (robust Alg 1): a release is judged by its worst image, and a proof outranks an attack.
+    Among the qualifying epochs keep the one with the fewest forget images the validation attack takes above the
+    gate's threshold, then the fewest the interval bound does not prove below it at gamma, then, where every
+    image is proven, the lowest proven worst CD (the strongest proof), else the lowest attacked mean CD. On a
+    network whose interval bound proves nothing (a BatchNorm ResNet) the second key ties and this is the attacked
+    rule."""
+    unproven = metrics.get("val/forget_certified_unproven", math.inf)  # not counted (no threshold): not proven
+    last = metrics["val/forget_certified_worst_conf_dist"] if unproven == 0 else metrics["val/forget_robust_conf_dist"]
+    return metrics.get("val/forget_robust_exposed", 0.0), unproven, last
 
 
 def retain_threshold(start_retain_acc: float, stopping: EarlyStoppingSchema) -> float:
@@ -150,6 +164,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
         retain_acc_at_least=retain_threshold(start_retain_acc, stopping), patience=stopping.patience,
         fallback=stopping.fallback, conf_dist_key=CRITERIA[str(stopping.criterion)],
         rank_key=SELECTIONS[select], rank_higher_is_better=select == "retain_acc",
+        **({"rank": certified_rank, "rank_rule": CERTIFIED_RULE} if select == "certified" else {}),
         mean_conf_dist_key=SELECTIONS["robust_conf_dist" if adversarial else "conf_dist"],
     )
     backoff = LrBackoff((start_retain_acc + 1 / datamodule.info.num_classes) / 2, backoffs) if backoffs else None

@@ -8,8 +8,8 @@ from torch import nn
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
 from ttp_lightning.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.evaluation import predictions
-from ttp_lightning.ibp.propagate import trace
-from ttp_lightning.ibp.uniformity import reverse_kl_upper_bound
+from ttp_lightning.ibp.propagate import UnsupportedLayer, trace
+from ttp_lightning.ibp.uniformity import certified_conf_dist, reverse_kl_upper_bound
 from ttp_lightning.models.evaluation_mixin import PartsValidationMixin
 from ttp_lightning.models.optim import configure_optimizer
 from ttp_lightning.nn_modes import batchnorm_in_eval_mode, evaluating
@@ -168,9 +168,24 @@ class ParetoFinetuneModule(PartsValidationMixin):
         # Every rank attacks the whole (small) forget set with the same seed: the values are identical.
         self.log("val/forget_robust_conf_dist", per_image.mean().item(), on_epoch=True, sync_dist=False)
         self.log("val/forget_robust_worst_conf_dist", per_image.max().item(), on_epoch=True, sync_dist=False)
+        certified = self._certified_conf_dist()
+        self.log("val/forget_certified_worst_conf_dist", certified.max().item(), on_epoch=True, sync_dist=False)
         if self.exposed_above is not None:
             exposed = float((per_image > self.exposed_above).sum())
             self.log("val/forget_robust_exposed", exposed, on_epoch=True, sync_dist=False)
+            unproven = float((~(certified <= self.exposed_above)).sum())  # NaN is not a proof
+            self.log("val/forget_certified_unproven", unproven, on_epoch=True, sync_dist=False)
+
+    def _certified_conf_dist(self) -> torch.Tensor:
+        """[N]: each forget image's interval-bound certified CD at gamma (cheap: one bound pass; a network the
+        interval bound has no rule for gets the vacuous 1 - 1/K, nothing proven)."""
+        images, _ = self.forget_data.everything()
+        try:
+            return certified_conf_dist(self.net, images, self.adversarial.gamma, device=self.device)
+        except UnsupportedLayer:
+            with torch.no_grad(), evaluating(self.net):
+                classes = self.net(images[:1].to(self.device)).shape[-1]
+            return torch.full((len(images),), 1.0 - 1.0 / classes, dtype=torch.float64)
 
     # --------------------------------------------------------------- fullbatch
 

@@ -25,6 +25,11 @@ TINY = [
     "pretrain.epochs=8",
     "method.epochs=15",
     "data.forget.size=20",
+    # one relearning run per stage (the default is 2 sources x 3 rates up to 1,000 steps; tests/test_relearn.py)
+    "attacks.relearn.steps=[1,10,100]",
+    "attacks.relearn.lrs=[0.001]",
+    "attacks.relearn.data=[test]",
+    "attacks.relearn.floor=false",
 ]
 def registered_loader(name: str):
     """conf/data/<name>.yaml's loader (a data.sources.Source), built as Hydra builds it."""

@@ -73,6 +73,14 @@ def test_retrain_baseline_trains_on_the_retain_set(run_job):
     retrain = results["metrics"]["retrain"]
     assert METRIC_KEYS <= retrain.keys() and retrain["test_acc"] > 0.8
     assert results["history"]["retrain"] == []
+    # the relearning attack at its defaults: 2 sources x 3 rates up to 1,000 steps, the worst case reported
+    runs = results["relearn_runs"]["retrain"]
+    assert sorted(runs) == sorted(f"{source} lr {lr}" for source in ("test", "retain 1000")
+                                  for lr in ("0.0001", "0.001", "0.01"))
+    for steps in ("1", "10", "100", "1000"):
+        worst = results["relearn"]["retrain"][steps]
+        assert worst["forget_conf_dist"] == max(run[steps]["forget_conf_dist"] for run in runs.values())
+        assert runs[worst["run"]][steps]["forget_conf_dist"] == worst["forget_conf_dist"]
 
 
 def test_forget_instances_from_the_test_set_are_absorbed_then_protected(run_cli, tmp_path, capsys):

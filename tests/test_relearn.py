@@ -1,9 +1,11 @@
 """The relearning attack: finetuning the released weights on public data, then measuring the forget set."""
 
+import math
+
 import torch
 from torch import nn
 
-from ttp_lightning.attacks.relearn import relearn_attack
+from ttp_lightning.attacks.relearn import relearn_attack, relearn_worst, retain_subset
 from ttp_lightning.batching import ImageBatchDataset
 
 
@@ -23,3 +25,66 @@ def test_relearning_restores_what_finetuning_can_and_leaves_the_model_untouched(
     assert scores["1"]["forget_conf_dist"] < scores["100"]["forget_conf_dist"]  # the forget images come back
     assert scores["100"]["forget_acc"] > 0.9 and scores["100"]["forget_worst_conf_dist"] >= scores["100"]["forget_conf_dist"]
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))  # the attack works on a copy
+
+
+def _clusters(seed: int = 0):
+    torch.manual_seed(seed)
+    centres = torch.rand(3, 1, 4, 4)
+    labels = torch.arange(3).repeat_interleave(40)
+    images = ((centres[labels] + 0.05 * torch.randn(120, 1, 4, 4)).clamp(0, 1) * 255).round().to(torch.uint8)
+    return ImageBatchDataset(images[:60], labels[:60]), ImageBatchDataset(images[60:90], labels[60:90]), \
+        ImageBatchDataset(images[90:], labels[90:])
+
+
+def test_the_worst_case_is_the_upper_envelope_over_sources_and_rates_and_names_its_run():
+    retain, test, forget = _clusters()
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+    nn.init.zeros_(net[1].weight)
+    nn.init.zeros_(net[1].bias)
+    sources = {"test": test, "retain 20": retain_subset(retain, 20, seed=0)}
+    worst, runs = relearn_worst(net, sources, forget, [1, 50], [1e-4, 0.05], batch_size=16, seed=0, device="cpu")
+    assert sorted(runs) == ["retain 20 lr 0.0001", "retain 20 lr 0.05", "test lr 0.0001", "test lr 0.05"]
+    for steps in ("1", "50"):
+        for key in ("forget_conf_dist", "forget_acc", "forget_worst_conf_dist"):
+            assert worst[steps][key] == max(run[steps][key] for run in runs.values())
+        assert runs[worst[steps]["run"]][steps]["forget_conf_dist"] == worst[steps]["forget_conf_dist"]
+    # the higher rate restores more; the lowest barely moves the uniform model
+    assert worst["50"]["run"].endswith("lr 0.05") and runs["test lr 0.0001"]["50"]["forget_conf_dist"] < 0.05
+
+
+def test_the_retain_subset_is_seeded_without_replacement_and_unaugmented():
+    retain, _, _ = _clusters()
+    retain.augment = lambda images, generator: images * 0  # an augmented training view must not leak in
+    first, again, other = (retain_subset(retain, 25, seed) for seed in (3, 3, 4))
+    assert len(first) == 25 and torch.equal(first.images, again.images) and not torch.equal(first.images, other.images)
+    assert first.augment is None and len(retain_subset(retain, None, 0)) == len(retain_subset(retain, 10_000, 0)) == 60
+    rows = {tuple(row.flatten().tolist()) for row in first.images}
+    assert len(rows) == 25 and rows <= {tuple(row.flatten().tolist()) for row in retain.images}
+
+
+def test_a_nan_run_counts_as_the_worst():
+    from ttp_lightning.attacks.relearn import _nan_highest
+
+    chosen = max([0.2, float("nan"), 0.5], key=_nan_highest)
+    assert math.isnan(chosen)  # NaN is the highest: a broken finetune never looks safe
+
+
+def test_a_run_relearns_its_models_and_the_retrained_floor(run_main, tmp_path):
+    """The pipeline: relearning from the test split and a retain sample at two rates, the worst case in the attack
+    table and results.json, and A(D_r) (trained once, then from the cache) finetuned the same way as the floor."""
+    overrides = ("attacks.relearn.floor=true", "attacks.relearn.data=[test,retain]", "attacks.relearn.lrs=[0.001,0.01]",
+                 "attacks.relearn.retain_size=200", "attacks.apgd_steps=10", "attacks.restarts=1")
+    code, out, err, results = run_main(*overrides)
+    assert code in (0, 4), err
+    assert sorted(results["relearn_runs"]["pareto"]) == ["retain 200 lr 0.001", "retain 200 lr 0.01",
+                                                         "test lr 0.001", "test lr 0.01"]
+    floor = results["relearn_floor"]
+    assert floor["retrain_cached"] is False and list(floor["worst"]) == ["1", "10", "100"]
+    # A(D_r) never saw the forget images and was never made uniform: confident on them before any finetuning
+    assert floor["worst"]["1"]["forget_conf_dist"] > 0.5
+    assert "relearn floor: A(D_r)" in out and results["relearn"]["pareto"]["100"]["run"] in results["relearn_runs"]["pareto"]
+    assert "relearn floor: A(D_r)" in (tmp_path / "out" / results["release"]["folder"] / "MODEL_CARD.md").read_text()
+    (tmp_path / "out" / "results.json").unlink()
+    code, _, err, again = run_main(*overrides)
+    assert code in (0, 4), err
+    assert again["relearn_floor"]["retrain_cached"] is True and again["relearn_floor"]["worst"] == floor["worst"]

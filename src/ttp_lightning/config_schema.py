@@ -27,7 +27,7 @@ Uniformity = StrEnum("Uniformity", [("kl", "kl"), ("reverse_kl", "reverse_kl"), 
 Fallback = StrEnum("Fallback", [("pareto", "pareto"), ("last", "last")])
 BatchNormMode = StrEnum("BatchNormMode", [("train", "train"), ("eval", "eval")])
 Reduction = StrEnum("Reduction", [(n, n) for n in ("mean", "max", "cvar")])
-Select = StrEnum("Select", [(n, n) for n in ("conf_dist", "robust_conf_dist", "retain_acc")])
+Select = StrEnum("Select", [(n, n) for n in ("conf_dist", "robust_conf_dist", "certified", "retain_acc")])
 Criterion = StrEnum("Criterion", [(n, n) for n in ("worst", "mean", "worst_attacked", "mean_attacked")])
 Split = StrEnum("Split", [("official", "official"), ("paper", "paper")])
 ForgetSource = StrEnum("ForgetSource", [("train", "train"), ("test", "test"), ("mixed", "mixed")])
@@ -424,20 +424,33 @@ class GaussianUniformSchema(MethodSchema):
 
 @dataclass
 class RelearnSchema:
-    """attacks.relearn: finetuning the released model on public data to restore its forget predictions."""
+    """attacks.relearn: finetuning the released model on public data to restore its forget predictions, from
+    each source in `data` at each learning rate in `lrs`; the worst case over them is reported."""
 
     enabled: bool = True
-    steps: list[int] = field(default_factory=lambda: [1, 10, 100])
-    lr: float = 1.0e-3
+    steps: list[int] = field(default_factory=lambda: [1, 10, 100, 1000])
+    lrs: list[float] = field(default_factory=lambda: [1.0e-4, 1.0e-3, 1.0e-2])
+    data: list[str] = field(default_factory=lambda: ["test", "retain"])
+    retain_size: int | None = 1000
     batch_size: int = 128
+    floor: bool = True  # also relearn A(D_r), retrained without the forget images (cached like A(D))
 
     def __post_init__(self) -> None:
-        if not self.steps:
-            raise TTPUserError("attacks.relearn.steps=[] is not allowed; list at least one number of steps")
+        for key in ("steps", "lrs", "data"):
+            if not getattr(self, key):
+                raise TTPUserError(f"attacks.relearn.{key}=[] is not allowed; list at least one")
         for steps in self.steps:
             checks.positive_int(steps, "attacks.relearn.steps")
-        checks.positive(self.lr, "attacks.relearn.lr")
+        for lr in self.lrs:
+            checks.positive(lr, "attacks.relearn.lrs")
+        for source in self.data:
+            checks.choice(source, "attacks.relearn.data", list(RELEARN_DATA))
+        if self.retain_size is not None:
+            checks.positive_int(self.retain_size, "attacks.relearn.retain_size")
         checks.positive_int(self.batch_size, "attacks.relearn.batch_size")
+
+
+RELEARN_DATA = ("test", "retain")  # the relearning attacker's labelled images: the test split | a retain subset
 
 
 @dataclass

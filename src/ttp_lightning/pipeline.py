@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from ttp_lightning.attacks import WORST, build_suite, evaluate_attacks
-from ttp_lightning.attacks.relearn import relearn_attack
+from ttp_lightning.attacks.relearn import relearn_worst, retain_subset
 from ttp_lightning.certificates.document import AUDIT_FILE, PRIVATE_DIR, write_release
 from ttp_lightning.certificates.schema import data_spec, model_spec
 from ttp_lightning.checkpointing import remove as remove_checkpoints
@@ -24,7 +24,7 @@ from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device, evaluate, forget_softmax, predictions
 from ttp_lightning.files import supersede_outputs
 from ttp_lightning.models.components import build_classifier
-from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model
+from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model, retrained_model
 from ttp_lightning.progress import quiet_lightning
 from ttp_lightning.protection import (
     GateSettings,
@@ -155,13 +155,52 @@ def attack_models(results: dict, models: dict, datamodule, cfg: AttacksSchema, a
         results["metrics"][stage]["forget_robust_conf_dist"] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
         per_image[stage] = evaluation["worst_per_image"][gamma]
     relearn = cfg.relearn
-    if relearn.enabled and len(datamodule.test_labels):
-        log.info("relearning attack: Adam lr %g on the test split, forget set measured after %s steps", relearn.lr,
+    sources = relearn_sources(datamodule, relearn, int(cfg.seed)) if relearn.enabled else {}
+    if sources:
+        log.info("relearning attack: Adam at lr %s on %s, forget set measured after %s steps; the worst case is "
+                 "reported", ", ".join(f"{lr:g}" for lr in relearn.lrs), " and ".join(sources),
                  ", ".join(map(str, relearn.steps)))
-        results["relearn"] = {stage: relearn_attack(net, datamodule.dataset("test"), forget, list(relearn.steps),
-                                                    float(relearn.lr), int(relearn.batch_size), int(cfg.seed),
-                                                    eval_device()) for stage, net in models.items()}
+        results["relearn"], results["relearn_runs"] = {}, {}
+        for stage, net in models.items():
+            results["relearn"][stage], results["relearn_runs"][stage] = relearn_worst(
+                net, sources, forget, list(relearn.steps), [float(lr) for lr in relearn.lrs],
+                int(relearn.batch_size), int(cfg.seed), eval_device())
     return per_image
+
+
+def retrain_floor(settings: MainSchema, ctx: RunContext, datamodule, method, make_net) -> tuple | None:
+    """(A(D_r), its cache record): a model retrained without the forget images (cached like A(D); every DDP rank
+    trains it together), the relearning attack's floor; None when the attack, its floor, or the method (retrain
+    is A(D_r) itself) does not ask for it."""
+    relearn = settings.attacks.relearn
+    if not (settings.attacks.enabled and relearn.enabled and relearn.floor) or method.name == "retrain":
+        return None
+    net = make_net()
+    return net, retrained_model(ctx, net, datamodule, is_global_zero)
+
+
+def relearn_floor(floor: tuple, datamodule, cfg: AttacksSchema) -> dict:
+    """The relearning attack's floor: the same finetuning of A(D_r), which never saw the forget images and was
+    never made uniform on them. {worst: {steps: worst-case scores}, retrain_wall_s, retrain_cached}."""
+    net, info = floor
+    relearn = cfg.relearn
+    worst, _ = relearn_worst(net, relearn_sources(datamodule, relearn, int(cfg.seed)), datamodule.dataset("forget"),
+                             list(relearn.steps), [float(lr) for lr in relearn.lrs], int(relearn.batch_size),
+                             int(cfg.seed), eval_device())
+    return {"worst": worst, "retrain_wall_s": info["wall_s"], "retrain_cached": info["cached"]}
+
+
+def relearn_sources(datamodule, relearn, seed: int) -> dict:
+    """The relearning attacker's labelled images by name (attacks.relearn.data): the test split (when the data
+    set has one), a `retain_size` subset of the retain data."""
+    sources = {}
+    for name in relearn.data:
+        if name == "test" and len(datamodule.test_labels):
+            sources["test"] = datamodule.dataset("test")
+        elif name == "retain":
+            sources[f"retain {relearn.retain_size or 'all'}"] = retain_subset(datamodule.dataset("retain"),
+                                                                             relearn.retain_size, seed)
+    return sources
 
 
 def account_per_image(results: dict, models: dict, datamodule, attacks: AttacksSchema, attacked: dict,
@@ -290,6 +329,7 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     metrics["pretrain"] = {**evaluate(pretrained, datamodule, settings.trainer, exposed_above), **pretrain_info}
     metrics[method.name] = {**evaluate(output.net, datamodule, settings.trainer, exposed_above), **output.metrics,
                                 "weights_changed": weights_changed(pretrained, output.net)}
+    floor = retrain_floor(settings, ctx, datamodule, method, make_net)
     if not is_global_zero():
         return None
     results = {
@@ -313,6 +353,8 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
         log.info("attacking the forget set: %s at gamma %s/255", ", ".join(attacks),
                  ", ".join(f"{float(g):g}" for g in settings.attacks.gammas))
         attacked = attack_models(results, models, datamodule, settings.attacks, attacks)
+        if "relearn" in results and floor is not None:
+            results["relearn_floor"] = relearn_floor(floor, datamodule, settings.attacks)
     note = account_per_image(results, models, datamodule, settings.attacks, attacked, gate.conf_dist_at_most,
                              settings.bounds)
     results["release_gate"] = judge(results["forget_per_image"], method.name, metrics[method.name], gate,
@@ -363,7 +405,8 @@ def _write_outputs(results: dict, output, settings: MainSchema, datamodule, metr
         if settings.state_dict:  # asked for: the raw state_dict too
             weights = write_weights(output.net, Path(output_dir) / ("" if results["release_gate"]["passed"] else folder))
             results["state_dict_file"] = str(weights.relative_to(output_dir))
-    attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn")) \
+    attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn"),
+                                       results.get("relearn_floor")) \
         if "attacks" in results else None
     certificate_line = format_certificate_line(results["certificate"], settings.method.vacuous_above) \
         if "certificate" in results else None

@@ -110,6 +110,16 @@ def absorb_outside_forget(ctx: RunContext, net: nn.Module, datamodule: TTPDataMo
     return {"absorb_epochs": epochs, "absorb_wall_s": info["wall_s"], "absorb_cached": info["cached"]}
 
 
+def retrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, is_global_zero) -> dict:
+    """A(D_r) in `net`: a fresh model trained on the retain set with the pretraining settings (method=retrain's
+    model; the relearning attack's floor), cached like A(D) under a key of A(D)'s key and the forget set."""
+    identity = {"start": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(), "retrain": True}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    stage = "retraining A(D_r) (the relearning floor)"
+    return _cached_fit(ctx, net, f"{key}_retrained", is_global_zero, lambda: train_erm(
+        ctx, net, datamodule.training_loader("retain"), key=f"{key}_retrained_fit", stage=stage), stage=stage)
+
+
 def warn_if_near_chance(net: nn.Module, datamodule: TTPDataModule, checkpoint: str, stated: float | None = None
                         ) -> None:
     """A provider's checkpoint that loads but classifies the test set (or, without one, the training set) near

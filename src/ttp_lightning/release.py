@@ -321,7 +321,8 @@ def network_of(folder: Path, config: dict, device: str | torch.device = "cpu") -
 ATTACKS_TEXT = ("An adversary who holds these weights perturbs a protected image to recover a confident "
                 "prediction (the forget confidence distance it reaches; higher is worse). `certified` rows are "
                 "upper bounds no perturbation within that radius can exceed; `relearn` rows finetune the weights "
-                "on public labelled images without the forget set for that many steps:")
+                "on labelled images without the forget set (the test split, a sample of the retain data) for "
+                "that many steps at several learning rates, and show the worst of them:")
 CERTIFICATE_TEXT = ("The certificate and the hashes of the released weights are in the run's release/ folder "
                     "(`python -m ttp_lightning.verify`).")
 LIMITATIONS = (

@@ -1,10 +1,13 @@
-"""The relearning attack: open weights can be finetuned. An adversary finetunes the released model on a little
-public, labelled data that does not contain the forget set (by default the test split) and checks whether the
-forget predictions come back (Siddiqui et al. 2025, "From Dormant to Deleted"; Hsu et al. 2025). Reported: the
-forget CD and accuracy (and the worst image's CD) after each number of steps in `steps`.
+"""The relearning attack: open weights can be finetuned. An adversary finetunes the released model on public,
+labelled data that does not contain the forget set and checks whether the forget predictions come back (Siddiqui
+et al. 2025, "From Dormant to Deleted", finetune on retain data alone; Hsu et al. 2025). Reported: the forget CD
+and accuracy (and the worst image's CD) after each number of steps in `steps`, for every data source (the test
+split; a random subset of the retain data) and learning rate, and their worst case: per number of steps the
+highest of each score over all of them (an upper envelope: each value is attained by some run, named in `run`).
 """
 
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
@@ -45,3 +48,33 @@ def relearn_attack(net: nn.Module, public: ImageBatchDataset, forget: ImageBatch
         if step in wanted:
             out[str(step)] = _forget_scores(model, forget_images, forget_labels, device)
     return out
+
+
+def retain_subset(retain: ImageBatchDataset, size: int | None, seed: int) -> ImageBatchDataset:
+    """`size` retain images drawn without replacement by `seed` (all of them when None or larger), unaugmented:
+    the attacker's sample of the data the model keeps."""
+    count = len(retain) if size is None else min(int(size), len(retain))
+    chosen = torch.randperm(len(retain), generator=torch.Generator().manual_seed(seed))[:count].sort().values
+    return ImageBatchDataset(retain.images[chosen], retain.labels[chosen])
+
+
+def relearn_worst(net: nn.Module, sources: dict[str, ImageBatchDataset], forget: ImageBatchDataset,
+                  steps: list[int], lrs: list[float], batch_size: int, seed: int, device) -> tuple[dict, dict]:
+    """(worst, runs): `runs` {"<source> lr <lr>": {steps: scores}} is relearn_attack for every source and learning
+    rate; `worst` {steps: scores} holds, per number of steps, the highest forget CD, worst image's CD and forget
+    accuracy over the runs, and `run`, the run with the highest forget CD (NaN counts as the highest)."""
+    runs = {f"{name} lr {lr:g}": relearn_attack(net, data, forget, steps, lr, batch_size, seed, device)
+            for name, data in sources.items() for lr in lrs}
+    worst = {}
+    for count in next(iter(runs.values())):
+        rows = {name: scores[count] for name, scores in runs.items()}
+        worst[count] = {key: max((row[key] for row in rows.values()), key=_nan_highest) for key in _SCORES}
+        worst[count]["run"] = max(rows, key=lambda name: _nan_highest(rows[name]["forget_conf_dist"]))
+    return worst, runs
+
+
+_SCORES = ("forget_conf_dist", "forget_acc", "forget_worst_conf_dist")
+
+
+def _nan_highest(value: float) -> float:
+    return math.inf if math.isnan(value) else value

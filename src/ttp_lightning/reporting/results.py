@@ -108,10 +108,11 @@ def format_noise_free_line(noise_free: dict) -> str:
 
 
 def format_attack_table(attacks: dict[str, dict], certified: dict[str, dict] | None = None,
-                        relearn: dict[str, dict] | None = None) -> str:
+                        relearn: dict[str, dict] | None = None, floor: dict | None = None) -> str:
     """The attack table; with `certified` ({stage: {gamma: summary}}), a `certified` row per radius: the mean of
     each image's certified bound, which no attack in that ball can exceed (accuracy: -); with `relearn`
-    ({stage: {steps: scores}}), a `relearn` row per number of finetuning steps."""
+    ({stage: {steps: scores}}, the worst case over the relearning runs), a `relearn` row per number of finetuning
+    steps; with `floor` (results.json relearn_floor), a line under the table: the same finetuning of A(D_r)."""
     rows = attack_rows(attacks)
     stages = list(attacks)
     for gamma in next(iter(attacks.values()))[WORST]:
@@ -123,7 +124,14 @@ def format_attack_table(attacks: dict[str, dict], certified: dict[str, dict] | N
         rows.append(["relearn", f"{steps} step{'s' if steps != '1' else ''}"] + [
             cell for stage in stages for cell in (f"{relearn[stage][steps]['forget_conf_dist']:.4f}",
                                                   f"{relearn[stage][steps]['forget_acc']:.2%}")])
-    return _aligned(rows)
+    table = _aligned(rows)
+    if floor:
+        worst = floor["worst"]
+        reached = " / ".join(f"{scores['forget_conf_dist']:.4f}" for scores in worst.values())
+        table += (f"\nrelearn floor: A(D_r), retrained without the forget images, reaches forget CD {reached} after "
+                  f"{' / '.join(worst)} steps of the same finetuning (a release that relearns to it is no better "
+                  "protected than a model that never saw the images)")
+    return table
 
 
 PER_IMAGE_COLUMNS = [("forget_worst_conf_dist", "worst CD", "{:.4f}"), ("forget_exposed", "CD > {t}", "{:d}"),

@@ -68,7 +68,9 @@ def test_default_job_writes_the_results_contract(run_cli, tmp_path):
 
 
 def test_retrain_baseline_trains_on_the_retain_set(run_job):
-    proc, results = run_job("method=retrain", *TINY_WITHOUT_METHOD, tiny=False)
+    defaults = ("attacks.relearn.steps=[1,10,100,1000]", "attacks.relearn.lrs=[0.0001,0.001,0.01]",
+                "attacks.relearn.data=[test,retain]")  # the relearning attack's defaults, which TINY lightens
+    proc, results = run_job("method=retrain", *TINY_WITHOUT_METHOD, *defaults, tiny=False)
     assert proc.returncode == 4 and not results["release_gate"]["passed"]  # retraining makes no image uncertain
     retrain = results["metrics"]["retrain"]
     assert METRIC_KEYS <= retrain.keys() and retrain["test_acc"] > 0.8

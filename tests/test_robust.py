@@ -83,7 +83,7 @@ def test_robust_alg1_keeps_uniformity_under_attack_and_stops_on_the_attacked_cd(
     qualifying = [row for row in history if row["retain_acc"] >= threshold and row["forget_worst_conf_dist"] < 0.3]
     assert qualifying and robust["metrics"]["pareto_robust"]["constraint_met"]
     # select=certified: fewest exposed under attack, then fewest not proven by the interval bound, then the proof
-    assert all(0 <= row["forget_certified_worst_conf_dist"] <= 1 - 1 / 3 + 1e-9 for row in history)
+    assert all(0 <= row["forget_certified_worst_conf_dist"] <= 0.9 + 1e-9 for row in history)  # 10 classes
     assert history[best - 1]["forget_robust_exposed"] == min(row["forget_robust_exposed"] for row in qualifying)
     assert _rank(history[best - 1]) == min(_rank(row) for row in qualifying)
     attacked = {name: results["metrics"][name]["forget_robust_conf_dist"]

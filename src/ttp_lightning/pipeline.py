@@ -154,18 +154,23 @@ def attack_models(results: dict, models: dict, datamodule, cfg: AttacksSchema, a
         results["attacks"][stage], results["attack_checks"][stage] = evaluation["scores"], evaluation["checks"]
         results["metrics"][stage]["forget_robust_conf_dist"] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
         per_image[stage] = evaluation["worst_per_image"][gamma]
-    relearn = cfg.relearn
-    sources = relearn_sources(datamodule, relearn, int(cfg.seed)) if relearn.enabled else {}
+    settings = cfg.relearn
+    sources = relearn_sources(datamodule, settings, int(cfg.seed)) if settings.enabled else {}
     if sources:
         log.info("relearning attack: Adam at lr %s on %s, forget set measured after %s steps; the worst case is "
-                 "reported", ", ".join(f"{lr:g}" for lr in relearn.lrs), " and ".join(sources),
-                 ", ".join(map(str, relearn.steps)))
+                 "reported", ", ".join(f"{lr:g}" for lr in settings.lrs), " and ".join(sources),
+                 ", ".join(map(str, settings.steps)))
         results["relearn"], results["relearn_runs"] = {}, {}
         for stage, net in models.items():
-            results["relearn"][stage], results["relearn_runs"][stage] = relearn_worst(
-                net, sources, forget, list(relearn.steps), [float(lr) for lr in relearn.lrs],
-                int(relearn.batch_size), int(cfg.seed), eval_device())
+            results["relearn"][stage], results["relearn_runs"][stage] = relearn(net, sources, forget, cfg)
     return per_image
+
+
+def relearn(net, sources: dict, forget, cfg: AttacksSchema) -> tuple[dict, dict]:
+    """attacks.relearn on `net` from `sources` (relearn_sources): (worst case, every run), relearn_worst's."""
+    settings = cfg.relearn
+    return relearn_worst(net, sources, forget, list(settings.steps), [float(lr) for lr in settings.lrs],
+                         int(settings.batch_size), int(cfg.seed), eval_device())
 
 
 def retrain_floor(settings: MainSchema, ctx: RunContext, datamodule, method, make_net) -> tuple | None:
@@ -183,10 +188,7 @@ def relearn_floor(floor: tuple, datamodule, cfg: AttacksSchema) -> dict:
     """The relearning attack's floor: the same finetuning of A(D_r), which never saw the forget images and was
     never made uniform on them. {worst: {steps: worst-case scores}, retrain_wall_s, retrain_cached}."""
     net, info = floor
-    relearn = cfg.relearn
-    worst, _ = relearn_worst(net, relearn_sources(datamodule, relearn, int(cfg.seed)), datamodule.dataset("forget"),
-                             list(relearn.steps), [float(lr) for lr in relearn.lrs], int(relearn.batch_size),
-                             int(cfg.seed), eval_device())
+    worst, _ = relearn(net, relearn_sources(datamodule, cfg.relearn, int(cfg.seed)), datamodule.dataset("forget"), cfg)
     return {"worst": worst, "retrain_wall_s": info["wall_s"], "retrain_cached": info["cached"]}
 
 

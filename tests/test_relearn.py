@@ -88,3 +88,26 @@ def test_a_run_relearns_its_models_and_the_retrained_floor(run_main, tmp_path):
     code, _, err, again = run_main(*overrides)
     assert code in (0, 4), err
     assert again["relearn_floor"]["retrain_cached"] is True and again["relearn_floor"]["worst"] == floor["worst"]
+
+
+def test_no_floor_is_trained_when_there_is_nothing_to_relearn_on():
+    """A(D_r) costs a training: it is not trained for method=retrain (it is A(D_r)), with the floor or the attacks
+    off, or when no relearning source exists (data=[test] on a data set without a test split)."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from ttp_lightning.config_schema import RelearnSchema
+    from ttp_lightning.pipeline import retrain_floor
+
+    datamodule = SimpleNamespace(test_labels=torch.zeros(0))
+    never = (lambda: pytest.fail("A(D_r) was built"))
+
+    def settings(enabled=True, **relearn):
+        return SimpleNamespace(attacks=SimpleNamespace(enabled=enabled, seed=0, relearn=RelearnSchema(**relearn)))
+
+    method = SimpleNamespace(name="pareto")
+    assert retrain_floor(settings(data=["test"]), None, datamodule, method, never) is None
+    assert retrain_floor(settings(floor=False), None, datamodule, method, never) is None
+    assert retrain_floor(settings(enabled=False), None, datamodule, method, never) is None
+    assert retrain_floor(settings(), None, datamodule, SimpleNamespace(name="retrain"), never) is None

@@ -178,7 +178,8 @@ def retrain_floor(settings: MainSchema, ctx: RunContext, datamodule, method, mak
     trains it together), the relearning attack's floor; None when the attack, its floor, or the method (retrain
     is A(D_r) itself) does not ask for it."""
     relearn = settings.attacks.relearn
-    if not (settings.attacks.enabled and relearn.enabled and relearn.floor) or method.name == "retrain":
+    if not (settings.attacks.enabled and relearn.enabled and relearn.floor) or method.name == "retrain" \
+            or not relearn_sources(datamodule, relearn, int(settings.attacks.seed)):  # nothing to finetune it on
         return None
     net = make_net()
     return net, retrained_model(ctx, net, datamodule, is_global_zero)

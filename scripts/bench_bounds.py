@@ -37,10 +37,13 @@ def release_folder(run: Path) -> Path:
     raise SystemExit(f"error: {run} holds no release folder (release/ or release_not_protected/)")
 
 
-def forget_images(run: Path) -> torch.Tensor:
-    results = json.loads((run / "results.json").read_text())
-    images, _ = build_datamodule(results["config"]["data"]).dataset("forget").everything()
-    return images
+def load_run(run: Path):
+    """(the released network, loaded as a user would, protected or not; the run's data module, rebuilt from its
+    own data settings in results.json)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotProtectedWarning)
+        net = load_released(release_folder(run))
+    return net, build_datamodule(json.loads((run / "results.json").read_text())["config"]["data"])
 
 
 def measure(net, images: torch.Tensor, bound: str, intermediate: str, at_most: float) -> dict:
@@ -86,10 +89,8 @@ def main(argv: list[str] | None = None) -> int:
               f"<= {args.at_most:g} (%) | radius min / median (1/255) | seconds (shares + radius) | s / image |"),
              "|---|---:|---|---|---|---|---:|---:|"]
     for run in args.runs:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NotProtectedWarning)
-            net = load_released(release_folder(run))
-        images = forget_images(run)
+        net, datamodule = load_run(run)
+        images, _ = datamodule.dataset("forget").everything()
         report["runs"][str(run)] = {}
         for bound in ("interval", "linear"):
             result = measure(net, images, bound, args.intermediate, args.at_most)

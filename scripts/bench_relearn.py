@@ -15,23 +15,14 @@ import argparse
 import json
 import platform
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
+from bench_bounds import load_run  # this folder's: the release and the data of a finished run
 from ttp_lightning.attacks.relearn import relearn_worst
 from ttp_lightning.config_schema import RelearnSchema
-from ttp_lightning.data.datamodule import build_datamodule
 from ttp_lightning.pipeline import relearn_sources
-from ttp_lightning.release import NotProtectedWarning, load_released
-
-
-def release_folder(run: Path) -> Path:
-    for name in ("release", "release_not_protected"):
-        if (run / name / "config.json").is_file():
-            return run / name
-    raise SystemExit(f"error: {run} holds no release folder (release/ or release_not_protected/)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,10 +42,7 @@ def main(argv: list[str] | None = None) -> int:
               "settings": vars(settings), "runs": {}}
     lines = ["| run | steps | forget CD (worst case) | worst image | forget acc | reached by |", "|---|---:|---:|---:|---:|---|"]
     for run in args.runs:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", NotProtectedWarning)
-            net = load_released(release_folder(run))
-        datamodule = build_datamodule(json.loads((run / "results.json").read_text())["config"]["data"])
+        net, datamodule = load_run(run)
         start = time.perf_counter()
         worst, runs = relearn_worst(net, relearn_sources(datamodule, settings, args.seed), datamodule.dataset("forget"),
                                     settings.steps, settings.lrs, settings.batch_size, args.seed, "cpu")

@@ -91,23 +91,25 @@ def test_a_run_relearns_its_models_and_the_retrained_floor(run_main, tmp_path):
 
 
 def test_no_floor_is_trained_when_there_is_nothing_to_relearn_on():
-    """A(D_r) costs a training: it is not trained for method=retrain (it is A(D_r)), with the floor or the attacks
-    off, or when no relearning source exists (data=[test] on a data set without a test split)."""
+    """A(D_r) costs a training: it is not trained for method=retrain (it is A(D_r)), with the floor off, or when no
+    relearning source exists (the attack off, or data=[test] on a data set without a test split)."""
     from types import SimpleNamespace
 
     import pytest
 
     from ttp_lightning.config_schema import RelearnSchema
-    from ttp_lightning.pipeline import retrain_floor
+    from ttp_lightning.pipeline import relearn_sources, retrain_floor, run_relearn_sources
 
     datamodule = SimpleNamespace(test_labels=torch.zeros(0))
     never = (lambda: pytest.fail("A(D_r) was built"))
 
-    def settings(enabled=True, **relearn):
-        return SimpleNamespace(attacks=SimpleNamespace(enabled=enabled, seed=0, relearn=RelearnSchema(**relearn)))
+    def settings(attacks_on=True, **relearn):
+        return SimpleNamespace(attacks=SimpleNamespace(enabled=attacks_on, seed=0, relearn=RelearnSchema(**relearn)))
 
-    method = SimpleNamespace(name="pareto")
-    assert retrain_floor(settings(data=["test"]), None, datamodule, method, never) is None
-    assert retrain_floor(settings(floor=False), None, datamodule, method, never) is None
-    assert retrain_floor(settings(enabled=False), None, datamodule, method, never) is None
-    assert retrain_floor(settings(), None, datamodule, SimpleNamespace(name="retrain"), never) is None
+    method, some = SimpleNamespace(name="pareto"), {"test": object()}
+    assert relearn_sources(datamodule, RelearnSchema(data=["test"]), 0) == {}
+    assert run_relearn_sources(settings(attacks_on=False).attacks, datamodule) == {}  # the attacks off: no floor
+    assert run_relearn_sources(settings(enabled=False).attacks, datamodule) == {}  # relearning off: none either
+    assert retrain_floor(settings(data=["test"]), None, datamodule, method, never, {}) is None
+    assert retrain_floor(settings(floor=False), None, datamodule, method, never, some) is None
+    assert retrain_floor(settings(), None, datamodule, SimpleNamespace(name="retrain"), never, some) is None

@@ -139,7 +139,8 @@ def identity(settings: MainSchema, datamodule) -> dict:
     }
 
 
-def attack_models(results: dict, models: dict, datamodule, cfg: AttacksSchema, attacks: dict) -> dict:
+def attack_models(results: dict, models: dict, datamodule, cfg: AttacksSchema, attacks: dict,
+                  sources: dict) -> dict:
     """The attack evaluation of each stage's model on the forget set: results["attacks"] (scores),
     results["attack_checks"] and, in each stage's metrics, forget_robust_conf_dist (the worst attack at
     `robust_gamma`). Attackers aim for the pretrained model's predictions and must restore its forget CD.
@@ -155,7 +156,6 @@ def attack_models(results: dict, models: dict, datamodule, cfg: AttacksSchema, a
         results["metrics"][stage]["forget_robust_conf_dist"] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
         per_image[stage] = evaluation["worst_per_image"][gamma]
     settings = cfg.relearn
-    sources = relearn_sources(datamodule, settings, int(cfg.seed)) if settings.enabled else {}
     if sources:
         log.info("relearning attack: Adam at lr %s on %s, forget set measured after %s steps; the worst case is "
                  "reported", ", ".join(f"{lr:g}" for lr in settings.lrs), " and ".join(sources),
@@ -173,29 +173,33 @@ def relearn(net, sources: dict, forget, cfg: AttacksSchema) -> tuple[dict, dict]
                          int(settings.batch_size), int(cfg.seed), eval_device())
 
 
-def retrain_floor(settings: MainSchema, ctx: RunContext, datamodule, method, make_net) -> tuple | None:
+def retrain_floor(settings: MainSchema, ctx: RunContext, datamodule, method, make_net, sources: dict
+                  ) -> tuple | None:
     """(A(D_r), its cache record): a model retrained without the forget images (cached like A(D); every DDP rank
-    trains it together), the relearning attack's floor; None when the attack, its floor, or the method (retrain
-    is A(D_r) itself) does not ask for it."""
-    relearn = settings.attacks.relearn
-    if not (settings.attacks.enabled and relearn.enabled and relearn.floor) or method.name == "retrain" \
-            or not relearn_sources(datamodule, relearn, int(settings.attacks.seed)):  # nothing to finetune it on
+    trains it together), the relearning attack's floor; None when the floor is off, the method is retrain (A(D_r)
+    itself), or there is nothing to finetune it on (no relearning `sources`: the attack is off, or none exists)."""
+    if not settings.attacks.relearn.floor or method.name == "retrain" or not sources:
         return None
     net = make_net()
     return net, retrained_model(ctx, net, datamodule, is_global_zero)
 
 
-def relearn_floor(floor: tuple, datamodule, cfg: AttacksSchema) -> dict:
+def relearn_floor(floor: tuple, sources: dict, forget, cfg: AttacksSchema) -> dict:
     """The relearning attack's floor: the same finetuning of A(D_r), which never saw the forget images and was
     never made uniform on them. {worst: {steps: worst-case scores}, retrain_wall_s, retrain_cached}."""
     net, info = floor
-    worst, _ = relearn(net, relearn_sources(datamodule, cfg.relearn, int(cfg.seed)), datamodule.dataset("forget"), cfg)
+    worst, _ = relearn(net, sources, forget, cfg)
     return {"worst": worst, "retrain_wall_s": info["wall_s"], "retrain_cached": info["cached"]}
+
+
+def run_relearn_sources(cfg: AttacksSchema, datamodule) -> dict:
+    """The run's relearning sources (relearn_sources), none when the attacks or the relearning attack are off."""
+    return relearn_sources(datamodule, cfg.relearn, int(cfg.seed)) if cfg.enabled and cfg.relearn.enabled else {}
 
 
 def relearn_sources(datamodule, relearn, seed: int) -> dict:
     """The relearning attacker's labelled images by name (attacks.relearn.data): the test split (when the data
-    set has one), a `retain_size` subset of the retain data."""
+    set has one), a `retain_size` subset of the retain data; built once per run and shared by every model."""
     sources = {}
     for name in relearn.data:
         if name == "test" and len(datamodule.test_labels):
@@ -332,7 +336,8 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     metrics["pretrain"] = {**evaluate(pretrained, datamodule, settings.trainer, exposed_above), **pretrain_info}
     metrics[method.name] = {**evaluate(output.net, datamodule, settings.trainer, exposed_above), **output.metrics,
                                 "weights_changed": weights_changed(pretrained, output.net)}
-    floor = retrain_floor(settings, ctx, datamodule, method, make_net)
+    sources = run_relearn_sources(settings.attacks, datamodule)
+    floor = retrain_floor(settings, ctx, datamodule, method, make_net, sources)
     if not is_global_zero():
         return None
     results = {
@@ -355,9 +360,9 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     if settings.attacks.enabled:
         log.info("attacking the forget set: %s at gamma %s/255", ", ".join(attacks),
                  ", ".join(f"{float(g):g}" for g in settings.attacks.gammas))
-        attacked = attack_models(results, models, datamodule, settings.attacks, attacks)
-        if "relearn" in results and floor is not None:
-            results["relearn_floor"] = relearn_floor(floor, datamodule, settings.attacks)
+        attacked = attack_models(results, models, datamodule, settings.attacks, attacks, sources)
+        if floor is not None:
+            results["relearn_floor"] = relearn_floor(floor, sources, datamodule.dataset("forget"), settings.attacks)
     note = account_per_image(results, models, datamodule, settings.attacks, attacked, gate.conf_dist_at_most,
                              settings.bounds)
     results["release_gate"] = judge(results["forget_per_image"], method.name, metrics[method.name], gate,

@@ -4,6 +4,7 @@ released model keeps its uniformity under the default attack better than plain A
 
 import torch
 from omegaconf import open_dict
+from torch import nn
 
 from test_modules import OPTIM, tiny_net, tiny_sets
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
@@ -237,3 +238,23 @@ def test_robust_alg1_takes_the_same_steps_whether_pretraining_was_trained_or_rea
     assert fresh["history"]["pareto_robust"][-1]["forget_robust_conf_dist"] == \
         cached["history"]["pareto_robust"][-1]["forget_robust_conf_dist"]
     assert fresh["metrics"]["pareto_robust"]["test_acc"] == cached["metrics"]["pareto_robust"]["test_acc"]
+
+
+def test_the_per_epoch_proof_of_a_network_no_bound_supports_is_vacuous_and_not_retried(monkeypatch):
+    """Robust Alg 1's validation bounds each forget image by intervals; a layer without an interval rule (GELU)
+    proves nothing (CD 1 - 1/K for every image), and later epochs do not copy and trace the network again."""
+    import ttp_lightning.models.pareto as pareto_module
+
+    retain, forget = tiny_sets(n_forget=5)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.GELU(), nn.Linear(8, 3))
+    module = ParetoFinetuneModule(net, 0.75, OPTIM, retain_data=retain, forget_data=forget, adversarial=SETTINGS)
+    calls = []
+    bound = pareto_module.certified_conf_dist
+    monkeypatch.setattr(pareto_module, "certified_conf_dist", lambda *a, **k: calls.append(1) or bound(*a, **k))
+    for _ in range(3):
+        assert torch.equal(module._certified_conf_dist(), torch.full((5,), 1 - 1 / 3, dtype=torch.float64))
+    assert len(calls) == 1
+    mlp = ParetoFinetuneModule(tiny_net(), 0.75, OPTIM, retain_data=retain, forget_data=forget, adversarial=SETTINGS)
+    certified = mlp._certified_conf_dist()  # a supported network: a real bound, at least the clean CD
+    clean = (max_softmax(mlp.net.eval(), forget.everything()[0]) - 1 / 3).clamp(min=0).double()
+    assert (certified >= clean - 1e-6).all() and (certified <= 1 - 1 / 3 + 1e-9).all()

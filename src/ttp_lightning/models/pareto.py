@@ -71,6 +71,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         # submodule (its parameters would enter the state_dict a second time, and a state_dict saved before the
         # first trace would no longer load: LrBackoff's restart did exactly that)
         self._graph: list = []
+        self._unbounded = False  # the interval bound has no rule for a layer of the network (found once)
         self.forget_temperature, self.gradient_surgery, self.chunk_size = forget_temperature, gradient_surgery, chunk_size
         self.retain_data, self.forget_data = retain_data, forget_data
         self.automatic_optimization = mode == "minibatch"
@@ -178,14 +179,17 @@ class ParetoFinetuneModule(PartsValidationMixin):
 
     def _certified_conf_dist(self) -> torch.Tensor:
         """[N]: each forget image's interval-bound certified CD at gamma (cheap: one bound pass; a network the
-        interval bound has no rule for gets the vacuous 1 - 1/K, nothing proven)."""
+        interval bound has no rule for gets the vacuous 1 - 1/K, nothing proven, and is not copied and traced again
+        in later epochs: the architecture does not change)."""
         images, _ = self.forget_data.everything()
-        try:
-            return certified_conf_dist(self.net, images, self.adversarial.gamma, device=self.device)
-        except UnsupportedLayer:
-            with torch.no_grad(), evaluating(self.net):
-                classes = self.net(images[:1].to(self.device)).shape[-1]
-            return torch.full((len(images),), 1.0 - 1.0 / classes, dtype=torch.float64)
+        if not self._unbounded:
+            try:
+                return certified_conf_dist(self.net, images, self.adversarial.gamma, device=self.device)
+            except UnsupportedLayer:
+                self._unbounded = True
+        with torch.no_grad(), evaluating(self.net):
+            classes = self.net(images[:1].to(self.device)).shape[-1]
+        return torch.full((len(images),), 1.0 - 1.0 / classes, dtype=torch.float64)
 
     # --------------------------------------------------------------- fullbatch
 

@@ -37,6 +37,22 @@ def test_forget_and_retain_partition_the_training_set():
     assert not torch.equal(dm.forget_indices, other_seed.forget_indices)
 
 
+def test_retain_split_holds_out_a_seeded_slice_of_the_retain_set():
+    dm = digits(forget={"size": 20})
+    fit, holdout = dm.retain_split(0.1)
+    retain = set(dm.retain_indices.tolist())
+    assert len(holdout) == round(0.1 * len(retain)) and not set(fit.tolist()) & set(holdout.tolist())
+    assert set(fit.tolist()) | set(holdout.tolist()) == retain  # no forget image on either side
+    again_fit, again_holdout = digits(forget={"size": 20}).retain_split(0.1)
+    assert torch.equal(fit, again_fit) and torch.equal(holdout, again_holdout)
+    assert not torch.equal(holdout, digits(forget={"size": 20}, seed=1).retain_split(0.1)[1])
+    assert len(dm.retain_split(0.0)[1]) == 0 and len(dm.retain_split(1e-9)[1]) == 1
+    images, labels = dm.subset(holdout).everything()
+    assert torch.equal(labels, dm.train_labels[holdout]) and len(images) == len(holdout)
+    with pytest.raises(TTPUserError, match="holds out all"):
+        dm.retain_split(1.0)
+
+
 def test_forget_source_test_moves_test_instances_into_the_training_data():
     plain, outside = digits(forget={"size": 20}), digits(forget={"size": 20, "source": "test"})
     assert outside.outside_forget_count == 20 and len(outside.test_labels) == len(plain.test_labels) - 20

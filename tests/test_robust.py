@@ -2,6 +2,7 @@
 robust uniformity term is evaluated at them, early stopping watches the attacked forget CD, and the
 released model keeps its uniformity under the default attack better than plain Alg 1."""
 
+import pytest
 import torch
 from omegaconf import open_dict
 from torch import nn
@@ -163,6 +164,37 @@ def test_retain_batchnorm_eval_trains_the_released_function_of_the_retain_batch(
         with torch.no_grad():
             released = retain_loss(module.net(images[:32]), labels[:32])
         assert torch.allclose(loss, released, atol=1e-6) == (mode == "eval")
+
+
+def test_the_retain_rule_on_a_held_out_slice_never_trains_on_it(compose_cfg, tmp_path, monkeypatch):
+    """early_stopping.retain_holdout: Alg 1 trains on the retain set minus a seeded slice, and early stopping,
+    the radius rule and lr_backoffs read the slice's accuracy, relative to the starting model's on it."""
+    from ttp_lightning.data.datamodule import TTPDataModule
+
+    seen = {}
+    original = TTPDataModule.pareto_dataloader
+
+    def spy(self, retain=None):
+        seen["fit"] = retain.everything()[0] if retain is not None else None
+        seen["holdout"] = self.subset(self.retain_split(0.2)[1]).everything()[0]
+        seen["retain"] = len(self.retain_indices)
+        return original(self, retain)
+
+    monkeypatch.setattr(TTPDataModule, "pareto_dataloader", spy)
+    robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=4", "attacks.enabled=false",
+                  "release_gate.require=[clean]", "method.early_stopping.retain_holdout=0.2")
+    metrics, history = robust["metrics"]["pareto_robust"], robust["history"]["pareto_robust"]
+    assert metrics["retain_holdout_size"] == len(seen["holdout"]) == round(0.2 * seen["retain"])
+    assert len(seen["fit"]) == seen["retain"] - len(seen["holdout"])
+    fit_rows, holdout_rows = ({bytes(image.numpy()) for image in seen[key]} for key in ("fit", "holdout"))
+    assert not fit_rows & holdout_rows  # (digits has no duplicate images)
+    assert all(0 <= row["retain_holdout_acc"] <= 1 for row in history)
+    assert "retain_holdout_acc >= " in metrics["stopping_rule"]
+    assert metrics["retain_reference"] == "test"  # A(D)'s accuracy on unseen images: digits has a test split
+    pretrained_test = robust["metrics"]["pretrain"]["test_acc"]
+    assert metrics["retain_acc_threshold"] == pytest.approx(pretrained_test - 0.01, abs=1e-6)
+    kept = history[metrics["best_epoch"] - 1]
+    assert (kept["retain_holdout_acc"] >= metrics["retain_acc_threshold"]) == metrics["constraint_met"]
 
 
 def test_training_radius_follows_the_retain_rule():

@@ -126,10 +126,13 @@ class LrBackoff(Callback):
     `factor` and a fresh optimizer state, at most `max_backoffs` times. Adam at 1e-2, a training rate, did this
     to a BatchNorm ResNet8 finetuned on digits (retain accuracy 0.99 -> 0.46 in the first epoch) and fits
     1e-3; an MLP at 1e-2 dips far less (lowest epoch 0.65 on digits) and keeps its rate. `backoffs` records each
-    (epoch, new learning rate)."""
+    (epoch, new learning rate). `retain_key`: the logged retain accuracy it reads (the held-out slice's under
+    early_stopping.retain_holdout)."""
 
-    def __init__(self, floor: float, max_backoffs: int = 2, factor: float = 10.0):
+    def __init__(self, floor: float, max_backoffs: int = 2, factor: float = 10.0,
+                 retain_key: str = "val/retain_acc"):
         self.floor, self.max_backoffs, self.factor = floor, max_backoffs, factor
+        self.retain_key = retain_key
         self.backoffs: list[dict] = []
         self.start_state: dict | None = None
 
@@ -144,7 +147,7 @@ class LrBackoff(Callback):
             self.start_state = cpu_state(pl_module)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        retain = trainer.callback_metrics.get("val/retain_acc")
+        retain = trainer.callback_metrics.get(self.retain_key)
         if trainer.sanity_checking or retain is None or float(retain) >= self.floor \
                 or len(self.backoffs) >= self.max_backoffs:
             return
@@ -174,10 +177,10 @@ class RadiusFromRetainRule(Callback):
     radius is then the largest the model can be made uniform at without breaking the retain rule: on an MLP
     that is train_gamma; a BatchNorm ResNet that cannot keep its accuracy with a uniform ball around each image
     goes down to the clean images (radius 0), where the retain rule can hold, instead of ending without a
-    qualifying epoch. `rung` is saved in checkpoints."""
+    qualifying epoch. `rung` is saved in checkpoints; `retain_key` is the logged retain accuracy it reads."""
 
-    def __init__(self, threshold: float, rungs: tuple[float, ...]):
-        self.threshold, self.rungs, self.rung = threshold, tuple(rungs), 0
+    def __init__(self, threshold: float, rungs: tuple[float, ...], retain_key: str = "val/retain_acc"):
+        self.threshold, self.rungs, self.rung, self.retain_key = threshold, tuple(rungs), 0, retain_key
 
     def state_dict(self) -> dict:
         return {"rung": self.rung}
@@ -189,7 +192,7 @@ class RadiusFromRetainRule(Callback):
         pl_module.radius_scale = self.rungs[self.rung]
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        retain = trainer.callback_metrics.get("val/retain_acc")
+        retain = trainer.callback_metrics.get(self.retain_key)
         if trainer.sanity_checking or retain is None:
             return
         step = 1 if float(retain) < self.threshold else -1

@@ -11,6 +11,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from ttp_lightning.batching import iterate_shard
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.metrics import Accuracy, ConfidenceDistance, L2UniformDistance
 from ttp_lightning.models.evaluation import EvaluationModule
@@ -50,6 +51,16 @@ def predictions(model: nn.Module, dataset, chunk_size: int = 1024, device: torch
                      for i in range(0, len(images), chunk_size)])
     model.train(was_training)
     return out
+
+
+def accuracy(net: nn.Module, dataset, chunk_size: int = 1024) -> float:
+    """The accuracy of `net` (in eval mode; its mode is restored) on the whole of `dataset`, in this process
+    alone (every DDP rank computes the same number)."""
+    was_training = net.training
+    net.eval().to(eval_device())
+    value = batch_metrics(net, iterate_shard(dataset, chunk_size, sharded=False))["acc"]
+    net.train(was_training)
+    return value
 
 
 @torch.no_grad()

@@ -298,6 +298,24 @@ class TTPDataModule(L.LightningDataModule):
             images, labels = self.train_images[index], self.train_labels[index]
         return ImageBatchDataset(images, labels, self.augment if augment else "none", seed=self.seed)
 
+    def retain_split(self, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fit, holdout): indices into the training set splitting the retain set, `fraction` of it (rounded, at
+        least one image when the fraction is positive) held out, drawn by a generator seeded from data.seed
+        alone, so every run and every DDP rank on the same data holds out the same images. Robust Alg 1
+        finetunes on `fit` and measures its retain rule on `holdout`, which finetuning never sees."""
+        count = 0 if fraction <= 0 else max(1, round(fraction * len(self.retain_indices)))
+        if count >= len(self.retain_indices):
+            raise TTPUserError(f"method.early_stopping.retain_holdout={fraction:g} holds out all "
+                               f"{len(self.retain_indices)} retain images; choose a smaller fraction")
+        order = torch.randperm(len(self.retain_indices), generator=torch.Generator().manual_seed(self.seed))
+        shuffled = self.retain_indices[order]
+        return shuffled[count:].sort().values, shuffled[:count].sort().values
+
+    def subset(self, indices: torch.Tensor, augment: bool = False) -> ImageBatchDataset:
+        """The training images at `indices` (e.g. a part of retain_split)."""
+        return ImageBatchDataset(self.train_images[indices], self.train_labels[indices],
+                                 self.augment if augment else "none", seed=self.seed)
+
     def request_parts(self, count: int) -> tuple[ImageBatchDataset, ImageBatchDataset]:
         """(retain, forget) after the first `count` forget requests: D_f the union of those requests,
         D_r the rest of the training set (Alg 4's D_{f_k} and D_{r_k})."""
@@ -309,9 +327,11 @@ class TTPDataModule(L.LightningDataModule):
     def _train_subset(self, mask: torch.Tensor) -> ImageBatchDataset:
         return ImageBatchDataset(self.train_images[mask], self.train_labels[mask], seed=self.seed)
 
-    def eval_loader(self, part: str, sharded: bool = True) -> torch.utils.data.DataLoader:
-        """Unaugmented, unshuffled batches; `sharded=False` gives every rank the whole part."""
-        return batch_loader(self.dataset(part), self.eval_batch_size, training=False, sharded=sharded,
+    def eval_loader(self, part: str | ImageBatchDataset, sharded: bool = True) -> torch.utils.data.DataLoader:
+        """Unaugmented, unshuffled batches of a part (or of a dataset); `sharded=False` gives every rank the
+        whole part."""
+        dataset = self.dataset(part) if isinstance(part, str) else part
+        return batch_loader(dataset, self.eval_batch_size, training=False, sharded=sharded,
                             num_workers=self.num_workers)
 
     def eval_parts(self) -> list[str]:
@@ -339,13 +359,16 @@ class TTPDataModule(L.LightningDataModule):
     def val_dataloader(self):
         return [self.eval_loader(part) for part in self.eval_parts()]
 
-    def pareto_dataloader(self) -> CombinedLoader:
+    def pareto_dataloader(self, retain: ImageBatchDataset | None = None) -> CombinedLoader:
         """Minibatch Alg 1: retain batches of `batch_size`, each paired with a forget batch of
         `forget_batch_size` cycled alongside (constant size, so every step gives the forget set one weight).
         The forget set is never sharded: under DDP every rank cycles through every forget image (a forget set
         smaller than the ranks times the forget batch would otherwise leave some ranks no full batch, and Alg 1
-        would take no step)."""
-        loaders = {"retain": self.training_loader("retain", drop_last=False),
+        would take no step). `retain`: the retain images to train on (an augmented view; default the whole
+        retain set)."""
+        retain_loader = self.training_loader("retain", drop_last=False) if retain is None else \
+            self.loader_for(retain, drop_last=False)
+        loaders = {"retain": retain_loader,
                    "forget": self.training_loader("forget", self.forget_batch_size, drop_last=True, sharded=False)}
         return CombinedLoader(loaders, mode="max_size_cycle")
 

@@ -9,9 +9,9 @@ import math
 import torch
 from torch import nn
 
-from ttp_lightning.batching import ImageBatchDataset, iterate_shard
+from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.evaluation import batch_metrics, eval_device
+from ttp_lightning.evaluation import accuracy
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
 from ttp_lightning.pretraining import train_erm
@@ -21,11 +21,6 @@ from ttp_lightning.training import RunContext
 def noisy_copy(dataset: ImageBatchDataset, std: float, generator: torch.Generator) -> ImageBatchDataset:
     images, labels = dataset.everything()
     return ImageBatchDataset(images + std * torch.randn(images.shape, generator=generator), labels)
-
-
-def accuracy(net: nn.Module, dataset: ImageBatchDataset, chunk_size: int = 1024) -> float:
-    net.eval().to(eval_device())
-    return batch_metrics(net, iterate_shard(dataset, chunk_size, sharded=False))["acc"]
 
 
 class GaussianUniform(Method):

@@ -85,6 +85,24 @@ def test_no_step_an_unchanged_model_or_an_unmet_rule_is_never_protected_even_whe
         assert not record["passed"] and any(reason in r for r in record["reasons"]), record
 
 
+def test_a_radius_rule_that_fell_back_below_the_judged_radius_fails_a_gate_that_judges_the_ball():
+    """Issue 38: robust Alg 1 kept an epoch trained at a smaller radius to keep its retain rule: that is a gate
+    failure under [clean, attacked] even when the attack at gamma found nothing; under [clean] (no promise
+    about the ball) it is not; NaN never passes; a radius the user chose below gamma is their promise."""
+    rows, robust = _rows([0.01, 0.02], attacked=[0.05, 0.05]), GateSettings(0.1, ("clean", "attacked"))
+    full = {"train_steps": 5, "train_gamma_kept": 10.0, "train_gamma_target": 10.0}
+    assert judge(rows, "pareto", full, robust, 8)["passed"]
+    fell = judge(rows, "pareto", full | {"train_gamma_kept": 5.0}, robust, 8)
+    assert not fell["passed"] and fell["reasons"] == [
+        "the kept epoch trained at radius 5/255: the radius rule fell back from 10/255 to keep the retain rule, "
+        "below the 8/255 the release is judged at"]
+    assert not judge(rows, "pareto", full | {"train_gamma_kept": float("nan")}, robust, 8)["passed"]
+    assert judge(rows, "pareto", full | {"train_gamma_kept": 5.0}, GateSettings(), 8)["passed"]
+    chosen = {"train_steps": 5, "train_gamma_kept": 5.0, "train_gamma_target": 5.0}
+    assert judge(rows, "pareto", chosen, robust, 8)["passed"]
+    assert not judge(rows, "pareto", chosen | {"train_gamma_kept": 2.5}, robust, 8)["passed"]
+
+
 def test_a_required_bound_that_cannot_be_computed_fails_the_gate():
     record = judge(_rows([0.0]), "pareto", {}, GateSettings(0.1, ("clean", "certified")), 8, "LayerNorm")
     assert not record["passed"] and "could not be computed (LayerNorm)" in record["reasons"][0]

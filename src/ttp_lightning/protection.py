@@ -161,6 +161,9 @@ def judge(rows: list[dict], stage: str, metrics: dict, settings: GateSettings, g
         rule = metrics.get("stopping_rule")
         reasons.append("no epoch met the early-stopping rule" + (f" ({rule})" if rule else ""))
     threshold = settings.conf_dist_at_most
+    fallback = radius_fallback(metrics, settings, gamma)
+    if fallback:
+        reasons.append(fallback)
     if settings.min_certified_radius is not None:
         least = settings.min_certified_radius
         radii = [row[stage]["certified_radius"] for row in rows]
@@ -189,6 +192,20 @@ def judge(rows: list[dict], stage: str, metrics: dict, settings: GateSettings, g
             "conf_dist_at_most": threshold, "require": list(settings.require), "gamma": gamma,
             "min_certified_radius": settings.min_certified_radius,
             "reasons": reasons, "failing_images": failing, "unrequired_above": unrequired_above(rows, stage, settings)}
+
+
+def radius_fallback(metrics: dict, settings: GateSettings, gamma: float) -> str | None:
+    """Robust Alg 1's radius rule trades the training radius for retain accuracy; a release whose kept epoch
+    trained below both its training radius and the radius it is judged at (`gamma`) gave the robustness away to
+    keep the rule, and is not judged at a smaller radius in silence: that is a gate failure whenever the gate
+    judges the ball (attacked or certified CDs), even if the attack at `gamma` found nothing."""
+    kept, target = metrics.get("train_gamma_kept"), metrics.get("train_gamma_target")
+    if kept is None or target is None or not set(settings.require) & {"attacked", "certified"}:
+        return None
+    if float(kept) >= min(float(target), gamma):  # NaN is a fallback
+        return None
+    return (f"the kept epoch trained at radius {kept:g}/255: the radius rule fell back from {float(target):g}/255 "
+            f"to keep the retain rule, below the {gamma:g}/255 the release is judged at")
 
 
 def unrequired_above(rows: list[dict], stage: str, settings: GateSettings) -> dict[str, int]:

@@ -476,7 +476,8 @@ def provider(work: Path) -> Path:
 
 def protect_args(folder: Path, forget: Path, *extra: str) -> list[str]:
     return [*QUICK, "+workflow=protect", "model=mlp", "model.hidden_dim=128", f"model.checkpoint={folder / 'model.pt'}",
-            "data=imagefolder", f"data.root={folder / 'digits'}", f"data.forget.images={forget}", *extra]
+            "data=imagefolder", f"data.root={folder / 'digits'}", f"data.forget.images={forget}",
+            "release_gate.require=[clean]", *extra]  # QUICK has no attacks to judge the workflow's ball by
 
 
 def case_edited_decoded_cache(work, reference):

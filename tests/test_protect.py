@@ -96,7 +96,9 @@ def test_each_checkpoint_format_becomes_the_providers_network(examples, fmt):
 
 def test_protect_a_model_trained_elsewhere(run_main, examples, tmp_path):
     folder, checkpoint = examples("pt")
-    code, _, err, results = protect(run_main, folder, checkpoint)
+    # the weaker promise, stated: this test is about the provider's files (the default gate, [clean, attacked]:
+    # test_the_protect_workflow_judges_the_ball_by_default)
+    code, _, err, results = protect(run_main, folder, checkpoint, "release_gate.require=[clean]")
     assert code == 0, err
     metrics = results["metrics"]
     original, protected = metrics["pretrain_original"], metrics["pareto_robust"]  # the workflow's method
@@ -140,6 +142,19 @@ def test_protect_a_model_trained_elsewhere(run_main, examples, tmp_path):
     for path in written:
         content = path.read_bytes()
         assert not any(image in content for image in raw), path
+
+
+def test_the_protect_workflow_judges_the_ball_by_default(run_main, examples, compose_cfg, tmp_path):
+    """Issue 38: a provider's release is judged within attacks.robust_gamma unless the weaker promise is stated:
+    the workflow's gate is [clean, attacked], and a run that would measure no attacked CD is refused before any
+    work, in one line naming the setting that states the weaker promise."""
+    assert list(compose_cfg("+workflow=protect").release_gate.require) == ["clean", "attacked"]
+    folder, checkpoint = examples("pt")
+    code, _, err, results = protect(run_main, folder, checkpoint, "attacks.enabled=false")
+    lines = err.strip().splitlines()
+    assert code == 2 and results is None and len(lines) == 1, err
+    assert "needs the attacked CD" in lines[0] and "release_gate.require=[clean] states the weaker promise" in lines[0]
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("release*"))
 
 
 def test_protect_refuses_a_run_without_its_inputs(run_main, tmp_path):
@@ -255,7 +270,7 @@ def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
     from ttp_lightning.errors import TTPUserError
 
     folder, checkpoint = examples("pt")
-    code, _, err, results = protect(run_main, folder, checkpoint, "attacks.enabled=false", "method.epochs=2")
+    code, _, err, results = protect(run_main, folder, checkpoint, "attacks.enabled=false", "release_gate.require=[clean]", "method.epochs=2")
     finished(code, results, err)
     release = release_of(tmp_path / "out")
     config = json.loads((release / "config.json").read_text())
@@ -415,13 +430,13 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_one_near_chance_is_named(r
     state = torch.load(checkpoint, weights_only=True)
     broken = {**state, "3.bias": state["3.bias"] * float("nan")}
     torch.save(broken, tmp_path / "nan.pt")
-    code, _, err, results = protect(run_main, folder, tmp_path / "nan.pt", "attacks.enabled=false")
+    code, _, err, results = protect(run_main, folder, tmp_path / "nan.pt", "attacks.enabled=false", "release_gate.require=[clean]")
     assert code == 2 and results is None
     assert err.strip().splitlines()[-1].startswith("error: checkpoint ") and "non-finite values" in err
     order = torch.tensor([3, 4, 5, 6, 7, 8, 9, 0, 1, 2])  # the provider's classes, in another order
     torch.save({**state, "3.weight": state["3.weight"][order], "3.bias": state["3.bias"][order]}, tmp_path / "perm.pt")
     with caplog.at_level(logging.WARNING, logger="ttp_lightning.pretraining"):
-        protect(run_main, folder, tmp_path / "perm.pt", "attacks.enabled=false", "method.epochs=1")
+        protect(run_main, folder, tmp_path / "perm.pt", "attacks.enabled=false", "release_gate.require=[clean]", "method.epochs=1")
     warnings = [r.getMessage() for r in caplog.records if "near chance" in r.getMessage()]
     assert len(warnings) == 1 and "data.normalize" in warnings[0] and "class order" in warnings[0]
     # two classes swapped: about 80 % (far above chance), far below the 98 % its provider states
@@ -429,7 +444,7 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_one_near_chance_is_named(r
     torch.save({**state, "3.weight": state["3.weight"][swap], "3.bias": state["3.bias"][swap]}, tmp_path / "swap.pt")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ttp_lightning.pretraining"):
-        protect(run_main, folder, tmp_path / "swap.pt", "attacks.enabled=false", "method.epochs=1",
+        protect(run_main, folder, tmp_path / "swap.pt", "attacks.enabled=false", "release_gate.require=[clean]", "method.epochs=1",
                 "model.checkpoint_test_acc=0.98")
     warnings = [r.getMessage() for r in caplog.records if "model.checkpoint_test_acc: far below it" in r.getMessage()]
     assert len(warnings) == 1 and "stated 98.0%" in warnings[0]

@@ -12,8 +12,9 @@ this module records three confidence distances (CD):
 
 The gate (`release_gate` in conf/main.yaml) then decides whether the method's model is released as protected:
 every forget image must have each CD named in `release_gate.require` at most `release_gate.conf_dist_at_most`,
-the method must have taken a training step when it trains (Alg 1), and its early-stopping rule must have been
-met. Otherwise the weights go to release_not_protected/, the model card says so and the command exits with
+the method must have taken a training step when it trains (Alg 1), its early-stopping rule must have been
+met, and, where the gate judges the ball, robust Alg 1's kept epoch must not have trained below the radius the
+release is judged at (radius_fallback). Otherwise the weights go to release_not_protected/, the model card says so and the command exits with
 EXIT_NOT_PROTECTED after one line naming how many images failed, which, and why.
 """
 

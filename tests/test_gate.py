@@ -94,8 +94,8 @@ def test_a_radius_rule_that_fell_back_below_the_judged_radius_fails_a_gate_that_
     assert judge(rows, "pareto", full, robust, 8)["passed"]
     fell = judge(rows, "pareto", full | {"train_gamma_kept": 5.0}, robust, 8)
     assert not fell["passed"] and fell["reasons"] == [
-        "the kept epoch trained at radius 5/255: the radius rule fell back from 10/255 to keep the retain rule, "
-        "below the 8/255 the release is judged at"]
+        ("the kept epoch trained at radius 5/255: the radius rule fell back from 10/255 to keep the retain rule, "
+         "below the 8/255 the release is judged at")]
     assert not judge(rows, "pareto", full | {"train_gamma_kept": float("nan")}, robust, 8)["passed"]
     assert judge(rows, "pareto", full | {"train_gamma_kept": 5.0}, GateSettings(), 8)["passed"]
     chosen = {"train_steps": 5, "train_gamma_kept": 5.0, "train_gamma_target": 5.0}

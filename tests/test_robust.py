@@ -217,6 +217,14 @@ def test_training_radius_follows_the_retain_rule():
     resumed.load_state_dict(RadiusFromRetainRule(0.9, RADIUS_RUNGS).state_dict() | {"rung": 3})
     resumed.on_train_start(None, module)
     assert module.radius_scale == 0.125
+    curriculum = RadiusFromRetainRule(0.9, RADIUS_RUNGS, start="bottom")  # from the clean images up
+    curriculum.on_train_start(None, module)
+    climbed = [module.radius_scale]
+    for retain in (0.95, 0.95, 0.5, 0.95, 0.95, 0.95):
+        trainer = SimpleNamespace(sanity_checking=False, callback_metrics={"val/retain_acc": torch.tensor(retain)})
+        curriculum.on_validation_end(trainer, module)
+        climbed.append(module.radius_scale)
+    assert climbed == [0.0, 0.125, 0.25, 0.125, 0.25, 0.5, 1.0]
     images = torch.rand(4, 1, 4, 4)
     assert torch.equal(worst_forget_images(tiny_net(), images, SETTINGS, radius=0.0), images)
 

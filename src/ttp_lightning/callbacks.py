@@ -177,10 +177,14 @@ class RadiusFromRetainRule(Callback):
     radius is then the largest the model can be made uniform at without breaking the retain rule: on an MLP
     that is train_gamma; a BatchNorm ResNet that cannot keep its accuracy with a uniform ball around each image
     goes down to the clean images (radius 0), where the retain rule can hold, instead of ending without a
-    qualifying epoch. `rung` is saved in checkpoints; `retain_key` is the logged retain accuracy it reads."""
+    qualifying epoch. `rung` is saved in checkpoints; `retain_key` is the logged retain accuracy it reads;
+    `start="bottom"` begins at the last rung (the clean images) and climbs, a curriculum instead of the full
+    ball from the first step."""
 
-    def __init__(self, threshold: float, rungs: tuple[float, ...], retain_key: str = "val/retain_acc"):
-        self.threshold, self.rungs, self.rung, self.retain_key = threshold, tuple(rungs), 0, retain_key
+    def __init__(self, threshold: float, rungs: tuple[float, ...], retain_key: str = "val/retain_acc",
+                 start: str = "top"):
+        self.threshold, self.rungs, self.retain_key = threshold, tuple(rungs), retain_key
+        self.rung = 0 if start == "top" else len(self.rungs) - 1  # bottom: from the clean images up
 
     def state_dict(self) -> dict:
         return {"rung": self.rung}

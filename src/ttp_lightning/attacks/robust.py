@@ -39,6 +39,8 @@ class AdversarialSettings:
     bound_term: str = "interval"       # B by interval bounds, or linear (CROWN-IBP: tighter, about 2x the cost)
     radius_rule: str = "fixed"         # retain: the training radius steps down a rung of RADIUS_RUNGS after an
                                        # epoch that breaks the retain rule and up one after an epoch that keeps it
+    radius_start: str = "top"          # radius_rule=retain's first rung: top (train_gamma) | bottom (the clean
+                                       # images, climbing a rung after each epoch that keeps the retain rule)
     eval_steps: int = 20
     eval_restarts: int = 1
     eval_objectives: tuple[str, ...] = field(default=("max_softmax", "ce_pretrained"))

@@ -83,6 +83,7 @@ def check_adversarial(adversarial: AdversarialSettings) -> None:
     checks.positive(adversarial.step_size, "method.adversarial.step_size")
     checks.choice(adversarial.objective, "method.adversarial.objective", list(OBJECTIVES))
     checks.choice(adversarial.radius_rule, "method.adversarial.radius_rule", ["fixed", "retain"])
+    checks.choice(adversarial.radius_start, "method.adversarial.radius_start", ["top", "bottom"])
     checks.choice(adversarial.bound_term, "method.adversarial.bound_term", list(BOUNDS))
     if not adversarial.surrogate_betas:
         raise TTPUserError("method.adversarial.surrogate_betas=[] is not allowed; list at least one beta > 0 or null")
@@ -216,7 +217,8 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     )
     backoff = LrBackoff((start_retain_acc + 1 / datamodule.info.num_classes) / 2, backoffs, retain_key=parts.key) \
         if backoffs else None
-    radius = RadiusFromRetainRule(best.retain_acc_at_least, RADIUS_RUNGS, retain_key=parts.key) \
+    radius = RadiusFromRetainRule(best.retain_acc_at_least, RADIUS_RUNGS, retain_key=parts.key,
+                                  start=adversarial.radius_start) \
         if best is not None and adversarial is not None and adversarial.radius_rule == "retain" else None
     callbacks = [history, timer] + ([backoff] if backoff else []) + ([best] if best else []) \
         + ([radius] if radius else [])

@@ -167,8 +167,9 @@ def test_retain_batchnorm_eval_trains_the_released_function_of_the_retain_batch(
 
 
 def test_the_retain_rule_on_a_held_out_slice_never_trains_on_it(compose_cfg, tmp_path, monkeypatch):
-    """early_stopping.retain_holdout: Alg 1 trains on the retain set minus a seeded slice, and early stopping,
-    the radius rule and lr_backoffs read the slice's accuracy, relative to the starting model's on it."""
+    """early_stopping.retain_holdout: Alg 1 trains on the retain set minus a seeded slice; early stopping and
+    lr_backoffs read the slice's accuracy, relative to the starting model's test accuracy; the radius rule
+    reads the retain images trained on."""
     from ttp_lightning.data.datamodule import TTPDataModule
 
     seen = {}
@@ -193,6 +194,9 @@ def test_the_retain_rule_on_a_held_out_slice_never_trains_on_it(compose_cfg, tmp
     assert metrics["retain_reference"] == "test"  # A(D)'s accuracy on unseen images: digits has a test split
     pretrained_test = robust["metrics"]["pretrain"]["test_acc"]
     assert metrics["retain_acc_threshold"] == pytest.approx(pretrained_test - 0.01, abs=1e-6)
+    # the radius rule reads the retain images trained on (a smaller ball does not cure overfitting)
+    pretrained_retain = robust["metrics"]["pretrain"]["retain_acc"]
+    assert metrics["radius_rule_threshold"] == pytest.approx(pretrained_retain - 0.01, abs=1e-6)
     kept = history[metrics["best_epoch"] - 1]
     assert (kept["retain_holdout_acc"] >= metrics["retain_acc_threshold"]) == metrics["constraint_met"]
 

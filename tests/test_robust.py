@@ -201,6 +201,33 @@ def test_the_retain_rule_on_a_held_out_slice_never_trains_on_it(compose_cfg, tmp
     assert (kept["retain_holdout_acc"] >= metrics["retain_acc_threshold"]) == metrics["constraint_met"]
 
 
+def test_an_epoch_lr_backoff_reverts_is_kept_with_the_weights_its_metrics_were_measured_on():
+    """The best-epoch keeper runs before LrBackoff: the fallback state of a collapsed epoch is that epoch's
+    weights, not the starting weights LrBackoff restores after it."""
+    from types import SimpleNamespace
+
+    from ttp_lightning.callbacks import ConstrainedBestModel, LrBackoff
+    from ttp_lightning.methods.pareto import ordered_callbacks
+
+    module = nn.Linear(2, 2)
+    start = {k: v.clone() for k, v in module.state_dict().items()}
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
+    trainer = SimpleNamespace(sanity_checking=False, current_epoch=0, global_rank=0, optimizers=[optimizer],
+                              lr_scheduler_configs=[], should_stop=False,
+                              callback_metrics={"val/retain_acc": torch.tensor(0.2),
+                                                "val/forget_worst_conf_dist": torch.tensor(0.5),
+                                                "val/forget_conf_dist": torch.tensor(0.5)})
+    best, backoff = ConstrainedBestModel(0.1, 0.9, fallback="pareto"), LrBackoff(0.5, 1)
+    backoff.on_fit_start(trainer, module)
+    with torch.no_grad():
+        module.weight.add_(1.0)  # the epoch's training step
+    collapsed = {k: v.clone() for k, v in module.state_dict().items()}
+    for callback in ordered_callbacks(None, None, best, backoff, None):
+        callback.on_validation_end(trainer, module)
+    assert backoff.backoffs and torch.equal(module.weight, start["weight"])  # reverted for the next epoch
+    assert best.fallback_epoch == 1 and torch.equal(best.fallback_state["weight"], collapsed["weight"])
+
+
 def test_training_radius_follows_the_retain_rule():
     """radius_rule=retain: one rung down after an epoch below tau_r, one up after an epoch at or above it, never
     past either end; a radius of 0 trains on the clean images."""

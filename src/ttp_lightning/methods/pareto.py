@@ -180,6 +180,14 @@ def retain_parts(datamodule: TTPDataModule, stopping: EarlyStoppingSchema | None
 HOLDOUT_PART = "retain_holdout"
 
 
+def ordered_callbacks(history, timer, best, backoff, radius) -> list:
+    """Alg 1's callbacks in the order Lightning runs them at each epoch's end: the best-epoch keeper reads the
+    weights the epoch's metrics were measured on before LrBackoff can put the starting weights back (in the
+    other order an epoch that lost its accuracy was recorded with its own metrics and the starting weights, and
+    a fallback to it released A(D) under that epoch's numbers)."""
+    return [callback for callback in (history, timer, best, backoff, radius) if callback is not None]
+
+
 def radius_rule(net: nn.Module, datamodule: TTPDataModule, parts: RetainParts, best, stopping: EarlyStoppingSchema,
                 adversarial: AdversarialSettings) -> RadiusFromRetainRule:
     """radius_rule=retain trades the training radius for the retain images Alg 1 fits, so it reads their
@@ -231,8 +239,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
         if backoffs else None
     radius = radius_rule(net, datamodule, parts, best, stopping, adversarial) \
         if best is not None and adversarial is not None and adversarial.radius_rule == "retain" else None
-    callbacks = [history, timer] + ([backoff] if backoff else []) + ([best] if best else []) \
-        + ([radius] if radius else [])
+    callbacks = ordered_callbacks(history, timer, best, backoff, radius)
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:

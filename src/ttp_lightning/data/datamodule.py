@@ -295,7 +295,7 @@ class TTPDataModule(L.LightningDataModule):
         else:
             index = {"pretrain": slice(0, self.pretrain_size), "train": slice(None), "retain": self.retain_indices,
                      "forget": self.forget_indices}[part]
-            images, labels = self.train_images[index], self.train_labels[index]
+            return self.subset(index, augment)
         return ImageBatchDataset(images, labels, self.augment if augment else "none", seed=self.seed)
 
     def retain_split(self, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,7 +312,7 @@ class TTPDataModule(L.LightningDataModule):
         return shuffled[count:].sort().values, shuffled[:count].sort().values
 
     def subset(self, indices: torch.Tensor, augment: bool = False) -> ImageBatchDataset:
-        """The training images at `indices` (e.g. a part of retain_split)."""
+        """The training images at `indices` (indices or a boolean mask; e.g. a part of retain_split)."""
         return ImageBatchDataset(self.train_images[indices], self.train_labels[indices],
                                  self.augment if augment else "none", seed=self.seed)
 
@@ -322,10 +322,7 @@ class TTPDataModule(L.LightningDataModule):
         forgotten = torch.zeros(len(self.train_labels), dtype=torch.bool)
         for indices in self.forget_requests[:count]:
             forgotten[indices] = True
-        return self._train_subset(~forgotten), self._train_subset(forgotten)
-
-    def _train_subset(self, mask: torch.Tensor) -> ImageBatchDataset:
-        return ImageBatchDataset(self.train_images[mask], self.train_labels[mask], seed=self.seed)
+        return self.subset(~forgotten), self.subset(forgotten)
 
     def eval_loader(self, part: str | ImageBatchDataset, sharded: bool = True) -> torch.utils.data.DataLoader:
         """Unaugmented, unshuffled batches of a part (or of a dataset); `sharded=False` gives every rank the

@@ -136,12 +136,15 @@ def retain_threshold(start_retain_acc: float, stopping: EarlyStoppingSchema) -> 
     return threshold
 
 
+HOLDOUT_PART = "retain_holdout"  # the validation part of the held-out slice (val/retain_holdout_acc)
+
+
 @dataclass(frozen=True)
 class RetainParts:
     """Where Alg 1 trains and where its retain rule is measured. Without a holdout (the paper) both are the
-    retain set; with early_stopping.retain_holdout a seeded slice of it is held out from finetuning and the rule
-    (early stopping, lr_backoffs, the radius rule) reads its accuracy (val/retain_holdout_acc): finetuning
-    overfits the images it trains on, and their accuracy cannot see it."""
+    retain set; with early_stopping.retain_holdout a seeded slice of it is held out from finetuning and early
+    stopping and lr_backoffs read its accuracy (val/retain_holdout_acc): finetuning overfits the images it
+    trains on, and their accuracy cannot see it (the radius rule reads those images either way: radius_rule)."""
 
     fit: ImageBatchDataset
     fit_augmented: ImageBatchDataset | None
@@ -175,9 +178,6 @@ def retain_parts(datamodule: TTPDataModule, stopping: EarlyStoppingSchema | None
     return RetainParts(datamodule.subset(fit_indices), datamodule.subset(fit_indices, augment=True),
                        datamodule.subset(holdout_indices), [*datamodule.eval_parts(), HOLDOUT_PART],
                        f"val/{HOLDOUT_PART}_acc")
-
-
-HOLDOUT_PART = "retain_holdout"
 
 
 def ordered_callbacks(history, timer, best, backoff, radius) -> list:

@@ -329,3 +329,49 @@ def test_the_per_epoch_proof_of_a_network_no_bound_supports_is_vacuous_and_not_r
     certified = mlp._certified_conf_dist()  # a supported network: a real bound, at least the clean CD
     clean = (max_softmax(mlp.net.eval(), forget.everything()[0]) - 1 / 3).clamp(min=0).double()
     assert (certified >= clean - 1e-6).all() and (certified <= 1 - 1 / 3 + 1e-9).all()
+
+
+def test_lr_warmup_ramps_each_optimizer_start_and_puts_the_scheduled_rate_back():
+    """method.lr_warmup: step t of the warm-up runs at (t + 1) / steps of the scheduled rate; the rate the
+    scheduler and LrBackoff see between steps is the scheduled one; a fresh optimizer state (LrBackoff's restart)
+    starts the ramp again; `auto` is 2 / (1 - beta2) steps for Adam, at most a tenth of the fit, none for SGD."""
+    import lightning as L
+
+    from ttp_lightning.callbacks import LrWarmup, warmup_steps
+
+    adam = torch.optim.Adam(nn.Linear(2, 2).parameters(), lr=0.1)
+    assert warmup_steps("auto", adam, 100_000) == 2000 and warmup_steps("auto", adam, 500) == 50
+    assert warmup_steps("auto", torch.optim.Adam(nn.Linear(2, 2).parameters(), betas=(0.9, 0.99)), 10**6) == 200
+    assert warmup_steps("auto", torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1), 10**6) == 0
+    assert warmup_steps(7, adam, 10) == 7
+
+    class Recorder(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer, self.used, self.between = nn.Linear(2, 1), [], []
+
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers().optimizer
+            self.between.append(optimizer.param_groups[0]["lr"])
+            return self.layer(batch).pow(2).mean()
+
+        def on_before_optimizer_step(self, optimizer):  # runs after the callbacks' hook: the rate of this step
+            self.used.append(optimizer.param_groups[0]["lr"])
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if self.trainer.global_step == 5:
+                self.optimizers().optimizer.state.clear()  # as LrBackoff does: the sixth step starts afresh
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.1)
+
+    module = Recorder()
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[LrWarmup(4)], accelerator="cpu")
+    trainer.fit(module, torch.utils.data.DataLoader(torch.randn(9, 2), batch_size=1))
+    assert module.used == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.025, 0.05, 0.075, 0.1])
+    assert module.between == pytest.approx([0.1] * 9)
+    with pytest.raises(Exception, match="method.lr_warmup=-1 is not allowed"):
+        from ttp_lightning.config_schema import ParetoSchema
+
+        ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, lr_warmup=-1)

@@ -309,6 +309,7 @@ class ParetoSchema(MethodSchema, TrainingSchema):
     forget_batchnorm: BatchNormMode = BatchNormMode["train"]
     retain_batchnorm: BatchNormMode = BatchNormMode["train"]
     lr_backoffs: int = 2
+    lr_warmup: Any = 0      # linear warm-up steps after each optimizer start (int >= 0), or auto (callbacks.warmup_steps)
     early_stopping: EarlyStoppingSchema = field(default_factory=EarlyStoppingSchema)
     adversarial: Any = None
 
@@ -316,6 +317,10 @@ class ParetoSchema(MethodSchema, TrainingSchema):
         TrainingSchema.__post_init__(self)
         checks.unit_interval(checks.number(self.theta, "method.theta"), "method.theta")
         checks.at_least_zero(self.lr_backoffs, "method.lr_backoffs")
+        if self.lr_warmup != "auto" and (isinstance(self.lr_warmup, bool) or not isinstance(self.lr_warmup, int)
+                                         or self.lr_warmup < 0):
+            raise TTPUserError(f"method.lr_warmup={self.lr_warmup!r} is not allowed; choose auto or a whole "
+                               "number of steps >= 0")
         fraction = checks.number(self.forget_cvar_fraction, "method.forget_cvar_fraction")
         if not 0.0 < fraction <= 1.0:
             raise TTPUserError(f"method.forget_cvar_fraction={fraction} is not allowed; choose a value in (0, 1]")

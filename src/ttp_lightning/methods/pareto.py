@@ -13,7 +13,13 @@ from ttp_lightning import checks
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.robust import RADIUS_RUNGS, AdversarialSettings
 from ttp_lightning.batching import ImageBatchDataset
-from ttp_lightning.callbacks import LrBackoff, RadiusFromRetainRule, check_method_callbacks, method_callbacks
+from ttp_lightning.callbacks import (
+    LrBackoff,
+    LrWarmup,
+    RadiusFromRetainRule,
+    check_method_callbacks,
+    method_callbacks,
+)
 from ttp_lightning.config_schema import CertifiedSchema, EarlyStoppingSchema, MainSchema, ParetoSchema
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.errors import TTPUserError
@@ -240,6 +246,9 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     radius = radius_rule(net, datamodule, parts, best, stopping, adversarial) \
         if best is not None and adversarial is not None and adversarial.radius_rule == "retain" else None
     callbacks = ordered_callbacks(history, timer, best, backoff, radius)
+    warmup = getattr(cfg, "lr_warmup", 0)  # the certified learners' warm-up has none
+    if warmup != 0:
+        callbacks.append(LrWarmup(warmup))
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:

@@ -128,7 +128,7 @@ def warmup_steps(setting, optimizer: torch.optim.Optimizer, fit_steps: int) -> i
     betas = optimizer.defaults.get("betas")
     if not betas:
         return 0
-    return int(round(min(2.0 / (1.0 - float(betas[1])), max(0, fit_steps) / 10)))
+    return round(min(2.0 / (1.0 - float(betas[1])), max(0, fit_steps) / 10))
 
 
 class LrWarmup(Callback):

@@ -19,6 +19,11 @@ def positive_int(value, key: str) -> None:
         raise TTPUserError(f"{key}={value!r} is not allowed; choose a positive integer")
 
 
+def whole_number(value, key: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TTPUserError(f"{key}={value!r} is not allowed; choose a whole number >= 0")
+
+
 def positive(value, key: str) -> None:
     if not 0 < number(value, key) < float("inf"):
         raise TTPUserError(f"{key}={value} is not allowed; choose a finite value > 0")
@@ -30,8 +35,13 @@ def choice(value, key: str, allowed) -> None:
 
 
 def auto_or(value, key: str, check) -> None:
-    if value != "auto":
+    """`check` unless the value is `auto`, whose error then names auto among what is allowed."""
+    if value == "auto":
+        return
+    try:
         check(value, key)
+    except TTPUserError as error:
+        raise TTPUserError(str(error).replace("; choose ", "; choose auto or ", 1)) from None
 
 
 def fraction(value, key: str) -> None:

@@ -156,9 +156,7 @@ class MainSchema:
     bounds: BoundsSchema = field(default_factory=BoundsSchema)
 
     def __post_init__(self) -> None:
-        threads = self.threads
-        if threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise TTPUserError(f"threads={threads!r} is not allowed; choose auto or a positive integer")
+        checks.auto_or(self.threads, "threads", checks.positive_int)
         checks.positive_int(self.progress_bar_refresh_rate, "progress_bar_refresh_rate")
         checks.at_least_zero(self.checkpoint_every_n_epochs, "checkpoint_every_n_epochs")
 
@@ -317,10 +315,7 @@ class ParetoSchema(MethodSchema, TrainingSchema):
         TrainingSchema.__post_init__(self)
         checks.unit_interval(checks.number(self.theta, "method.theta"), "method.theta")
         checks.at_least_zero(self.lr_backoffs, "method.lr_backoffs")
-        if self.lr_warmup != "auto" and (isinstance(self.lr_warmup, bool) or not isinstance(self.lr_warmup, int)
-                                         or self.lr_warmup < 0):
-            raise TTPUserError(f"method.lr_warmup={self.lr_warmup!r} is not allowed; choose auto or a whole "
-                               "number of steps >= 0")
+        checks.auto_or(self.lr_warmup, "method.lr_warmup", checks.whole_number)
         fraction = checks.number(self.forget_cvar_fraction, "method.forget_cvar_fraction")
         if not 0.0 < fraction <= 1.0:
             raise TTPUserError(f"method.forget_cvar_fraction={fraction} is not allowed; choose a value in (0, 1]")

@@ -2,6 +2,8 @@
 robust uniformity term is evaluated at them, early stopping watches the attacked forget CD, and the
 released model keeps its uniformity under the default attack better than plain Alg 1."""
 
+import dataclasses
+
 import pytest
 import torch
 from omegaconf import open_dict
@@ -24,11 +26,25 @@ def max_softmax(net, images):
 def test_inner_attack_stays_in_the_ball_and_finds_more_confident_points():
     torch.manual_seed(0)
     net, (_, forget) = tiny_net(), tiny_sets(n_forget=40)
-    images, _ = forget.everything()
-    attacked = worst_forget_images(net, images, SETTINGS)
+    images, labels = forget.everything()
+    attacked = worst_forget_images(net, images, labels, SETTINGS)
     assert (attacked - images).abs().max() <= SETTINGS.radius + 1e-6 and 0 <= attacked.min() and attacked.max() <= 1
     assert (max_softmax(net, attacked) > max_softmax(net, images)).float().mean() > 0.9
     assert net.training  # the attack runs in eval mode and puts the mode back
+
+
+def test_targeted_inner_attack_raises_the_label_it_is_given_not_the_current_arg_max():
+    torch.manual_seed(0)
+    net, (_, forget) = tiny_net(), tiny_sets(n_forget=40)
+    images, _ = forget.everything()
+    with torch.no_grad():
+        least_likely = net(images).argmin(-1)  # a target the current arg-max would never pick
+    targeted = dataclasses.replace(SETTINGS, objectives=("ce_pretrained",))
+    attacked = worst_forget_images(net, images, least_likely, targeted)
+    with torch.no_grad():
+        before = net(images).softmax(-1).gather(1, least_likely[:, None])
+        after = net(attacked).softmax(-1).gather(1, least_likely[:, None])
+    assert (after > before).float().mean() > 0.9
 
 
 def test_robust_forget_loss_is_the_uniformity_loss_at_the_attacked_images():
@@ -257,7 +273,8 @@ def test_training_radius_follows_the_retain_rule():
         climbed.append(module.radius_scale)
     assert climbed == [0.0, 0.125, 0.25, 0.125, 0.25, 0.5, 1.0]
     images = torch.rand(4, 1, 4, 4)
-    assert torch.equal(worst_forget_images(tiny_net(), images, SETTINGS, radius=0.0), images)
+    assert torch.equal(worst_forget_images(tiny_net(), images, torch.zeros(4, dtype=torch.long), SETTINGS, radius=0.0),
+                       images)
 
 
 def test_evaluating_restores_each_module_s_own_mode():

@@ -1,10 +1,14 @@
 """The attacks robust Alg 1 (method=pareto_robust) trains and stops against.
 
 Inner maximisation (every training step, as in adversarial training, Madry et al. 2018): from a uniform
-random start in the gamma ball, `steps` signed-gradient steps of `step_size` x gamma on the attacker's
-objective (max log-softmax by default: unlike KL to uniform, its gradient does not vanish where the model
-is already uniform), with a ReLU surrogate drawn per step from `surrogate_betas` so that the model cannot
-hide behind dead units, projected on the ball and [0, 1]. The model is in eval mode during the attack (BatchNorm statistics untouched).
+random start in the gamma ball, `steps` signed-gradient steps of `step_size` x gamma on an attacker's
+objective and a ReLU surrogate, each drawn per training step from `objectives` and `surrogate_betas` (so
+that the model cannot hide behind dead units or one objective's flat gradient), projected on the ball and
+[0, 1]. Unlike KL to uniform, the objectives' gradients do not vanish where the model is already uniform;
+max log-softmax alone does nearly so: its arg-max flips between classes there, and a model trained against
+it alone was uniform under it (1 of 100 images above 0.1 at 8/255) but not under the targeted objective
+(56 of 100, the noisy-MNIST stand-in). `ce_pretrained` targets each image's label in training (the forget
+batch carries the labels, not A(D)'s predictions, which early stopping's attack targets). The model is in eval mode during the attack (BatchNorm statistics untouched).
 
 Early stopping watches the forget CD under a stronger attack each validation epoch: APGD
 (attacks/apgd.py) with `eval_restarts` restarts, `eval_steps` steps, `eval_objectives` and
@@ -31,7 +35,7 @@ class AdversarialSettings:
     train_gamma: float | None = None   # the inner attack's radius (None: gamma); larger leaves a margin
     steps: int = 10
     step_size: float = 0.25            # per step, as a fraction of the training radius
-    objective: str = "max_softmax"
+    objectives: tuple[str, ...] = ("max_softmax", "ce_pretrained")  # one drawn per training step
     surrogate_betas: tuple[float | None, ...] = (10.0, 1.0)  # one drawn per step; None: exact gradients
     clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked) + interval_weight B(clean)
     interval_weight: float = 0.0       # B: the interval bound on KL(u || p) over the training ball
@@ -59,7 +63,7 @@ class AdversarialSettings:
     @classmethod
     def from_config(cls, cfg) -> "AdversarialSettings":
         values = {key: cfg[key] for key in cls.__dataclass_fields__ if key in cfg}
-        for key in ("surrogate_betas", "eval_objectives", "eval_surrogate_betas"):
+        for key in ("objectives", "surrogate_betas", "eval_objectives", "eval_surrogate_betas"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
@@ -69,15 +73,15 @@ class AdversarialSettings:
 RADIUS_RUNGS = (1.0, 0.5, 0.25, 0.125, 0.0)
 
 
-def worst_forget_images(net: nn.Module, images: torch.Tensor, settings: AdversarialSettings,
+def worst_forget_images(net: nn.Module, images: torch.Tensor, labels: torch.Tensor, settings: AdversarialSettings,
                         radius: float | None = None) -> torch.Tensor:
     """Per image, the most confident point the inner attack finds in the ball of `radius` (in [0, 1] pixels;
-    None: the training radius) (detached); the images themselves with `steps` = 0 (no inner attack: the
-    interval term alone makes the uniformity robust) or a radius of 0."""
+    None: the training radius) (detached), `labels` the targets of `ce_pretrained`; the images themselves
+    with `steps` = 0 (no inner attack: the interval term alone makes the uniformity robust) or a radius of 0."""
     radius = settings.train_radius if radius is None else radius
     if settings.steps == 0 or radius == 0:
         return images.detach()
-    objective = OBJECTIVES[settings.objective]
+    objective = OBJECTIVES[settings.objectives[int(torch.randint(len(settings.objectives), ()))]]
     lower, upper = (images - radius).clamp(0, 1), (images + radius).clamp(0, 1)
     x = (images + (torch.rand_like(images) * 2 - 1) * radius).clamp(0, 1)
     beta = settings.surrogate_betas[int(torch.randint(len(settings.surrogate_betas), ()))]
@@ -85,7 +89,7 @@ def worst_forget_images(net: nn.Module, images: torch.Tensor, settings: Adversar
         for _ in range(settings.steps):
             x = x.detach().requires_grad_(True)
             logits = net(x)
-            (grad,) = torch.autograd.grad(objective(logits, logits.argmax(dim=-1)).sum(), x)
+            (grad,) = torch.autograd.grad(objective(logits, labels).sum(), x)
             x = torch.max(torch.min(x + settings.step_size * radius * grad.sign(), upper), lower)
     return x.detach()
 

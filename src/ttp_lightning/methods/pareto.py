@@ -87,7 +87,11 @@ def check_adversarial(adversarial: AdversarialSettings) -> None:
     if adversarial.interval_ramp_epochs is not None and adversarial.interval_ramp_epochs != 0:
         checks.positive_int(adversarial.interval_ramp_epochs, "method.adversarial.interval_ramp_epochs")
     checks.positive(adversarial.step_size, "method.adversarial.step_size")
-    checks.choice(adversarial.objective, "method.adversarial.objective", list(OBJECTIVES))
+    if not adversarial.objectives:
+        raise TTPUserError("method.adversarial.objectives=[] is not allowed; list at least one of: "
+                           + ", ".join(OBJECTIVES))
+    for objective in adversarial.objectives:
+        checks.choice(objective, "method.adversarial.objectives", list(OBJECTIVES))
     checks.choice(adversarial.radius_rule, "method.adversarial.radius_rule", ["fixed", "retain"])
     checks.choice(adversarial.radius_start, "method.adversarial.radius_start", ["top", "bottom"])
     checks.choice(adversarial.bound_term, "method.adversarial.bound_term", list(BOUNDS))
@@ -225,6 +229,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
         joint_forward=bool(cfg.joint_forward), exposed_above=ctx.fit_settings.exposed_above,
         forget_reduction=str(cfg.forget_reduction or "mean"),  # unset (null) for the certified warm-up
         forget_cvar_fraction=float(cfg.forget_cvar_fraction or 0.2),
+        forget_reduction_temperature=cfg.forget_reduction_temperature,
         forget_batchnorm=str(cfg.forget_batchnorm or "train"),
         retain_batchnorm=str(cfg.retain_batchnorm or "train"),
     )

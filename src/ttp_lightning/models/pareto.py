@@ -56,7 +56,8 @@ class ParetoFinetuneModule(PartsValidationMixin):
                  retain_data: ImageBatchDataset | None = None, forget_data: ImageBatchDataset | None = None,
                  eval_parts: tuple[str, ...] = (), adversarial: AdversarialSettings | None = None,
                  joint_forward: bool = False, exposed_above: float | None = None, forget_reduction: str = "mean",
-                 forget_cvar_fraction: float = 0.2, forget_batchnorm: str = "train",
+                 forget_cvar_fraction: float = 0.2, forget_reduction_temperature: float | None = None,
+                 forget_batchnorm: str = "train",
                  retain_batchnorm: str = "train"):
         super().__init__()
         self.joint_forward = joint_forward
@@ -65,6 +66,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         self.net, self.theta, self.optim, self.mode = net, theta, dict(optim), mode
         self.uniformity_each = PER_INSTANCE_LOSSES[uniformity]
         self.forget_reduction, self.forget_cvar_fraction = forget_reduction, forget_cvar_fraction
+        self.forget_reduction_temperature = forget_reduction_temperature
         self.forget_batchnorm, self.retain_batchnorm = forget_batchnorm, retain_batchnorm
         self.radius_scale = 1.0
         # the network's traced graph, for the interval term: kept in a list so that it is not registered as a
@@ -103,7 +105,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         return self.uniformity_each(logits / self.forget_temperature)
 
     def _reduce(self, losses):
-        return reduce_forget(losses, self.forget_reduction, self.forget_cvar_fraction)
+        return reduce_forget(losses, self.forget_reduction, self.forget_cvar_fraction, self.forget_reduction_temperature)
 
     def _forget_loss(self, images, labels):
         """L_K on a forget batch: at the images, or (robust) mixed with their worst-case perturbations and the
@@ -114,7 +116,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
             settings = self.adversarial
             if settings is None:
                 return self._reduce(losses)
-            attacked = worst_forget_images(self.net, images, settings, self.train_radius())
+            attacked = worst_forget_images(self.net, images, labels, settings, self.train_radius())
             losses = settings.clean_weight * losses + (1 - settings.clean_weight) * self._uniformity(self(attacked))
         if settings.interval_weight:
             losses = losses + settings.interval_weight * self._interval_bound(images)

@@ -32,10 +32,14 @@ RELEASES = {
                                                      "method.compare_exact=true", "method.sigma=0.001"],
     # two requests, each solved to stationarity and certified by its residual
     "certified_online": RESIDUAL + ["method=certified_online", "data.forget.requests=[8,12]", "method.epsilon=1"],
+    # the worst-image term: a smooth maximum of the forget losses (still convex, so mu = lambda)
+    "certified_smoothmax": RESIDUAL + ["method=certified_exact", "method.epsilon=1", "method.forget_reduction=smoothmax",
+                                       "method.forget_reduction_temperature=0.02"],
 }
 ALGORITHMS = {"certified_exact": "alg2_exact_newton", "certified_exact_paper": "alg2_exact_newton",
-              "certified_lissa": "alg3_hessian_estimator", "certified_online": "alg4_online"}
-EPSILON = {"certified_exact": 0.01, "certified_exact_paper": 1.0, "certified_online": 1.0}
+              "certified_lissa": "alg3_hessian_estimator", "certified_online": "alg4_online",
+              "certified_smoothmax": "alg2_exact_newton"}
+EPSILON = {"certified_exact": 0.01, "certified_exact_paper": 1.0, "certified_online": 1.0, "certified_smoothmax": 1.0}
 
 
 def run_release(out, cache, *overrides):
@@ -205,7 +209,8 @@ def test_a_residual_certificate_with_impossible_or_edited_constants_fails(releas
 
 
 def test_verify_verdicts_on_genuine_releases(released, capsys):
-    exact, paper, lissa, online = (release_of(released(m)) for m in RELEASES)
+    exact, paper, lissa, online = (release_of(released(m)) for m in
+                                   ("certified_exact", "certified_exact_paper", "certified_lissa", "certified_online"))
     code, out, _ = verify(capsys, exact)
     assert code == 0 and out.startswith("verified: alg2_exact_newton") and "guarantee:" in out
     assert "nothing assumed" in out and "residual bound" in out and "lambda_min(H)=" not in out
@@ -218,6 +223,44 @@ def test_verify_verdicts_on_genuine_releases(released, capsys):
     assert code == 3 and "VACUOUS: epsilon=" in out  # sigma = 1e-3, the paper's: epsilon ~ 1e12
     code, out, _ = verify(capsys, online, "--recompute", "--audit", online.parent / "private" / "audit.json")
     assert code == 0 and "release reproduced from the audit record" in out and "2 release(s)" in out
+
+
+def test_the_worst_image_term_is_stated_verified_and_audited(released, capsys):
+    """A smoothmax release states its reduction and the convex rule it rests on, verifies and reproduces from
+    its audit record, and protects the worst forget image at least as well as the mean at the same theta."""
+    out = released("certified_smoothmax")
+    cert = json.loads((release_of(out) / "certificate.json").read_text())
+    assert cert["forget_reduction"] == {"name": "smoothmax", "temperature": 0.02, "fraction": None}
+    assert cert["mu_rule"] == "convex_reduction_linear_logits" and cert["mu"] == cert["lam"]
+    code, text, _ = verify(capsys, release_of(out), "--audit", out / "private" / "audit.json")
+    assert code == 0 and "a smooth maximum at temperature 0.02" in text and "release reproduced" in text, text
+    mean = json.loads((released("certified_exact") / "results.json").read_text())["metrics"]["certified_exact"]
+    worst = json.loads((out / "results.json").read_text())["metrics"]["certified_exact"]
+    assert worst["forget_worst_conf_dist"] < mean["forget_worst_conf_dist"]
+
+
+@pytest.mark.parametrize("reduction, message", [
+    ({"name": "smoothmax", "temperature": -0.02, "fraction": None}, "has no rule"),
+    ({"name": "smoothmax", "temperature": float("nan"), "fraction": None}, "temperature is not a finite number"),
+    ({"name": "softmin", "temperature": 0.02, "fraction": None}, "has no rule"),
+])
+def test_a_certificate_claiming_the_convex_rule_for_a_reduction_that_is_not_convex_fails(released, tmp_path, capsys,
+                                                                                         reduction, message):
+    """T < 0 makes the smooth maximum a smooth minimum (concave); NaN and an unknown reduction have no rule.
+    The public check and the audit (its record re-hashed to the edited certificate) both fail."""
+    from ttp_lightning.files import sha256_of
+
+    out = released("certified_smoothmax")
+    folder = edited(release_of(out), tmp_path, forget_reduction=reduction)
+    code, text, err = verify(capsys, folder)
+    assert code == 1 and message in text and err == "", text + err
+    audit = json.loads((out / "private" / "audit.json").read_text())
+    audit["certificate_sha256"] = sha256_of(folder / "certificate.json")
+    (folder / "audit.json").write_text(json.dumps(audit))
+    for name in ("start.safetensors", "noise_free.safetensors"):
+        (folder / name).write_bytes((out / "private" / name).read_bytes())
+    code, text, err = verify(capsys, folder, "--audit", folder / "audit.json")
+    assert code == 1 and message in text and err == "", text + err
 
 
 def test_guarantee_states_what_it_is_conditional_on(released):

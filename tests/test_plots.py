@@ -114,3 +114,19 @@ def test_figures_label_their_axes_legends_and_settings(monkeypatch, tmp_path):
     assert {"theta = 0.25", "theta = 0.5", "theta = 0.75"} <= legend_texts(dynamics)  # every job
     softmax = drawn_figures(monkeypatch, plots.softmax_bars, sweep, tmp_path / "s2.png")
     assert "run 1 of 3 shown (theta = 0.25)" in softmax._suptitle.get_text()  # says which one
+
+
+def test_a_certified_sweep_with_two_reductions_draws_the_worst_image_figure(monkeypatch, tmp_path):
+    from test_tables import certified_results
+    from ttp_lightning.reporting import plots
+
+    runs = [certified_results(t, w, r) for r, points in (("mean", ((0.25, 0.58), (0.5, 0.3))),
+                                                       ("smoothmax", ((0.25, 0.09), (0.5, 0.05))))
+            for t, w in points]
+    figure = drawn_figures(monkeypatch, plots.worst_image_curves, runs, tmp_path / "w.png")
+    axis = figure.axes[0]
+    assert legend_texts(figure) == {"forget reduction: mean", "forget reduction: smoothmax T=0.008",
+                                    "pretrained model", "release gate: every image <= 0.1"}
+    assert "worst forget image" in axis.get_xlabel() and "test set" in axis.get_ylabel()
+    assert sorted(line.get_xdata()[0] for line in axis.get_lines()[:2]) == [0.09, 0.58]
+    assert not plots.worst_image_curves(runs[:1], tmp_path / "none.png")  # one theta: no curve to draw

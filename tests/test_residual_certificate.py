@@ -18,6 +18,7 @@ from ttp_lightning.certify.linear_head import (
     into_ball,
     solve_on_ball,
 )
+from ttp_lightning.certify.reductions import temperature_rule
 from ttp_lightning.certify.residual import (
     ball_multiplier,
     capped_paper_sensitivity,
@@ -172,6 +173,9 @@ LOGREG = ["model=logreg", "pretrain.norm_bound=10", "attacks.enabled=false", "me
 BOUND_MODES = {
     "residual": ["method.bound=residual", "method.epsilon=1"],
     # the paper's Newton step needs lambda > ||H||; reverse KL keeps M_theta(D) unique, so "far past" is defined
+    # the worst-image term: the same bound on a smooth maximum of the forget losses
+    "smoothmax": ["method.bound=residual", "method.epsilon=1", "method.forget_reduction=smoothmax",
+                  "method.forget_reduction_temperature=auto"],
     "paper": ["method.bound=paper", "method.lam=auto", "method.grad_lipschitz_forget=6",
               "method.grad_lipschitz_retain=6", "method.warmup_epochs=3", "method.epsilon=1"],
 }
@@ -187,9 +191,12 @@ def test_the_noise_free_release_is_within_delta_of_the_optimum_solved_far_past_i
     proc, results = run_job(*LOGREG, *extra, *BOUND_MODES[mode])
     assert results is not None, proc.stderr[-2000:]
     distance, cert = _far_past(tmp_path / "out")
-    assert cert["bound"] == mode
+    assert cert["bound"] == ("residual" if mode == "smoothmax" else mode)
+    if mode == "smoothmax":  # auto: the rule's temperature from 10 classes, CD 0.1 and the forget set's size
+        size = cert["steps"][0]["forget_size"]
+        assert cert["forget_reduction"]["temperature"] == pytest.approx(temperature_rule(10, 0.1, size))
     assert distance <= cert["sensitivity"], (distance, cert["sensitivity"])
-    if mode == "residual":
+    if mode != "paper":
         assert cert["sensitivity"] < 1e-4  # the a-posteriori bound is tiny: the release is M_theta(D) + noise
     else:
         assert cert["sensitivity"] == 2 * cert["norm_bound"] <= cert["sensitivity_formula"]  # the paper's, capped

@@ -91,3 +91,31 @@ def test_frontier_rows_can_follow_another_swept_key(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[2] == "| Model | k | Retain Acc. | Test Acc. | Conf. Dist. (lower better) |"
     assert [line.split(" | ")[1] for line in lines[5:]] == ["5", "25", "500"]
+
+
+def certified_results(theta: float, worst: float, reduction: str = "mean", exposed: int = 0) -> dict:
+    results = fake_results(theta, worst / 2)
+    results["metrics"]["certified_exact"].update(test_conf_dist=0.6, forget_worst_conf_dist=worst,
+                                                 forget_exposed=exposed, sensitivity=5.8e-7, sigma=2.2e-6, epsilon=1.0)
+    results["metrics"]["pretrain"].update(test_conf_dist=0.7, forget_worst_conf_dist=0.9, forget_exposed=100)
+    results["config"]["method"].update(forget_reduction=reduction, forget_cvar_fraction=0.2,
+                                       forget_reduction_temperature=None if reduction == "mean" else 0.008)
+    results["release_gate"] = {"passed": exposed == 0, "conf_dist_at_most": 0.1,
+                               "failing_images": [f"train:{i}" for i in range(exposed)]}
+    return results
+
+
+def test_certified_layout_has_a_row_per_reduction_and_theta_with_the_gate(tmp_path, capsys):
+    runs = [certified_results(0.5, 0.3, exposed=40), certified_results(0.25, 0.58, exposed=90),
+            certified_results(0.25, 0.09, "smoothmax"), certified_results(0.5, 0.05, "smoothmax")]
+    for job, results in enumerate(runs):
+        (tmp_path / str(job)).mkdir()
+        (tmp_path / str(job) / "results.json").write_text(json.dumps(results))
+    assert main([str(tmp_path), "--layout", "certified"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "### mnist: Cert. (Alg 2) LogReg" and "Forget CD (worst)" in lines[2]
+    rows = [line.split(" | ") for line in lines[4:]]
+    assert [(r[0].lstrip("| "), r[1]) for r in rows] == [("pretrained", "-"), ("mean", "0.25"), ("mean", "0.5"),
+                                                         ("smoothmax T=0.008", "0.25"), ("smoothmax T=0.008", "0.5")]
+    assert rows[1][5:8] == ["0.580", "90", "refused (90 images)"] and rows[3][5:8] == ["0.090", "0", "released"]
+    assert rows[3][8:] == ["5.8e-07", "2.2e-06", "1 |"]

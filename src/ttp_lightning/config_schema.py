@@ -26,7 +26,7 @@ Mode = StrEnum("Mode", [("minibatch", "minibatch"), ("fullbatch", "fullbatch")])
 Uniformity = StrEnum("Uniformity", [("kl", "kl"), ("reverse_kl", "reverse_kl"), ("square", "square")])
 Fallback = StrEnum("Fallback", [("pareto", "pareto"), ("last", "last")])
 BatchNormMode = StrEnum("BatchNormMode", [("train", "train"), ("eval", "eval")])
-Reduction = StrEnum("Reduction", [(n, n) for n in ("mean", "max", "cvar")])
+Reduction = StrEnum("Reduction", [(n, n) for n in ("mean", "max", "cvar", "smoothmax")])
 Select = StrEnum("Select", [(n, n) for n in ("conf_dist", "robust_conf_dist", "certified", "retain_acc")])
 Criterion = StrEnum("Criterion", [(n, n) for n in ("worst", "mean", "worst_attacked", "mean_attacked")])
 Split = StrEnum("Split", [("official", "official"), ("paper", "paper")])
@@ -253,12 +253,22 @@ class MethodSchema:
     chunk_size: int | None = None
     forget_reduction: Reduction | None = None
     forget_cvar_fraction: float | None = None
+    forget_reduction_temperature: float | None = None
     forget_batchnorm: BatchNormMode | None = None
     retain_batchnorm: BatchNormMode | None = None
     lr_backoffs: int | None = None
     early_stopping: Any = None
     optimizer: Any = None
     schedule: Any = None
+
+
+def check_reduction_temperature(reduction, temperature) -> None:
+    """smoothmax needs a temperature > 0 (at T <= 0 it is a smooth minimum, or undefined)."""
+    if temperature is not None:
+        checks.positive(temperature, "method.forget_reduction_temperature")
+    elif str(reduction) == "smoothmax":
+        raise TTPUserError("method.forget_reduction=smoothmax needs method.forget_reduction_temperature; choose a "
+                           "number > 0 (in the loss's units, nats: lower is closer to the largest loss)")
 
 
 @dataclass
@@ -304,6 +314,7 @@ class ParetoSchema(MethodSchema, TrainingSchema):
     joint_forward: bool = False
     forget_reduction: Reduction = Reduction["mean"]
     forget_cvar_fraction: float = 0.2
+    forget_reduction_temperature: float | None = None
     forget_batchnorm: BatchNormMode = BatchNormMode["train"]
     retain_batchnorm: BatchNormMode = BatchNormMode["train"]
     lr_backoffs: int = 2
@@ -319,6 +330,7 @@ class ParetoSchema(MethodSchema, TrainingSchema):
         fraction = checks.number(self.forget_cvar_fraction, "method.forget_cvar_fraction")
         if not 0.0 < fraction <= 1.0:
             raise TTPUserError(f"method.forget_cvar_fraction={fraction} is not allowed; choose a value in (0, 1]")
+        check_reduction_temperature(self.forget_reduction, self.forget_reduction_temperature)
         checks.positive(self.forget_temperature, "method.forget_temperature")
         checks.positive_int(self.epochs, "method.epochs")
         checks.positive_int(self.chunk_size, "method.chunk_size")
@@ -363,6 +375,7 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
     max_residual: float = 0.5
     compare_exact: bool = False
     release: Release = Release["each"]
+    forget_reduction_temperature: Any = None  # a number > 0, or auto (certify.reductions.temperature_rule)
 
     def __post_init__(self) -> None:
         TrainingSchema.__post_init__(self)
@@ -383,6 +396,27 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
         checks.at_least_zero(self.spectrum_margin, "method.spectrum_margin")
         checks.at_least_zero(self.warmup_epochs, "method.warmup_epochs")
         checks.auto_or(self.depth, "method.depth", checks.positive_int)
+        self._check_reduction()
+
+    def _check_reduction(self) -> None:
+        """The residual bound takes a convex, smooth reduction of the forget losses; the paper's bound the mean."""
+        reduction = str(self.forget_reduction or "mean")
+        if self.bound == "paper" and reduction != "mean":
+            raise TTPUserError(f"method.forget_reduction={reduction} is not allowed with method.bound=paper (its Delta "
+                               "is for the mean forget loss); choose mean, or method.bound=residual")
+        if reduction == "max":
+            raise TTPUserError("method.forget_reduction=max is not allowed with the residual bound (not differentiable "
+                               "where two images tie, so its gradient does not vanish at the optimum); choose one of: "
+                               "mean, smoothmax, cvar (smoothed)")
+        if reduction in ("smoothmax", "cvar") and self.forget_reduction_temperature is None:
+            raise TTPUserError(f"method.forget_reduction={reduction} needs method.forget_reduction_temperature; choose "
+                               "auto or a number > 0 (nats; lower is closer to the largest loss)")
+        if self.forget_reduction_temperature is not None:
+            checks.auto_or(self.forget_reduction_temperature, "method.forget_reduction_temperature", checks.positive)
+        if reduction == "cvar":
+            fraction = checks.number(self.forget_cvar_fraction, "method.forget_cvar_fraction")
+            if not 0.0 < fraction <= 1.0:
+                raise TTPUserError(f"method.forget_cvar_fraction={fraction} is not allowed; choose a value in (0, 1]")
 
 
 @dataclass

@@ -55,10 +55,12 @@ PER_INSTANCE_LOSSES: dict[str, UniformityLoss] = {
 }
 
 
-def reduce_forget(losses: torch.Tensor, reduction: str, fraction: float = 0.2) -> torch.Tensor:
+def reduce_forget(losses: torch.Tensor, reduction: str, fraction: float = 0.2,
+                  temperature: float | None = None) -> torch.Tensor:
     """A forget batch's per-image losses as one number: their mean (the paper), their max (the hardest image
-    alone) or their CVaR (the mean of the `fraction` largest: hardest-image weighting that still sees more
-    than one image)."""
+    alone), their CVaR (the mean of the `fraction` largest: hardest-image weighting that still sees more
+    than one image) or their smooth maximum T log(mean exp(l / T)) at `temperature` T (between the mean and
+    the max; the certified learners' smoothmax, certify/reductions.py)."""
     if reduction == "mean":
         return losses.mean()
     if reduction == "max":
@@ -66,10 +68,12 @@ def reduce_forget(losses: torch.Tensor, reduction: str, fraction: float = 0.2) -
     if reduction == "cvar":
         count = max(1, math.ceil(fraction * len(losses)))
         return losses.topk(count).values.mean()
+    if reduction == "smoothmax":
+        return temperature * (torch.logsumexp(losses / temperature, 0) - math.log(len(losses)))
     raise ValueError(f"unknown forget reduction {reduction!r}")
 
 
-FORGET_REDUCTIONS = ("mean", "max", "cvar")
+FORGET_REDUCTIONS = ("mean", "max", "cvar", "smoothmax")
 
 
 def retain_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

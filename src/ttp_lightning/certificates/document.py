@@ -4,7 +4,7 @@ and the checks anyone can run on a certificate without trusting it.
 Layout of a certified run's output folder:
 
     release/model.safetensors     the released weights (Alg 4 releasing every request: model_request_<i>...)
-    release/certificate.json      the certificate (format `ttp_lightning.certificate/3`, schema.py)
+    release/certificate.json      the certificate (format `ttp_lightning.certificate/4`, schema.py)
     private/audit.json            the noise seed and the hashes that tie the release to its noise-free weights
     private/start.safetensors     the model at the start of the Newton step(s)
     private/noise_free.safetensors  the noise-free weights, after projection onto the C-ball (float64)
@@ -32,12 +32,16 @@ from ttp_lightning.certify.bounds import (
 )
 from ttp_lightning.certify.mechanism import implied_epsilon
 from ttp_lightning.certify.noise import noise_norm_bound
+from ttp_lightning.certify.reductions import Reduction
 from ttp_lightning.certify.residual import (
+    CONVEX_REDUCTION,
+    NotConvex,
     capped_paper_sensitivity,
     distance_bound,
     estimator_error_bound,
     strong_convexity,
 )
+from ttp_lightning.certify.residual import EXACT as CONVEX_LOSSES
 from ttp_lightning.files import atomic_tensors, atomic_text, sha256_of
 
 CERTIFICATE_FILE, AUDIT_FILE = "certificate.json", "audit.json"
@@ -245,6 +249,9 @@ def _range_failures(cert: dict) -> list[str]:
         failures += _outside(step, RESIDUAL_STEP_RANGES if residual else STEP_RANGES, f"step {i}: ")
     if not cert["steps"] or not cert["weights"] or not cert["parameter_names"]:
         failures.append("a certificate lists at least one step, one weights file and one certified tensor")
+    if not residual and cert["forget_reduction"]["name"] != "mean":
+        failures.append(f"bound=paper's Delta is for the mean forget loss, not "
+                        f"forget_reduction={cert['forget_reduction']['name']}")
     if not residual and cert["lam"] + cert["lam_min"] <= 0:
         failures.append(f"lambda + lambda_min = {cert['lam']:.6g} + ({cert['lam_min']:.6g}) <= 0: Delta is undefined")
     return failures
@@ -255,10 +262,17 @@ def _residual_failures(cert: dict) -> list[str]:
     step's point lies in the C-ball and its distance bound recomputes from its measurements, G is the largest
     gradient norm, and the certified tensors are one final layer's weight and bias."""
     failures = []
-    mu, rule = strong_convexity(cert["uniformity"], cert["lam"], cert["theta"], cert["grad_lipschitz_forget"])
-    if not _close(cert["mu"], mu) or cert["mu_rule"] != rule:
-        failures.append(f"mu={cert['mu']:.6g} ({cert['mu_rule']}) is not what uniformity={cert['uniformity']}, "
-                        f"lambda={cert['lam']:.6g} give: {mu:.6g} ({rule})")
+    reduction = Reduction(**cert["forget_reduction"])
+    try:
+        mu, rule = strong_convexity(cert["uniformity"], cert["lam"], cert["theta"], cert["grad_lipschitz_forget"],
+                                    reduction)
+    except NotConvex as exc:
+        failures.append(f"mu={cert['mu']:.6g} ({cert['mu_rule']}) has no rule: {exc}, so the objective is not "
+                        "convex and the distance bound does not hold")
+    else:
+        if not _close(cert["mu"], mu) or cert["mu_rule"] != rule:
+            failures.append(f"mu={cert['mu']:.6g} ({cert['mu_rule']}) is not what uniformity={cert['uniformity']}, "
+                            f"forget_reduction={reduction.name}, lambda={cert['lam']:.6g} give: {mu:.6g} ({rule})")
     if cert["estimator"] is not None or cert["projection"] != "global":
         failures.append("a residual certificate has no estimator settings and a global C-ball projection")
     names = cert["parameter_names"]
@@ -466,9 +480,14 @@ def guarantee_lines(cert: dict) -> list[str]:
 
 def _assumed_line(cert: dict) -> str:
     if cert["bound"] == "residual":
-        if cert["mu_rule"] == "convex_losses_linear_logits":
+        if cert["mu_rule"] == CONVEX_LOSSES:
             convexity = (f"nothing assumed: cross-entropy and {cert['uniformity']} are convex in the logits, which are "
                          f"linear in the certified weights, so mu = lambda exactly")
+        elif cert["mu_rule"] == CONVEX_REDUCTION:
+            convexity = (f"nothing assumed: cross-entropy and {cert['uniformity']} are convex in the logits, which are "
+                         f"linear in the certified weights, and the forget losses are combined by "
+                         f"{_reduction_words(cert['forget_reduction'])}, convex and nondecreasing in each, so mu = "
+                         f"lambda exactly")
         else:
             convexity = (f"assumed, not measured: the forget loss's Hessian norm is at most P_K="
                          f"{cert['grad_lipschitz_forget']:.4g} (Assumption 1), so mu = lambda - theta P_K")
@@ -477,6 +496,15 @@ def _assumed_line(cert: dict) -> str:
     return (f"assumed, not measured: gradient Lipschitz P_K={cert['grad_lipschitz_forget']:.4g}, "
             f"P_A={cert['grad_lipschitz_retain']:.4g}; Hessian Lipschitz F_K={cert['hessian_lipschitz_forget']:.4g}, "
             f"F_A={cert['hessian_lipschitz_retain']:.4g}; ||M_theta(D)|| <= C={cert['norm_bound']:.6g}")
+
+
+def _reduction_words(reduction: dict) -> str:
+    if reduction["name"] == "smoothmax":
+        return f"a smooth maximum at temperature {reduction['temperature']:.4g}"
+    if reduction["name"] == "cvar":
+        return (f"a smoothed CVaR of the largest {reduction['fraction']:.4g} at temperature "
+                f"{reduction['temperature']:.4g}")
+    return reduction["name"]
 
 
 def _measured_line(cert: dict) -> str:

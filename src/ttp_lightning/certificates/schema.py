@@ -16,11 +16,12 @@ from collections.abc import Callable
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ttp_lightning.certify.residual import MU_RULES
 from ttp_lightning.cli_checks import CONF_DIR
 from ttp_lightning.config_schema import Algorithm, DataSchema, plain
 from ttp_lightning.errors import TTPUserError
 
-CERTIFICATE_FORMAT = "ttp_lightning.certificate/3"
+CERTIFICATE_FORMAT = "ttp_lightning.certificate/4"
 AUDIT_FORMAT = "ttp_lightning.audit/1"
 ALGORITHMS = tuple(algorithm.value for algorithm in Algorithm)  # method.algorithm's choices (config_schema)
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
@@ -313,11 +314,13 @@ def step_record(value, key):
 CERTIFICATE_FIELDS: dict[str, Check] = {
     "format": one_of(CERTIFICATE_FORMAT), "algorithm": one_of(*ALGORITHMS), "experiment": name,
     "bound": one_of("residual", "paper"), "layers": one_of("all", "last"), "mu": optional(number),
-    "mu_rule": optional(one_of("convex_losses_linear_logits", "assumption_1")),
+    "mu_rule": optional(one_of(*MU_RULES)),
     "sensitivity_formula": optional(number),
     "theta": number, "lam": number, "lam_min_stated": number, "lam_min": optional(number),
     "hessian_norm": optional(number),
     "gradient_bound": number, "uniformity": one_of("kl", "reverse_kl", "square"), "forget_temperature": number,
+    # any name: a reduction that is not convex is a failure of the check (document.py), not of the shape
+    "forget_reduction": record({"name": name, "temperature": optional(number), "fraction": optional(number)}),
     "hessian_lipschitz_forget": number, "hessian_lipschitz_retain": number,
     "grad_lipschitz_forget": number, "grad_lipschitz_retain": number,
     "norm_bound": number, "norm_bound_config": number, "projection": one_of("global", "per_tensor"),

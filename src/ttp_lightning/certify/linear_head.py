@@ -1,7 +1,8 @@
 """The regularised Pareto objective of a model whose logits are linear in its certified weights: logits =
 W phi + b with phi fixed (logistic regression's pixels, or a network's frozen penultimate features).
 
-F(w) = sum over parts of weight * mean_i loss(z_i) + lambda / 2 ||w||^2, z_i = [W, b] [phi_i; 1], in closed form
+F(w) = sum over parts of weight * R(loss(z_1), ..., loss(z_n)) + lambda / 2 ||w||^2, z_i = [W, b] [phi_i; 1], R the
+part's reduction (reductions.py: the mean, or a smooth worst-image term for the forget set), in closed form
 on the feature matrices (float64): value, gradient, Hessian-vector products and a preconditioner from
 each instance's logit derivatives. And a solver for M_theta(D) = argmin_{||w|| <= C} F: Newton with
 conjugate gradients (Kronecker-factored preconditioner) on F + nu / 2 ||w||^2, nu found by a safeguarded secant on
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ttp_lightning.certify.reductions import MEAN, Reduced, Reduction, reduce
 from ttp_lightning.errors import TTPUserError
 
 InstanceLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [K], label []) -> loss []
@@ -24,12 +26,18 @@ InstanceLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [
 
 @dataclass
 class HeadPart:
-    """One term of the objective: `weight` * the mean over instances of `loss`(logits, label)."""
+    """One term of the objective: `weight` * `reduction` (the mean by default) over instances of `loss`(logits,
+    label)."""
 
     features: torch.Tensor  # (n, f + 1), float64, last column ones
     labels: torch.Tensor    # (n,) (ignored by a loss that needs none)
     weight: float
     loss: InstanceLoss
+    reduction: Reduction = MEAN
+
+    @property
+    def averaged(self) -> bool:
+        return self.reduction.name == "mean"
 
 
 @dataclass
@@ -41,6 +49,7 @@ class Evaluation:
     gradient: torch.Tensor
     logit_gradients: list[torch.Tensor]
     logit_hessians: list[torch.Tensor]
+    reduced: list[Reduced | None]  # per part: its reduction's derivatives (None: the mean, in the shorter form)
 
 
 class LinearHeadObjective:
@@ -65,33 +74,54 @@ class LinearHeadObjective:
         matrix = self.matrix(weights)
         value = 0.5 * self.lam * weights.dot(weights).item()
         gradient = self.lam * matrix
-        grads, hessians = [], []
+        grads, hessians, reductions = [], [], []
         for part in self.parts:
             logits = part.features @ matrix.T
             losses, logit_grad, logit_hess = _logit_derivatives(part.loss, logits, part.labels)
-            scale = part.weight / len(part.labels)
-            value += scale * losses.sum().item()
-            gradient = gradient + scale * logit_grad.T @ part.features
+            if part.averaged:
+                scale = part.weight / len(part.labels)
+                value += scale * losses.sum().item()
+                gradient = gradient + scale * logit_grad.T @ part.features
+                reductions.append(None)
+            else:
+                reduced = reduce(part.reduction, losses)
+                value += part.weight * reduced.value
+                gradient = gradient + part.weight * (reduced.weights[:, None] * logit_grad).T @ part.features
+                reductions.append(reduced)
             grads.append(logit_grad)
             hessians.append(logit_hess)
-        return Evaluation(weights, value, self.flat(gradient), grads, hessians)
+        return Evaluation(weights, value, self.flat(gradient), grads, hessians, reductions)
 
     def hvp(self, at: Evaluation, vector: torch.Tensor, shift: float = 0.0) -> torch.Tensor:
         """(H + (lambda + shift) I) v, H the Hessian of the unregularised part at `at`."""
         direction = self.matrix(vector)
         out = (self.lam + shift) * direction
-        for part, hessian in zip(self.parts, at.logit_hessians):
+        for part, hessian, logit_grad, reduced in zip(self.parts, at.logit_hessians, at.logit_gradients, at.reduced):
             change = part.features @ direction.T
-            out = out + part.weight / len(part.labels) * torch.einsum("nab,nb->na", hessian, change).T @ part.features
+            if reduced is None:
+                out = out + part.weight / len(part.labels) * torch.einsum("nab,nb->na", hessian, change).T @ part.features
+                continue
+            # sum_i q_i H_i v (each loss's own curvature) + J^T (d^2 R / dl^2) J v (the reduction's), J's rows the
+            # losses' gradients
+            inner = reduced.weights[:, None] * torch.einsum("nab,nb->na", hessian, change)
+            across = reduced.hessian_times((logit_grad * change).sum(1))[:, None] * logit_grad
+            out = out + part.weight * (inner + across).T @ part.features
         return self.flat(out)
+
+    def _instance_weights(self, part: HeadPart, reduced: Reduced | None) -> torch.Tensor:
+        """(n,): the weight of each instance's loss in F (weight / n for the mean, weight q_i otherwise)."""
+        if reduced is None:
+            return torch.full((len(part.labels),), part.weight / len(part.labels), dtype=part.features.dtype)
+        return part.weight * reduced.weights
 
     def preconditioner(self, at: Evaluation, shift: float = 0.0) -> Callable[[torch.Tensor], torch.Tensor]:
         """v -> (A (x) S + (lambda + shift) I)^{-1} v, the Kronecker-factored approximation of H + (lambda + shift) I
         (every instance's logit Hessian replaced by their weighted mean A; S the weighted second moment of
         the features), applied through the eigendecompositions of A (K x K) and S."""
         total = sum(part.weight for part in self.parts)
-        mean = sum(part.weight / len(part.labels) * hessian.sum(0)
-                   for part, hessian in zip(self.parts, at.logit_hessians)) / total
+        mean = sum(part.weight / len(part.labels) * hessian.sum(0) if reduced is None
+                   else torch.einsum("n,nab->ab", self._instance_weights(part, reduced), hessian)
+                   for part, hessian, reduced in zip(self.parts, at.logit_hessians, at.reduced)) / total
         a_values, a_vectors = torch.linalg.eigh(mean)
         s_values, s_vectors = self._moment_eigen()
         denominator = total * a_values.clamp(min=0)[:, None] * s_values.clamp(min=0)[None, :] + self.lam + shift
@@ -111,8 +141,11 @@ class LinearHeadObjective:
     def absolute_gradient_norm(self, at: Evaluation) -> float:
         """|| sum of |each product| in the gradient ||: what float64 rounding in the gradient is relative to."""
         total = self.lam * self.matrix(at.weights).abs()
-        for part, logit_grad in zip(self.parts, at.logit_gradients):
-            total = total + part.weight / len(part.labels) * logit_grad.abs().T @ part.features.abs()
+        for part, logit_grad, reduced in zip(self.parts, at.logit_gradients, at.reduced):
+            if reduced is None:
+                total = total + part.weight / len(part.labels) * logit_grad.abs().T @ part.features.abs()
+            else:
+                total = total + (self._instance_weights(part, reduced)[:, None] * logit_grad.abs()).T @ part.features.abs()
         return total.norm().item()
 
     def summed_terms(self) -> int:

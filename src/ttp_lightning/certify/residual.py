@@ -20,21 +20,38 @@ convex in the logits, and logits linear in the certified weights (logistic regre
 frozen features) the unregularised part is convex and mu = lambda exactly. With the square or forward-KL
 uniformity loss the forget part is not convex; Assumption 1 (||Hessian of L_K|| <= P_K) gives
 mu = lambda - theta P_K, which rests on that assumed constant.
+
+A worst-image reduction of the forget losses (reductions.py: smoothmax, cvar) keeps both rules: it is convex and
+nondecreasing in each loss, so it keeps convex losses convex (rule convex_reduction_linear_logits), and its
+Hessian is sum_i q_i H_i (q >= 0, sum 1) plus a positive semidefinite term, so Assumption 1 still bounds the
+negative curvature by theta P_K. A reduction that is not convex (Reduction.problems) has no rule.
 """
 
 import math
 
 import torch
 
+from ttp_lightning.certify.reductions import MEAN, Reduction
+
 UNIT_ROUNDOFF = 2.0**-53  # float64
-EXACT, ASSUMPTION_1 = "convex_losses_linear_logits", "assumption_1"
+EXACT, CONVEX_REDUCTION, ASSUMPTION_1 = "convex_losses_linear_logits", "convex_reduction_linear_logits", "assumption_1"
+MU_RULES = (EXACT, CONVEX_REDUCTION, ASSUMPTION_1)
 CONVEX_UNIFORMITY = ("reverse_kl",)
 
 
-def strong_convexity(uniformity: str, lam: float, theta: float, grad_lipschitz_forget: float) -> tuple[float, str]:
-    """(mu, rule): lambda for convex losses on logits linear in the weights, else lambda - theta P_K."""
+class NotConvex(ValueError):
+    """A forget reduction that is not a convex, smooth function of the losses: no rule gives mu."""
+
+
+def strong_convexity(uniformity: str, lam: float, theta: float, grad_lipschitz_forget: float,
+                     reduction: Reduction = MEAN) -> tuple[float, str]:
+    """(mu, rule): lambda for convex losses on logits linear in the weights (reduced by their mean, or by a
+    convex nondecreasing reduction), else lambda - theta P_K. Raises NotConvex for a reduction with problems."""
+    problems = reduction.problems()
+    if problems:
+        raise NotConvex(problems[0])
     if uniformity in CONVEX_UNIFORMITY:
-        return lam, EXACT
+        return lam, EXACT if reduction.name == "mean" else CONVEX_REDUCTION
     return lam - theta * grad_lipschitz_forget, ASSUMPTION_1
 
 

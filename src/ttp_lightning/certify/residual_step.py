@@ -17,7 +17,14 @@ from torch import nn
 from ttp_lightning.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.certify.hvp import trainable
 from ttp_lightning.certify.linear_head import HeadPart, LinearHeadObjective, SolverSettings, solve_on_ball
-from ttp_lightning.certify.residual import ball_multiplier, distance_bound, rounding_floor, strong_convexity
+from ttp_lightning.certify.reductions import Reduction
+from ttp_lightning.certify.residual import (
+    NotConvex,
+    ball_multiplier,
+    distance_bound,
+    rounding_floor,
+    strong_convexity,
+)
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.objectives import PER_INSTANCE_LOSSES
 
@@ -86,12 +93,23 @@ def instance_losses(cfg):
     return forget, retain
 
 
+def forget_reduction(cfg) -> Reduction:
+    """How the certified objective combines the forget losses (`method.forget_reduction`, its temperature and,
+    for cvar, its fraction); the mean when unset."""
+    name = str(getattr(cfg, "forget_reduction", None) or "mean")
+    if name == "mean":
+        return Reduction()
+    temperature, fraction = getattr(cfg, "forget_reduction_temperature", None), getattr(cfg, "forget_cvar_fraction", None)
+    return Reduction(name, None if temperature is None else float(temperature),
+                     float(fraction) if name == "cvar" and fraction is not None else None)
+
+
 def head_objective(net: nn.Module, head: nn.Linear, cfg, lam: float, retain: ImageBatchDataset,
                    forget: ImageBatchDataset) -> LinearHeadObjective:
     forget_loss, retain_loss = instance_losses(cfg)
     theta = float(cfg.theta)
     forget_features, retain_features = head_features(net, head, [forget, retain], cfg.chunk_size)
-    parts = [HeadPart(forget_features, forget.labels.cpu(), theta, forget_loss),
+    parts = [HeadPart(forget_features, forget.labels.cpu(), theta, forget_loss, forget_reduction(cfg)),
              HeadPart(retain_features, retain.labels.cpu(), 1.0 - theta, retain_loss)]
     return LinearHeadObjective(parts, lam, head.out_features)
 
@@ -101,7 +119,11 @@ def head_vector(head: nn.Linear) -> torch.Tensor:
 
 
 def mu_of(cfg, lam: float) -> tuple[float, str]:
-    mu, rule = strong_convexity(cfg.uniformity, lam, float(cfg.theta), float(cfg.grad_lipschitz_forget))
+    try:
+        mu, rule = strong_convexity(cfg.uniformity, lam, float(cfg.theta), float(cfg.grad_lipschitz_forget),
+                                    forget_reduction(cfg))
+    except NotConvex as exc:
+        raise TTPUserError(f"method.{exc}; the residual bound needs a convex objective (mu > 0)") from None
     if not mu > 0:
         raise TTPUserError(f"mu = lambda - theta P_K = {lam:.4g} - {cfg.theta} x {cfg.grad_lipschitz_forget:.4g} <= 0: "
                            f"with method.uniformity={cfg.uniformity} the objective is strongly convex only for lambda "

@@ -10,6 +10,8 @@ the `plots` extra).
                  run, named in the title)
   attacks.png    forget confidence distance (clean, then the worst attack) against the attack radius gamma,
                  for every run's method and the pretrained model
+  worst_image.png  test accuracy against the worst forget image's confidence distance, one line per forget
+                 reduction, each point a theta, and the release gate's threshold (a certified theta sweep)
 Titles name the data set, model and theta; accuracies are on fixed 0-100 % axes and confidence distances on
 their full range. `--wandb` also logs them to an offline wandb run under the output folder.
 """
@@ -20,7 +22,14 @@ from collections import defaultdict
 from pathlib import Path
 
 from ttp_lightning.reporting.run_identity import short_value
-from ttp_lightning.reporting.tables import config_value, forget_set, load_results, method_label, model_name
+from ttp_lightning.reporting.tables import (
+    config_value,
+    forget_set,
+    load_results,
+    method_label,
+    model_name,
+    reduction_of,
+)
 from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
 
 
@@ -278,6 +287,45 @@ def attack_curves(all_results: list[dict], path: Path) -> bool:
     return True
 
 
+def worst_image_curves(all_results: list[dict], path: Path) -> bool:
+    """Test accuracy against the worst forget image's CD: one line per forget reduction (of a certified theta
+    sweep with two or more thetas), points labelled with theta; the gate's threshold dashed, the pretrained
+    model a grey point."""
+    lines = defaultdict(list)
+    for results in all_results:
+        metrics = results["metrics"][results["method"]]
+        if "sensitivity" in metrics and config_value(results, "method.theta") is not None:
+            lines[reduction_of(results)].append((config_value(results, "method.theta"), metrics, results))
+    lines = {name: sorted(points, key=lambda p: p[0]) for name, points in lines.items() if len(points) > 1}
+    if not lines:
+        return False
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(7.5, 5))
+    first = next(iter(lines.values()))[0][2]
+    for name, points in sorted(lines.items()):
+        xs = [m["forget_worst_conf_dist"] for _, m, _ in points]
+        ys = [m["test_acc"] for _, m, _ in points]
+        axis.plot(xs, ys, marker="o", label=f"forget reduction: {name}")
+        for (theta, _, _), x, y in zip(points, xs, ys):
+            axis.annotate(f"{theta:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    pretrained = first["metrics"]["pretrain"]
+    axis.scatter([pretrained["forget_worst_conf_dist"]], [pretrained["test_acc"]], color="grey", zorder=3,
+                 label="pretrained model")
+    threshold = (first.get("release_gate") or {}).get("conf_dist_at_most")
+    if threshold is not None:
+        axis.axvline(threshold, color="black", linestyle="--", linewidth=1,
+                     label=f"release gate: every image <= {threshold:g}")
+    top = 1 - 1 / _num_classes(first) if _num_classes(first) else 1.0
+    axis.set_xlim(0, top * 1.04)
+    axis.set_xlabel("worst forget image's confidence distance (0 = uniform softmax)")
+    _percent_axis(axis, "accuracy on the test set")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8, loc="lower right")
+    axis.set_title(f"{describe(first, theta=False)}, {method_label(first)}: labels are theta", fontsize=10)
+    _save(plt, figure, path)
+    return True
+
+
 def _save(plt, figure, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -291,7 +339,8 @@ def draw_figures(all_results: list[dict], out: Path) -> list[Path]:
                "forget_size": lambda p: forget_size_curves(all_results, p),
                "dynamics": lambda p: dynamics(all_results, p),
                "softmax": lambda p: softmax_bars(all_results, p),
-               "attacks": lambda p: attack_curves(all_results, p)}
+               "attacks": lambda p: attack_curves(all_results, p),
+               "worst_image": lambda p: worst_image_curves(all_results, p)}
     return [out / f"{name}.png" for name, draw in figures.items() if draw(out / f"{name}.png")]
 
 

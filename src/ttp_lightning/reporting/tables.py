@@ -8,6 +8,9 @@ test accuracy, forget confidence distance), the pretrained model first.
 `main`: one table per data set and model, one row per method (Pretrain, Retrain, Synthetic, LabelDP,
 GaussianUniform, Alg 1, certified ...), as the paper's main table, with retain and test confidence
 distances beside the forget one.
+`certified`: one table per data set, model and certified method, one row per forget reduction and theta: test
+accuracy and CD, the mean and worst forget CD, the images above the release gate's threshold, the gate's
+verdict, Delta, sigma and epsilon (a certified theta sweep run with both reductions).
 `forget`: one table per data set, model and method, one block of rows per forget set (size, how many from
 the test set), as the paper's forget-set-size ablation and test-instance tables: the pretrained model
 (A(D) before and after learning outside forget instances, when there are any), then the method.
@@ -170,7 +173,51 @@ def forget_set_tables(all_results: list[dict]) -> list[Table]:
     return tables
 
 
-LAYOUTS = {"frontier": frontier_tables, "main": main_tables, "forget": forget_set_tables}
+def reduction_of(results: dict) -> str:
+    """The run's forget reduction (with its temperature and fraction where it has them); mean when unset."""
+    name = config_value(results, "method.forget_reduction") or "mean"
+    if name == "mean":
+        return "mean"
+    temperature = config_value(results, "method.forget_reduction_temperature")
+    fraction = config_value(results, "method.forget_cvar_fraction") if name == "cvar" else None
+    return name + "".join(f" {k}={v:g}" for k, v in (("T", temperature), ("alpha", fraction)) if v is not None)
+
+
+def certified_row(results: dict) -> list[str]:
+    metrics = results["metrics"][results["method"]]
+    gate = results.get("release_gate") or {}
+    above = len(gate.get("failing_images") or [])
+    verdict = "released" if gate.get("passed") else f"refused ({above} images)" if above else "refused"
+    theta = config_value(results, "method.theta")
+    return [reduction_of(results), "-" if theta is None else f"{theta:g}", percent(metrics["test_acc"]),
+            f"{metrics.get('test_conf_dist', float('nan')):.3f}", f"{metrics['forget_conf_dist']:.3f}",
+            f"{metrics['forget_worst_conf_dist']:.3f}", str(metrics.get("forget_exposed", "-")), verdict,
+            f"{metrics.get('sensitivity', float('nan')):.2g}", f"{metrics.get('sigma', float('nan')):.2g}",
+            f"{metrics.get('epsilon', float('nan')):.3g}"]
+
+
+def certified_tables(all_results: list[dict]) -> list[Table]:
+    """One table per (data set, model, method) of the certified runs, rows by reduction then theta."""
+    groups = defaultdict(list)
+    for results in all_results:
+        if "sensitivity" in results["metrics"][results["method"]]:
+            groups[(results["config"]["data"]["name"], model_name(results), results["method"])].append(results)
+    tables = []
+    for (data, model, method), runs in sorted(groups.items()):
+        runs.sort(key=lambda r: (reduction_of(r) != "mean", reduction_of(r), config_value(r, "method.theta") or 0))
+        pretrained = runs[0]["metrics"]["pretrain"]
+        rows = [["pretrained", "-", percent(pretrained["test_acc"]), f"{pretrained['test_conf_dist']:.3f}",
+                 f"{pretrained['forget_conf_dist']:.3f}", f"{pretrained['forget_worst_conf_dist']:.3f}",
+                 str(pretrained.get("forget_exposed", "-")), "-", "-", "-", "-"]]
+        header = ["Forget reduction", "theta", "Test Acc.", "Test CD", "Forget CD (mean)", "Forget CD (worst)",
+                  "Images > threshold", "Gate", "Delta", "sigma", "epsilon"]
+        tables.append(Table(f"{data}: {method_label(runs[0])} {model}", header,
+                            rows + [certified_row(r) for r in runs]))
+    return tables
+
+
+LAYOUTS = {"frontier": frontier_tables, "main": main_tables, "forget": forget_set_tables,
+           "certified": certified_tables}
 
 
 def main(argv: list[str] | None = None) -> int:

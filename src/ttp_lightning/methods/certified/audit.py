@@ -27,6 +27,7 @@ from ttp_lightning.certify.residual_step import (
     stationarity_record,
 )
 from ttp_lightning.data import build_datamodule
+from ttp_lightning.errors import TTPUserError
 from ttp_lightning.evaluation import eval_device
 from ttp_lightning.files import sha256_of
 from ttp_lightning.methods.certified.common import KINDS, request_parts
@@ -42,7 +43,9 @@ def method_config(cert: dict) -> SimpleNamespace:
         "bound", "layers", "theta", "lam", "uniformity", "forget_temperature", "grad_lipschitz_forget", "grad_lipschitz_retain",
         "hessian_lipschitz_forget", "hessian_lipschitz_retain", "chunk_size", "max_exact_params",
         "lanczos_iterations", "spectrum_margin")}
-    settings.update(lam_min=cert["lam_min_stated"], compare_exact=False)
+    reduction = cert["forget_reduction"]
+    settings.update(lam_min=cert["lam_min_stated"], compare_exact=False, forget_reduction=reduction["name"],
+                    forget_reduction_temperature=reduction["temperature"], forget_cvar_fraction=reduction["fraction"])
     estimator = cert["estimator"]
     if estimator is not None:
         settings.update(scale=estimator["scale_config"], scale_margin=estimator["scale_margin"],
@@ -99,7 +102,10 @@ def remeasured_failures(cert: dict, net, parts: list, noise_free: list[torch.Ten
     """bound=residual: remeasure, with this code's own rules (mu, the rounding floor), the distance bound at
     each recorded noise-free point on the rebuilt data; fail where the certificate's bound is smaller."""
     settings = method_config(cert)
-    mu, _ = mu_of(settings, cert["lam"])
+    try:
+        mu, _ = mu_of(settings, cert["lam"])
+    except TTPUserError as exc:  # a stated reduction or constant with no convexity rule: nothing to remeasure
+        return [f"the audit cannot remeasure the bound: {exc}"]
     head = final_linear(net)
     failures = []
     steps = cert["steps"] if len(noise_free) == len(cert["steps"]) else cert["steps"][-1:]

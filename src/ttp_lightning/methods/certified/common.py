@@ -3,6 +3,7 @@
 BatchNorm statistics from D_r -> a release (public weights + certificate, private audit record)."""
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +21,8 @@ from ttp_lightning.certify import newton
 from ttp_lightning.certify.hvp import refresh_batchnorm, trainable
 from ttp_lightning.certify.mechanism import implied_epsilon, noise_sigma
 from ttp_lightning.certify.newton import ESTIMATED, NewtonPath, noised_states, resolve_lam
-from ttp_lightning.certify.residual_step import mu_of, select_certified_layers
+from ttp_lightning.certify.reductions import temperature_rule
+from ttp_lightning.certify.residual_step import forget_reduction, mu_of, select_certified_layers
 from ttp_lightning.config_schema import CertifiedSchema
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import eval_device, evaluate
@@ -72,6 +74,7 @@ def stated_constants(ctx: RunContext, cfg: CertifiedSchema, algorithm: str, net:
         "algorithm": algorithm, "bound": cfg.bound, "layers": cfg.layers, "mu": mu, "mu_rule": mu_rule,
         "theta": float(cfg.theta), "lam": resolve_lam(cfg), "lam_min_stated": float(cfg.lam_min),
         "uniformity": cfg.uniformity, "forget_temperature": float(cfg.forget_temperature),
+        "forget_reduction": dataclasses.asdict(forget_reduction(cfg)),
         "hessian_lipschitz_forget": float(cfg.hessian_lipschitz_forget),
         "hessian_lipschitz_retain": float(cfg.hessian_lipschitz_retain),
         "grad_lipschitz_forget": float(cfg.grad_lipschitz_forget),
@@ -164,9 +167,20 @@ def newton_steps(ctx: RunContext, cfg: CertifiedSchema, net: nn.Module, parts: l
     return module
 
 
+def resolved(ctx: RunContext, cfg: CertifiedSchema, datamodule: TTPDataModule) -> CertifiedSchema:
+    """The settings with `forget_reduction_temperature=auto` replaced by its rule's value (from the number of
+    classes, the release gate's threshold and the forget set's size: certify.reductions.temperature_rule)."""
+    if cfg.forget_reduction_temperature != "auto":
+        return cfg
+    threshold = ctx.fit_settings.exposed_above if ctx.fit_settings.exposed_above is not None else 0.1
+    temperature = temperature_rule(datamodule.info.num_classes, threshold, len(datamodule.dataset("forget")))
+    return dataclasses.replace(cfg, forget_reduction_temperature=temperature)
+
+
 def run_certified(ctx: RunContext, cfg: CertifiedSchema, pretrained: nn.Module, datamodule: TTPDataModule,
                   algorithm: str) -> MethodOutput:
     """Algs 2-4 with the method's settings `cfg` (`algorithm` chooses the step)."""
+    cfg = resolved(ctx, cfg, datamodule)
     prepared = warm_start(ctx, cfg, pretrained, datamodule)
     start_state = {k: v.detach().cpu().clone() for k, v in prepared.net.state_dict().items()}
     certificate = stated_constants(ctx, cfg, algorithm, prepared.net)

@@ -70,6 +70,8 @@ def test_per_image_losses_average_to_the_batch_losses_and_reductions_weigh_the_h
     assert reduce_forget(losses, "mean") == 4.5 and reduce_forget(losses, "max") == 9.0
     assert reduce_forget(losses, "cvar", 0.2) == 8.5 and reduce_forget(losses, "cvar", 0.01) == 9.0
     assert reduce_forget(losses, "cvar", 1.0) == 4.5
+    smooth = [reduce_forget(losses, "smoothmax", temperature=t).item() for t in (100.0, 1.0, 0.01)]
+    assert 4.5 < smooth[0] < smooth[1] < smooth[2] <= 9.0 and smooth[2] > 9.0 - 0.01 * math.log(10) - 1e-6
 
 
 def test_reverse_kl_still_pulls_a_saturated_image_where_kl_to_uniform_does_not():
@@ -81,3 +83,16 @@ def test_reverse_kl_still_pulls_a_saturated_image_where_kl_to_uniform_does_not()
     (forward,) = torch.autograd.grad(kl_to_uniform_each(logits).sum(), logits)
     (reverse,) = torch.autograd.grad(kl_from_uniform_each(logits).sum(), logits)
     assert forward.abs().max() < 1e-10 and reverse.abs().max() > 0.5
+
+
+def test_alg1_s_smoothmax_needs_a_positive_temperature():
+    import pytest
+
+    from ttp_lightning.config_schema import ParetoSchema
+    from ttp_lightning.errors import TTPUserError
+
+    with pytest.raises(TTPUserError, match="forget_reduction=smoothmax needs method.forget_reduction_temperature"):
+        ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, forget_reduction="smoothmax")
+    with pytest.raises(TTPUserError, match="forget_reduction_temperature=-1"):
+        ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, forget_reduction="smoothmax", forget_reduction_temperature=-1.0)
+    assert ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, forget_reduction="smoothmax", forget_reduction_temperature=0.1).forget_reduction == "smoothmax"

@@ -119,3 +119,13 @@ def test_certified_layout_has_a_row_per_reduction_and_theta_with_the_gate(tmp_pa
                                                          ("smoothmax T=0.008", "0.25"), ("smoothmax T=0.008", "0.5")]
     assert rows[1][5:8] == ["0.580", "90", "refused (90 images)"] and rows[3][5:8] == ["0.090", "0", "released"]
     assert rows[3][8:] == ["5.8e-07", "2.2e-06", "1 |"]
+
+
+def test_a_reduction_is_named_as_its_certificate_states_it_with_auto_resolved():
+    from ttp_lightning.reporting.tables import reduction_of
+
+    results = certified_results(0.25, 0.39, "smoothmax")
+    results["config"]["method"]["forget_reduction_temperature"] = "auto"
+    assert reduction_of(results) == "smoothmax T=auto"
+    results["certificate"] = {"forget_reduction": {"name": "smoothmax", "temperature": 0.0079671, "fraction": None}}
+    assert reduction_of(results) == "smoothmax T=0.008"

@@ -174,13 +174,19 @@ def forget_set_tables(all_results: list[dict]) -> list[Table]:
 
 
 def reduction_of(results: dict) -> str:
-    """The run's forget reduction (with its temperature and fraction where it has them); mean when unset."""
-    name = config_value(results, "method.forget_reduction") or "mean"
+    """The run's forget reduction with its temperature and fraction where it has them (as its certificate states
+    them, `auto` resolved; else as configured); mean when unset."""
+    stated = (results.get("certificate") or {}).get("forget_reduction")
+    if stated:
+        name, temperature, fraction = stated["name"], stated["temperature"], stated["fraction"]
+    else:
+        name = config_value(results, "method.forget_reduction") or "mean"
+        temperature = config_value(results, "method.forget_reduction_temperature")
+        fraction = config_value(results, "method.forget_cvar_fraction") if name == "cvar" else None
     if name == "mean":
         return "mean"
-    temperature = config_value(results, "method.forget_reduction_temperature")
-    fraction = config_value(results, "method.forget_cvar_fraction") if name == "cvar" else None
-    return name + "".join(f" {k}={v:g}" for k, v in (("T", temperature), ("alpha", fraction)) if v is not None)
+    shown = lambda v: f"{v:.2g}" if isinstance(v, float) else str(v)
+    return name + "".join(f" {k}={shown(v)}" for k, v in (("T", temperature), ("alpha", fraction)) if v is not None)
 
 
 def certified_row(results: dict) -> list[str]:

@@ -9,7 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from ttp_lightning.certify.linear_head import HeadPart, LinearHeadObjective
-from ttp_lightning.certify.reductions import Reduction, cvar_threshold, reduce, temperature_rule, threshold_loss
+from ttp_lightning.certify.reductions import (
+    Reduction,
+    cvar_threshold,
+    reduce,
+    temperature_rule,
+    threshold_loss,
+)
 from ttp_lightning.objectives import PER_INSTANCE_LOSSES
 
 SMOOTHMAX, CVAR = Reduction("smoothmax", temperature=0.3), Reduction("cvar", temperature=0.05, fraction=0.25)
@@ -114,6 +120,7 @@ def test_a_smooth_minimum_is_not_convex_and_is_refused():
     assert Reduction("cvar", temperature=0.1, fraction=1.5).problems()
     assert Reduction("median").problems()
     assert not SMOOTHMAX.problems() and not CVAR.problems() and not Reduction().problems()
+    assert not Reduction("smoothmax", temperature=1).problems() and Reduction("smoothmax", temperature=True).problems()
 
 
 def test_reductions_lie_between_the_mean_and_the_worst_loss_as_stated():

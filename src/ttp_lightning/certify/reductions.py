@@ -42,10 +42,10 @@ class Reduction:
             return [] if self.temperature is None and self.fraction is None else \
                 ["forget_reduction=mean takes no temperature or fraction"]
         problems = []
-        if not (isinstance(self.temperature, float) and math.isfinite(self.temperature) and self.temperature > 0):
+        if not (_is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature > 0):
             problems.append(f"forget_reduction={self.name} needs a temperature > 0, not {self.temperature} (at T <= 0 "
                             "it is a smooth minimum or undefined: not convex)")
-        if self.name == "cvar" and not (isinstance(self.fraction, float) and 0 < self.fraction <= 1):
+        if self.name == "cvar" and not (_is_number(self.fraction) and 0 < self.fraction <= 1):
             problems.append(f"forget_reduction=cvar needs a fraction in (0, 1], not {self.fraction}")
         if self.name == "smoothmax" and self.fraction is not None:
             problems.append("forget_reduction=smoothmax takes no fraction")
@@ -53,6 +53,10 @@ class Reduction:
 
 
 MEAN = Reduction()
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass

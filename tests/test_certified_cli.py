@@ -168,7 +168,6 @@ def test_a_residual_certificate_that_understates_the_residual_fails_the_audit(re
     every public check passes, the audit remeasures the residual at the private noise-free weights and fails."""
     from ttp_lightning.certificates.document import recomputed_sensitivity
     from ttp_lightning.certify.mechanism import implied_epsilon
-    from ttp_lightning.files import sha256_of
 
     out = released("certified_exact")
     release = release_of(out)
@@ -184,11 +183,7 @@ def test_a_residual_certificate_that_understates_the_residual_fails_the_audit(re
     folder = edited(release, tmp_path, **forged)
     code, text, _ = verify(capsys, folder)
     assert code == 0, text  # self-consistent
-    audit = json.loads((out / "private" / "audit.json").read_text())
-    audit["certificate_sha256"] = sha256_of(folder / "certificate.json")
-    (folder / "audit.json").write_text(json.dumps(audit))
-    for name in ("start.safetensors", "noise_free.safetensors"):
-        (folder / name).write_bytes((out / "private" / name).read_bytes())
+    audit_beside(folder, out)
     code, text, _ = verify(capsys, folder, "--audit", folder / "audit.json")
     assert code == 1 and "below the" in text and "remeasured at the noise-free weights" in text, text
 
@@ -248,17 +243,11 @@ def test_a_certificate_claiming_the_convex_rule_for_a_reduction_that_is_not_conv
                                                                                          reduction, message):
     """T < 0 makes the smooth maximum a smooth minimum (concave); NaN and an unknown reduction have no rule.
     The public check and the audit (its record re-hashed to the edited certificate) both fail."""
-    from ttp_lightning.files import sha256_of
-
     out = released("certified_smoothmax")
     folder = edited(release_of(out), tmp_path, forget_reduction=reduction)
     code, text, err = verify(capsys, folder)
     assert code == 1 and message in text and err == "", text + err
-    audit = json.loads((out / "private" / "audit.json").read_text())
-    audit["certificate_sha256"] = sha256_of(folder / "certificate.json")
-    (folder / "audit.json").write_text(json.dumps(audit))
-    for name in ("start.safetensors", "noise_free.safetensors"):
-        (folder / name).write_bytes((out / "private" / name).read_bytes())
+    audit_beside(folder, out)
     code, text, err = verify(capsys, folder, "--audit", folder / "audit.json")
     assert code == 1 and message in text and err == "", text + err
 
@@ -328,6 +317,18 @@ def beside(folder, release):
     for name in ("config.json", "MODEL_CARD.md"):
         (folder / name).write_bytes((release / name).read_bytes())
     return folder
+
+
+def audit_beside(folder, out):
+    """The run `out`'s private audit record and weights copied into `folder`, the record re-hashed to the
+    (edited) certificate there: what a provider who edits its own certificate could hand an auditor."""
+    from ttp_lightning.files import sha256_of
+
+    audit = json.loads((out / "private" / "audit.json").read_text())
+    audit["certificate_sha256"] = sha256_of(folder / "certificate.json")
+    (folder / "audit.json").write_text(json.dumps(audit))
+    for name in ("start.safetensors", "noise_free.safetensors"):
+        (folder / name).write_bytes((out / "private" / name).read_bytes())
 
 
 def edited(release, tmp_path, **changes):

@@ -262,13 +262,24 @@ class MethodSchema:
     schedule: Any = None
 
 
-def check_reduction_temperature(reduction, temperature) -> None:
-    """smoothmax needs a temperature > 0 (at T <= 0 it is a smooth minimum, or undefined)."""
-    if temperature is not None:
+def check_reduction_temperature(reduction, temperature, needs=("smoothmax",), auto: bool = False) -> None:
+    """The reductions in `needs` take a temperature > 0 (at T <= 0 a smooth maximum is a smooth minimum, or
+    undefined); `auto` also allows the certified learners' rule."""
+    if temperature is None:
+        if str(reduction) in needs:
+            raise TTPUserError(f"method.forget_reduction={reduction} needs method.forget_reduction_temperature; "
+                               f"choose {'auto or ' if auto else ''}a number > 0 (in the loss's units, nats: lower "
+                               "is closer to the largest loss)")
+    elif auto:
+        checks.auto_or(temperature, "method.forget_reduction_temperature", checks.positive)
+    else:
         checks.positive(temperature, "method.forget_reduction_temperature")
-    elif str(reduction) == "smoothmax":
-        raise TTPUserError("method.forget_reduction=smoothmax needs method.forget_reduction_temperature; choose a "
-                           "number > 0 (in the loss's units, nats: lower is closer to the largest loss)")
+
+
+def check_cvar_fraction(fraction) -> None:
+    fraction = checks.number(fraction, "method.forget_cvar_fraction")
+    if not 0.0 < fraction <= 1.0:
+        raise TTPUserError(f"method.forget_cvar_fraction={fraction} is not allowed; choose a value in (0, 1]")
 
 
 @dataclass
@@ -327,9 +338,7 @@ class ParetoSchema(MethodSchema, TrainingSchema):
         checks.unit_interval(checks.number(self.theta, "method.theta"), "method.theta")
         checks.at_least_zero(self.lr_backoffs, "method.lr_backoffs")
         checks.auto_or(self.lr_warmup, "method.lr_warmup", checks.whole_number)
-        fraction = checks.number(self.forget_cvar_fraction, "method.forget_cvar_fraction")
-        if not 0.0 < fraction <= 1.0:
-            raise TTPUserError(f"method.forget_cvar_fraction={fraction} is not allowed; choose a value in (0, 1]")
+        check_cvar_fraction(self.forget_cvar_fraction)
         check_reduction_temperature(self.forget_reduction, self.forget_reduction_temperature)
         checks.positive(self.forget_temperature, "method.forget_temperature")
         checks.positive_int(self.epochs, "method.epochs")
@@ -408,15 +417,9 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
             raise TTPUserError("method.forget_reduction=max is not allowed with the residual bound (not differentiable "
                                "where two images tie, so its gradient does not vanish at the optimum); choose one of: "
                                "mean, smoothmax, cvar (smoothed)")
-        if reduction in ("smoothmax", "cvar") and self.forget_reduction_temperature is None:
-            raise TTPUserError(f"method.forget_reduction={reduction} needs method.forget_reduction_temperature; choose "
-                               "auto or a number > 0 (nats; lower is closer to the largest loss)")
-        if self.forget_reduction_temperature is not None:
-            checks.auto_or(self.forget_reduction_temperature, "method.forget_reduction_temperature", checks.positive)
+        check_reduction_temperature(reduction, self.forget_reduction_temperature, ("smoothmax", "cvar"), auto=True)
         if reduction == "cvar":
-            fraction = checks.number(self.forget_cvar_fraction, "method.forget_cvar_fraction")
-            if not 0.0 < fraction <= 1.0:
-                raise TTPUserError(f"method.forget_cvar_fraction={fraction} is not allowed; choose a value in (0, 1]")
+            check_cvar_fraction(self.forget_cvar_fraction)
 
 
 @dataclass

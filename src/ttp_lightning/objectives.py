@@ -55,6 +55,11 @@ PER_INSTANCE_LOSSES: dict[str, UniformityLoss] = {
 }
 
 
+def smooth_maximum(losses: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T log(mean exp(l / T)) over the losses: between their mean and their max, at most T log n below the max."""
+    return temperature * (torch.logsumexp(losses / temperature, 0) - math.log(len(losses)))
+
+
 def reduce_forget(losses: torch.Tensor, reduction: str, fraction: float = 0.2,
                   temperature: float | None = None) -> torch.Tensor:
     """A forget batch's per-image losses as one number: their mean (the paper), their max (the hardest image
@@ -69,7 +74,7 @@ def reduce_forget(losses: torch.Tensor, reduction: str, fraction: float = 0.2,
         count = max(1, math.ceil(fraction * len(losses)))
         return losses.topk(count).values.mean()
     if reduction == "smoothmax":
-        return temperature * (torch.logsumexp(losses / temperature, 0) - math.log(len(losses)))
+        return smooth_maximum(losses, temperature)
     raise ValueError(f"unknown forget reduction {reduction!r}")
 
 

@@ -2,7 +2,7 @@
 
 mean       R = mean_i l_i (the paper).
 smoothmax  R = T log(mean_i exp(l_i / T)): a smooth maximum; between the mean (T -> infinity) and the
-           largest loss (T -> 0), never below the mean and at most T log n above the largest.
+           largest loss (T -> 0), never below the mean, never above the largest loss and at most T log n below it.
 cvar       R = min_t t + 1 / (alpha n) sum_i T softplus((l_i - t) / T): the mean of the largest alpha fraction
            of the losses (CVaR_alpha, Rockafellar and Uryasev 2000) with its kink smoothed at temperature T;
            at least CVaR_alpha and at most T log 2 / alpha above it.
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from ttp_lightning.objectives import smooth_maximum
 
 REDUCTIONS = ("mean", "smoothmax", "cvar")
 
@@ -86,10 +88,8 @@ def reduce(reduction: Reduction, losses: torch.Tensor) -> Reduced:
         return Reduced(losses.mean().item(), torch.full_like(losses, 1.0 / n))
     temperature = reduction.temperature
     if reduction.name == "smoothmax":
-        scaled = losses / temperature
-        value = temperature * (torch.logsumexp(scaled, 0).item() - math.log(n))
-        weights = torch.softmax(scaled, 0)
-        return Reduced(value, weights, weights, temperature)
+        weights = torch.softmax(losses / temperature, 0)
+        return Reduced(smooth_maximum(losses, temperature).item(), weights, weights, temperature)
     share = reduction.fraction * n
     threshold = cvar_threshold(losses, share, temperature)
     sigma = torch.sigmoid((losses - threshold) / temperature)

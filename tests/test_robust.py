@@ -72,6 +72,42 @@ def test_robust_conf_dist_is_at_least_the_clean_one():
     assert robust.mean() > clean.mean()
 
 
+def test_the_judge_re_attacks_only_an_epoch_that_could_be_kept_and_never_lowers_a_cd(monkeypatch):
+    """judge_steps > 0: the judge's attack runs after early stopping's own when the epoch could still be kept
+    (per image the worse of the two), and not when the first attack already exposes more images than the kept
+    epoch (its rank, fewest exposed first, is then worse whatever the judge finds)."""
+    from ttp_lightning.models import pareto as module_code
+
+    torch.manual_seed(0)
+    _, forget = tiny_sets(n_forget=20)
+    weak = dataclasses.replace(SETTINGS, eval_steps=1, eval_objectives=("max_softmax",), eval_surrogate_betas=(1.0,),
+                               judge_steps=30)
+    module = ParetoFinetuneModule(tiny_net().eval(), 0.75, OPTIM, forget_data=forget, adversarial=weak,
+                                  exposed_above=0.1)
+    calls = []
+    original = module_code.robust_conf_dist
+
+    def spy(net, data, targets, settings, device):
+        calls.append(settings.eval_steps)
+        return original(net, data, targets, settings, device)
+
+    monkeypatch.setattr(module_code, "robust_conf_dist", spy)
+    screened = original(module.net, forget, None, weak, torch.device("cpu"))
+    per_image, judged = module._attacked_conf_dist()  # nothing kept yet: judged
+    assert judged and calls == [1, 30] and (per_image >= screened).all() and per_image.sum() > screened.sum()
+    exposed = int((screened > 0.1).sum())
+    assert exposed > 0
+    module.kept_rank = lambda: (exposed, 0.0, 0.0)  # as many as the kept epoch: it could still be kept
+    assert module._attacked_conf_dist()[1]
+    module.kept_rank = lambda: (exposed - 1, 0.0, 0.0)  # more than the kept epoch: cannot be kept
+    calls.clear()
+    per_image, judged = module._attacked_conf_dist()
+    assert not judged and calls == [1] and torch.equal(per_image, screened)
+    off = ParetoFinetuneModule(tiny_net().eval(), 0.75, OPTIM, forget_data=forget, exposed_above=0.1,
+                               adversarial=dataclasses.replace(weak, judge_steps=0))
+    assert not off._attacked_conf_dist()[1]
+
+
 def _run(compose_cfg, tmp_path, monkeypatch, method: str, *overrides: str) -> dict:
     monkeypatch.setenv("TTP_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / method
@@ -94,7 +130,7 @@ def test_robust_alg1_keeps_uniformity_under_attack_and_stops_on_the_attacked_cd(
     # 12 epochs from an 8-epoch pretrained MLP: robust Alg 1 is still recovering its accuracy and the worst image
     # is near 0.1, so the rule is looser here (the test is about which qualifying epoch is kept, not the gate)
     robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.early_stopping.conf_dist_below=0.3",
-                  "method.early_stopping.retain_acc_drop_at_most=0.15")
+                  "method.early_stopping.retain_acc_drop_at_most=0.15", "method.lr=0.01")  # 12 epochs: Alg 1's rate
     history = robust["history"]["pareto_robust"]
     assert all("forget_robust_conf_dist" in row for row in history)
     best, threshold = (robust["metrics"]["pareto_robust"][k] for k in ("best_epoch", "retain_acc_threshold"))
@@ -104,6 +140,7 @@ def test_robust_alg1_keeps_uniformity_under_attack_and_stops_on_the_attacked_cd(
     assert all(0 <= row["forget_certified_worst_conf_dist"] <= 0.9 + 1e-9 for row in history)  # 10 classes
     assert history[best - 1]["forget_robust_exposed"] == min(row["forget_robust_exposed"] for row in qualifying)
     assert _rank(history[best - 1]) == min(_rank(row) for row in qualifying)
+    assert history[best - 1]["forget_robust_judged"] == 1.0  # the kept epoch was attacked as the judge attacks
     attacked = {name: results["metrics"][name]["forget_robust_conf_dist"]
                 for name, results in (("pareto", plain), ("pareto_robust", robust))}
     assert attacked["pareto_robust"] < attacked["pareto"]
@@ -191,15 +228,16 @@ def test_the_retain_rule_on_a_held_out_slice_never_trains_on_it(compose_cfg, tmp
     seen = {}
     original = TTPDataModule.pareto_dataloader
 
-    def spy(self, retain=None):
+    def spy(self, retain=None, forget=None):
         seen["fit"] = retain.everything()[0] if retain is not None else None
         seen["holdout"] = self.subset(self.retain_split(0.2)[1]).everything()[0]
         seen["retain"] = len(self.retain_indices)
-        return original(self, retain)
+        return original(self, retain, forget)
 
     monkeypatch.setattr(TTPDataModule, "pareto_dataloader", spy)
     robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=4", "attacks.enabled=false",
-                  "release_gate.require=[clean]", "method.early_stopping.retain_holdout=0.2")
+                  "release_gate.require=[clean]", "method.early_stopping.retain_holdout=0.2",
+                  "method.lr=0.01")  # uniform within the 4 epochs
     metrics, history = robust["metrics"]["pareto_robust"], robust["history"]["pareto_robust"]
     assert metrics["retain_holdout_size"] == len(seen["holdout"]) == round(0.2 * seen["retain"])
     assert len(seen["fit"]) == seen["retain"] - len(seen["holdout"])
@@ -215,6 +253,47 @@ def test_the_retain_rule_on_a_held_out_slice_never_trains_on_it(compose_cfg, tmp
     assert metrics["radius_rule_threshold"] == pytest.approx(pretrained_retain - 0.01, abs=1e-6)
     kept = history[metrics["best_epoch"] - 1]
     assert (kept["retain_holdout_acc"] >= metrics["retain_acc_threshold"]) == metrics["constraint_met"]
+
+
+@pytest.mark.parametrize("objectives", ["[max_softmax,ce_pretrained]", "[max_softmax]"])
+def test_the_inner_attack_targets_the_starting_model_s_predictions_not_the_labels(compose_cfg, tmp_path, monkeypatch,
+                                                                                   objectives):
+    """ce_pretrained in training raises the class A(D) predicted for each forget image, as the judge's attack
+    does: where A(D) got an image wrong its label is a class no attacker wants back. Without that objective the
+    forget batches keep their labels."""
+    from ttp_lightning.methods import pareto
+    from ttp_lightning.nn_modes import evaluating
+
+    seen = {}
+    original = pareto.attack_targeted_forget
+
+    def spy(net, datamodule, adversarial):
+        seen["forget"], seen["own"] = original(net, datamodule, adversarial), datamodule.dataset("forget", augment=True)
+        with torch.no_grad(), evaluating(net):  # the network the fit starts from
+            seen["starting"] = net(seen["own"].everything()[0]).argmax(-1)
+        return seen["forget"]
+
+    monkeypatch.setattr(pareto, "attack_targeted_forget", spy)
+    _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=1", "pretrain.epochs=1",
+         "attacks.enabled=false", "release_gate.require=[clean]", f"method.adversarial.objectives={objectives}")
+    if objectives == "[max_softmax]":
+        assert seen["forget"] is None
+        return
+    assert (seen["starting"] != seen["own"].labels).any()  # one epoch of pretraining gets some forget images wrong
+    assert torch.equal(seen["forget"].labels, seen["starting"])
+    assert torch.equal(seen["forget"].images, seen["own"].images)
+    assert seen["forget"].augment is seen["own"].augment
+
+
+def test_relabelled_keeps_the_images_and_refuses_a_label_count_that_does_not_match():
+    from ttp_lightning.batching import ImageBatchDataset
+
+    own = ImageBatchDataset(torch.arange(12, dtype=torch.uint8).reshape(3, 1, 2, 2), torch.tensor([0, 1, 2]), seed=3)
+    view = own.relabelled(torch.tensor([2, 2, 0]))
+    assert torch.equal(view.everything()[0], own.everything()[0])
+    assert view.labels.tolist() == [2, 2, 0] and own.labels.tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="2 labels for 3 images"):
+        own.relabelled(torch.tensor([0, 1]))
 
 
 def test_an_epoch_lr_backoff_reverts_is_kept_with_the_weights_its_metrics_were_measured_on():

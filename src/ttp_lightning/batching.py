@@ -1,5 +1,7 @@
 """Whole-batch indexing of in-memory images and a DDP-aware batch sampler (no per-item collate)."""
 
+import copy
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -71,6 +73,14 @@ class ImageBatchDataset(Dataset):
     def everything(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All images (float, [0, 1]) and labels in order, as two tensors."""
         return self[list(range(len(self)))]
+
+    def relabelled(self, labels: torch.Tensor) -> "ImageBatchDataset":
+        """The same images, augmentation and seed with other labels (one per image, in order)."""
+        if labels.shape != self.labels.shape:
+            raise ValueError(f"{len(labels)} labels for {len(self.labels)} images")
+        view = copy.copy(self)
+        view.labels, view.generator = labels, torch.Generator().manual_seed(self.seed)
+        return view
 
 
 def _rank_and_world() -> tuple[int, int]:

@@ -93,6 +93,10 @@ class ConstrainedBestModel(Callback):
             if self.patience is not None and self._stale_epochs >= self.patience:
                 trainer.should_stop = self.stopped = True
 
+    def kept_rank(self) -> tuple[float, ...] | None:
+        """The rank of the qualifying epoch kept so far (lower is better); None before one qualifies."""
+        return tuple(self.best_rank) if self.best_epoch is not None else None
+
     def _rank(self, metrics: Mapping) -> tuple[float, ...]:
         if self.rank is not None:
             return tuple(float(value) for value in self.rank({k: float(v) for k, v in metrics.items()}))

@@ -13,10 +13,11 @@ batch carries the labels, not A(D)'s predictions, which early stopping's attack 
 Early stopping watches the forget CD under a stronger attack each validation epoch: APGD
 (attacks/apgd.py) with `eval_restarts` restarts, `eval_steps` steps, `eval_objectives` and
 `eval_surrogate_betas`, worst case per image and never below the clean image; a fixed seed, so every DDP
-rank computes the same value.
+rank computes the same value. With `judge_steps` > 0 an epoch that could be kept is attacked again with the
+`judge_*` settings (the release judge's, conf/method/pareto_robust.yaml), per image the worse of the two.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import torch
@@ -50,6 +51,10 @@ class AdversarialSettings:
     eval_objectives: tuple[str, ...] = field(default=("max_softmax", "ce_pretrained"))
     eval_surrogate_betas: tuple[float | None, ...] = (10.0, 1.0)
     eval_chunk_size: int = 512
+    judge_steps: int = 0               # re-attack with the judge's APGD (0: the attack above alone) ...
+    judge_restarts: int = 2
+    judge_objectives: tuple[str, ...] = field(default=("logsumexp", "max_softmax", "ce_pretrained"))
+    judge_surrogate_betas: tuple[float | None, ...] = (None, 10.0, 1.0)
     seed: int = 0
 
     @property
@@ -63,10 +68,18 @@ class AdversarialSettings:
     @classmethod
     def from_config(cls, cfg) -> "AdversarialSettings":
         values = {key: cfg[key] for key in cls.__dataclass_fields__ if key in cfg}
-        for key in ("objectives", "surrogate_betas", "eval_objectives", "eval_surrogate_betas"):
+        for key in ("objectives", "surrogate_betas", "eval_objectives", "eval_surrogate_betas", "judge_objectives",
+                    "judge_surrogate_betas"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
+
+    def judge(self) -> "AdversarialSettings | None":
+        """The judge's attack as early stopping's (judge_* as eval_*); None with judge_steps 0."""
+        if not self.judge_steps:
+            return None
+        return replace(self, eval_steps=self.judge_steps, eval_restarts=self.judge_restarts,
+                       eval_objectives=self.judge_objectives, eval_surrogate_betas=self.judge_surrogate_betas)
 
 
 # radius_rule=retain: the training radius is train_gamma times one of these (the first is the start)

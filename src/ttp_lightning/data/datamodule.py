@@ -356,17 +356,19 @@ class TTPDataModule(L.LightningDataModule):
     def val_dataloader(self):
         return [self.eval_loader(part) for part in self.eval_parts()]
 
-    def pareto_dataloader(self, retain: ImageBatchDataset | None = None) -> CombinedLoader:
+    def pareto_dataloader(self, retain: ImageBatchDataset | None = None,
+                          forget: ImageBatchDataset | None = None) -> CombinedLoader:
         """Minibatch Alg 1: retain batches of `batch_size`, each paired with a forget batch of
         `forget_batch_size` cycled alongside (constant size, so every step gives the forget set one weight).
         The forget set is never sharded: under DDP every rank cycles through every forget image (a forget set
         smaller than the ranks times the forget batch would otherwise leave some ranks no full batch, and Alg 1
         would take no step). `retain`: the retain images to train on (an augmented view; default the whole
-        retain set)."""
+        retain set); `forget`: the forget images' augmented view (default with their labels)."""
         retain_loader = self.training_loader("retain", drop_last=False) if retain is None else \
             self.loader_for(retain, drop_last=False)
         loaders = {"retain": retain_loader,
-                   "forget": self.training_loader("forget", self.forget_batch_size, drop_last=True, sharded=False)}
+                   "forget": self.loader_for(self.dataset("forget", augment=True) if forget is None else forget,
+                                             self.forget_batch_size, drop_last=True, sharded=False)}
         return CombinedLoader(loaders, mode="max_size_cycle")
 
 

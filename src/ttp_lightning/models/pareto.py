@@ -1,6 +1,8 @@
 """Alg 1 (Sec. 3.1): finetune A(D) on theta * L_K(D_f) + (1 - theta) * L_A(D_r); optionally robust, with
 L_K evaluated at worst-case perturbations of each forget image (method=pareto_robust)."""
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -69,6 +71,8 @@ class ParetoFinetuneModule(PartsValidationMixin):
         self.forget_reduction_temperature = forget_reduction_temperature
         self.forget_batchnorm, self.retain_batchnorm = forget_batchnorm, retain_batchnorm
         self.radius_scale = 1.0
+        # the rank of the epoch early stopping keeps so far (None: none yet); finetune() hands it the callback's
+        self.kept_rank: Callable[[], tuple | None] | None = None
         # the network's traced graph, for the interval term: kept in a list so that it is not registered as a
         # submodule (its parameters would enter the state_dict a second time, and a state_dict saved before the
         # first trace would no longer load: LrBackoff's restart did exactly that)
@@ -167,8 +171,9 @@ class ParetoFinetuneModule(PartsValidationMixin):
             return
         # the radius this epoch trained at, in units of 1/255 (it moves under adversarial.radius_rule=retain)
         self.log("val/train_gamma", self.train_radius() * 255.0, on_epoch=True, sync_dist=False)
-        per_image = robust_conf_dist(self.net, self.forget_data, self._attack_targets, self.adversarial, self.device)
+        per_image, judged = self._attacked_conf_dist()
         # Every rank attacks the whole (small) forget set with the same seed: the values are identical.
+        self.log("val/forget_robust_judged", float(judged), on_epoch=True, sync_dist=False)
         self.log("val/forget_robust_conf_dist", per_image.mean().item(), on_epoch=True, sync_dist=False)
         self.log("val/forget_robust_worst_conf_dist", per_image.max().item(), on_epoch=True, sync_dist=False)
         certified = self._certified_conf_dist()
@@ -178,6 +183,22 @@ class ParetoFinetuneModule(PartsValidationMixin):
             self.log("val/forget_robust_exposed", exposed, on_epoch=True, sync_dist=False)
             unproven = float((~(certified <= self.exposed_above)).sum())  # NaN is not a proof
             self.log("val/forget_certified_unproven", unproven, on_epoch=True, sync_dist=False)
+
+    def _attacked_conf_dist(self) -> tuple[torch.Tensor, bool]:
+        """Each forget image's CD under early stopping's attack, and whether the judge's attack (judge_steps > 0)
+        ran too (per image the worse of the two). It runs on an epoch that could be kept: no more images
+        exposed by the first attack than by the epoch kept so far (`kept_rank()[0]`, select=certified: an epoch the first attack already
+        shows worse cannot be kept, and the kept epoch was always judged)."""
+        settings = self.adversarial
+        screened = robust_conf_dist(self.net, self.forget_data, self._attack_targets, settings, self.device)
+        judge = settings.judge()
+        if judge is None or self.exposed_above is None:
+            return screened, False
+        kept = self.kept_rank() if self.kept_rank is not None else None
+        if kept is not None and float((screened > self.exposed_above).sum()) > kept[0]:
+            return screened, False
+        judged = robust_conf_dist(self.net, self.forget_data, self._attack_targets, judge, self.device)
+        return torch.maximum(screened, judged), True
 
     def _certified_conf_dist(self) -> torch.Tensor:
         """[N]: each forget image's interval-bound certified CD at gamma (cheap: one bound pass; a network the

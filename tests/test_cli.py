@@ -212,7 +212,11 @@ def test_help_and_cfg_job():
     env = dict(os.environ, WANDB_MODE="disabled")
     helped = subprocess.run([sys.executable, "-m", "ttp_lightning", "--help"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120, check=False)
-    assert helped.returncode == 0 and "ttp_lightning" in helped.stdout
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: python -m ttp_lightning")
+    # usage and examples first, the groups, no composed config (--cfg job shows it), one screen or so
+    lines = helped.stdout.splitlines()
+    assert len(lines) <= 80 and "Composed config" not in helped.stdout and "experiment_name:" not in helped.stdout
+    assert lines.index("Examples:") < next(i for i, line in enumerate(lines) if line.startswith("method: "))
     for word in ("experiment:", "mnist_mlp", "method:", "pareto, pareto_robust, retrain", "ddp_sim",
                  "attacks: adaptive, paper"):
         assert word in helped.stdout

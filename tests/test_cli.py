@@ -139,7 +139,7 @@ BAD_INPUT = [
     ("+experiment=nope", "unknown experiment 'nope'"),
     ("data.forget.size=5000", "data.forget.size=5000 is not allowed; choose 1..1257"),
     ("pretrain.epochs=-3", "pretrain.epochs=-3 is not allowed; choose a positive integer"),
-    ("method.lr=-0.01", "method.lr=-0.01 is not allowed; choose auto or a finite value > 0"),
+    ("method.lr=-0.01", "method.lr=-0.01 is not allowed; choose a finite value > 0"),
     ("method.mode=sometimes", "method.mode=sometimes Invalid value 'sometimes', expected one of [minibatch, fullbatch]"),
     ("+attack@attacks.suite.magic=magic", "unknown attack 'magic'; choose one of: apgd, fgsm, gaussian, pgd"),
     ("attacks.suite.gaussian=null attacks.suite.apgd=null", "attacks.suite has no attack"),

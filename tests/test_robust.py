@@ -471,31 +471,3 @@ def test_lr_warmup_ramps_each_optimizer_start_and_puts_the_scheduled_rate_back()
         from ttp_lightning.config_schema import ParetoSchema
 
         ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, lr_warmup=-1)
-
-
-def test_lr_auto_holds_adams_travel_within_adams_default_and_alg1s_rate():
-    from ttp_lightning.config_schema import CertifiedSchema, ParetoSchema, PretrainSchema
-    from ttp_lightning.errors import TTPUserError
-    from ttp_lightning.models.optim import fit_lr
-
-    assert fit_lr(0.003, 5) == 0.003  # a number is the number
-    assert fit_lr("auto", 46_900) == 1e-3  # MNIST's 469 steps x 100 epochs: Adam's default
-    assert fit_lr("auto", 1_000) == pytest.approx(1e-2)  # digits' 10 x 100: Alg 1's rate
-    assert fit_lr("auto", 4_000) == pytest.approx(2.5e-3)
-    assert fit_lr("auto", 0) == fit_lr("auto", 10) == 1e-2
-    plain = {"weight_decay": 0.0, "momentum": 0.9}
-    assert ParetoSchema(lr="auto", **plain).lr == "auto"
-    for schema, key in ((PretrainSchema, "pretrain.lr"), (CertifiedSchema, "method.lr")):
-        with pytest.raises(TTPUserError, match=f"{key}='auto' is not a number"):
-            schema(lr="auto", **plain)
-    with pytest.raises(TTPUserError, match="method.lr=-1 is not allowed; choose auto or a finite value > 0"):
-        ParetoSchema(lr=-1, **plain)
-
-
-def test_robust_alg1_starts_at_the_rate_its_length_sets(compose_cfg, tmp_path, monkeypatch):
-    from ttp_lightning.models.optim import fit_lr
-
-    robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=2", "attacks.enabled=false",
-                  "release_gate.require=[clean]")
-    metrics = robust["metrics"]["pareto_robust"]
-    assert metrics["lr"] == fit_lr("auto", metrics["train_steps"]) and 1e-3 <= metrics["lr"] <= 1e-2

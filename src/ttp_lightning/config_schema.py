@@ -48,18 +48,14 @@ class TrainingSchema:
     """What a training section (pretrain, or a method that trains) shares."""
 
     key: ClassVar[str] = "method"
-    auto_lr: ClassVar[bool] = False  # lr=auto (models/optim.fit_lr) allowed
-    lr: Any = 0.01          # a number > 0, or auto where auto_lr
+    lr: float = 0.01
     weight_decay: float = 0.0
     momentum: float = 0.9
     optimizer: Any = None   # a _partial_ config from conf/optimizer
     schedule: Any = None    # a _partial_ config from conf/schedule (empty: constant)
 
     def __post_init__(self) -> None:
-        if self.auto_lr:
-            checks.auto_or(self.lr, f"{self.key}.lr", checks.positive)
-        else:
-            checks.positive(self.lr, f"{self.key}.lr")
+        checks.positive(self.lr, f"{self.key}.lr")
         checks.at_least_zero(self.weight_decay, f"{self.key}.weight_decay")
         checks.at_least_zero(self.momentum, f"{self.key}.momentum")
 
@@ -251,7 +247,7 @@ class MethodSchema:
     uniformity: Uniformity | None = None
     forget_temperature: float | None = None
     epochs: int | None = None
-    lr: Any = None           # a number > 0, or auto where the method allows it (ParetoSchema)
+    lr: float | None = None
     weight_decay: float | None = None
     momentum: float | None = None
     chunk_size: int | None = None
@@ -319,7 +315,6 @@ class EarlyStoppingSchema:
 class ParetoSchema(MethodSchema, TrainingSchema):
     """Alg 1 (method=pareto); `adversarial` is robust Alg 1's (method=pareto_robust, checked by its method)."""
 
-    auto_lr: ClassVar[bool] = True
     theta: float = 0.75
     mode: Mode = Mode["minibatch"]
     gradient_surgery: bool = False

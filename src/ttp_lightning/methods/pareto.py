@@ -27,7 +27,7 @@ from ttp_lightning.evaluation import accuracy, evaluate, predictions
 from ttp_lightning.ibp.uniformity import BOUNDS
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
-from ttp_lightning.models.optim import fit_lr, optimizer_settings
+from ttp_lightning.models.optim import optimizer_settings
 from ttp_lightning.models.pareto import ParetoFinetuneModule
 from ttp_lightning.training import RunContext, TrainedBy, fit
 
@@ -230,16 +230,6 @@ def attack_targeted_forget(net: nn.Module, datamodule: TTPDataModule,
     return datamodule.dataset("forget", augment=True).relabelled(predictions(net, datamodule.dataset("forget")))
 
 
-def training_batches(cfg: ParetoSchema | CertifiedSchema, net: nn.Module, datamodule: TTPDataModule,
-                     parts: RetainParts, adversarial: AdversarialSettings | None) -> tuple[object, int]:
-    """Alg 1's training loader and its optimizer steps per epoch (fullbatch: one step, the module reads both
-    sets itself; minibatch: a retain batch with a forget batch cycled alongside, as many as the retain batches)."""
-    if cfg.mode == "fullbatch":
-        return [0], 1
-    loader = datamodule.pareto_dataloader(parts.fit_augmented, attack_targeted_forget(net, datamodule, adversarial))
-    return loader, max(len(part) for part in loader.flattened)
-
-
 def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: ParetoSchema | CertifiedSchema,
              epochs: int, stopping: EarlyStoppingSchema | None, label: str) -> MethodOutput:
     """Alg 1 on `net` in place with the Alg 1 settings in `cfg` (Alg 1's, or the certified learners' for
@@ -247,12 +237,10 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     `label` names the fit's checkpoints (resumable, see checkpointing.py).
     With `cfg.adversarial` (method=pareto_robust) the uniformity term is robust and early stopping watches
     the forget CD under attack."""
+    optim = optimizer_settings(cfg, ctx.fit_settings.fused_policy())
     adversarial = getattr(cfg, "adversarial", None)
     adversarial = adversarial_settings(adversarial) if adversarial else None
     parts = retain_parts(datamodule, stopping)
-    train_loader, steps = training_batches(cfg, net, datamodule, parts, adversarial)
-    optim = optimizer_settings(cfg, ctx.fit_settings.fused_policy())
-    lr = optim["optimizer"]["lr"] = fit_lr(cfg.lr, steps * epochs)
     module = ParetoFinetuneModule(
         net, cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,
         forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
@@ -288,8 +276,13 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     warmup = getattr(cfg, "lr_warmup", 0)  # the certified learners' warm-up has none
     if warmup != 0:
         callbacks.append(LrWarmup(warmup))
+    if cfg.mode == "fullbatch":
+        train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
+    else:
+        forget = attack_targeted_forget(net, datamodule, adversarial)
+        train_loader = datamodule.pareto_dataloader(parts.fit_augmented, forget)
     wall = fit(ctx, module, epochs, "Alg 1 finetuning" if label == "alg1" else f"Alg 1 {label}", key=ctx.key_for(label), callbacks=callbacks,
-               trained_by=TrainedBy(f"method {cfg.name}", "method", lr), train_dataloaders=train_loader,
+               trained_by=TrainedBy(f"method {cfg.name}", "method", float(cfg.lr)), train_dataloaders=train_loader,
                val_dataloaders=parts.val_dataloaders(datamodule))
     summary = best.summary() if best else {"best_epoch": len(history.rows), "constraint_met": None,
                                            "selection_rule": "early stopping off: the last epoch"}
@@ -312,7 +305,6 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
         summary["train_gamma_target"] = float(adversarial.train_gamma or adversarial.gamma)  # before the radius rule
     metrics = {
         **summary,
-        "lr": lr,  # the rate the fit started at (lr=auto: models/optim.fit_lr)
         "epochs_run": len(history.rows),
         "wall_s": round(wall, 3),
         "wall_to_best_s": best_row["elapsed_s"],

@@ -16,23 +16,6 @@ def optimizer_settings(section: TrainingSchema, fused: str = "auto") -> dict:
             "fused": str(fused)}
 
 
-# lr=auto (robust Alg 1): Adam moves each weight by about lr a step, so lr x steps bounds how far finetuning can
-# travel from A(D). It is held at LR_TRAVEL, Alg 1's 1e-2 over the 1,000 steps of the digits default job, within
-# LR_RANGE: Adam's own default 1e-3 (at 1e-2 over 46,900 steps the noisy-MNIST stand-in lost 3.4 test points
-# to overfitting, at 1e-3 one) to Alg 1's 1e-2 (at 1e-3 over its 1,000 steps 3 of digits' 20 forget images
-# never became uniform). README, "Robust Alg 1's defaults".
-LR_TRAVEL = 10.0
-LR_RANGE = (1.0e-3, 1.0e-2)
-
-
-def fit_lr(setting, steps: int) -> float:
-    """A training section's lr: the number it sets, or for `auto` LR_TRAVEL / `steps` (the fit's optimizer
-    steps) within LR_RANGE."""
-    if setting != "auto":
-        return float(setting)
-    return min(LR_RANGE[1], max(LR_RANGE[0], LR_TRAVEL / max(1, int(steps))))
-
-
 def use_fused(partial, params: list, policy: str) -> bool:
     """performance.fused_optimizer: `true`, or `auto` with every parameter on a GPU, where the optimizer
     class takes `fused` (torch's Adam, AdamW, SGD) and the config does not set it itself."""

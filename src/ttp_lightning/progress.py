@@ -1,7 +1,7 @@
 """Console output a person can read: each fit is a labelled phase ("pretraining A(D)", "Alg 1 finetuning")
 with `epoch N/total` and an estimate of the phase's time left. On a terminal that is one progress bar per
 phase (no validation bars); when stdout is a file or a pipe (`make run > log.txt`, a cluster job) it is one
-line per epoch instead. Lightning's tips, device lines and "fit stopped" lines, printed for every Trainer,
+line per phase, when it ends. Lightning's tips, device lines and "fit stopped" lines, printed for every Trainer,
 are silenced; so are two warnings every fit of a small data set would repeat."""
 
 import logging
@@ -92,37 +92,26 @@ class PhaseBar(TQDMProgressBar):
             f"{_eta(self._started, done, trainer.max_epochs - self._first)}")
 
 
-class EpochLines(Callback):
-    """Without a terminal: `<phase>: epoch N/total  <metrics>  (t s, ~s left)` once per epoch."""
+class StageLine(Callback):
+    """Without a terminal: one line per phase when it ends, `<phase>: N epochs in T s  <metrics>` (a log file
+    or a pipe gets no per-epoch lines; each epoch's metrics are in results.json's history and the logger)."""
 
     def __init__(self, phase: str, stream=None):
         self.phase, self.stream = phase, stream
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._started, self._first = time.perf_counter(), trainer.current_epoch
-        if trainer.global_rank == 0:
-            print(f"{self.phase}: {trainer.max_epochs - self._first} epochs", file=self.stream or sys.stdout,
-                  flush=True)
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or trainer.global_rank != 0:
-            return
-        epoch = trainer.current_epoch + 1
-        done = epoch - self._first
-        elapsed = time.perf_counter() - self._started
-        print(f"{self.phase}: epoch {epoch}/{trainer.max_epochs}  {_metrics(trainer)}  "
-              f"({elapsed:.1f} s{_eta(self._started, done, trainer.max_epochs - self._first)})",
-              file=self.stream or sys.stdout, flush=True)
-
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_rank == 0:
-            print(f"{self.phase}: done, {trainer.current_epoch - self._first} epochs in "
-                  f"{time.perf_counter() - self._started:.1f} s", file=self.stream or sys.stdout, flush=True)
+            epochs = trainer.current_epoch - self._first
+            print(f"{self.phase}: {epochs} epoch{'s' if epochs != 1 else ''} in "
+                  f"{time.perf_counter() - self._started:.1f} s  {_metrics(trainer)}".rstrip(),
+                  file=self.stream or sys.stdout, flush=True)
 
 
 def progress_callbacks(phase: str, refresh_rate: int, enabled: bool) -> list:
-    """The phase's progress display: a bar on a terminal, a line per epoch otherwise, nothing if disabled."""
+    """The phase's progress display: a bar on a terminal, one line at its end otherwise, nothing if disabled."""
     if not enabled:
         return []
-    return [PhaseBar(phase, refresh_rate)] if sys.stdout.isatty() else [EpochLines(phase)]
+    return [PhaseBar(phase, refresh_rate)] if sys.stdout.isatty() else [StageLine(phase)]

@@ -1,8 +1,8 @@
 """The files a newcomer and a citation manager read: licence, citation, changelog."""
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -139,7 +139,12 @@ def test_select_certified_prefers_fewest_exposed_then_fewest_unproven_then_the_s
     assert callback.summary()["best_epoch"] == 5 and net.weight.item() == 5.0
     assert callback.summary()["selection_rule"].startswith(CERTIFIED_RULE)
     assert certified_rank({"val/forget_robust_exposed": 0.0, "val/forget_robust_conf_dist": 0.5,
-                           "val/forget_certified_worst_conf_dist": 0.01})[1] == math.inf  # not counted: unproven
+                           "val/forget_certified_worst_conf_dist": 0.01})[2] == math.inf  # not counted: unproven
+    # an epoch the radius rule trained below the radius judged fails the gate: any epoch at the radius ranks first
+    at_radius = {"val/forget_robust_exposed": 5.0, "val/forget_robust_conf_dist": 0.5,
+                 "val/forget_certified_worst_conf_dist": 0.9}
+    assert certified_rank(at_radius) < certified_rank({**at_radius, "val/below_radius": 1.0,
+                                                       "val/forget_robust_exposed": 0.0})
     old = ConstrainedBestModel(rank=certified_rank)
     old.load_state_dict({**callback.state_dict(), "best_rank": 0.25})
     assert old.best_rank == [0.25]

@@ -75,7 +75,8 @@ def test_robust_conf_dist_is_at_least_the_clean_one():
 def test_the_judge_re_attacks_only_an_epoch_that_could_be_kept_and_never_lowers_a_cd(monkeypatch):
     """judge_steps > 0: the judge's attack runs after early stopping's own when the epoch could still be kept
     (per image the worse of the two), and not when the first attack already exposes more images than the kept
-    epoch (its rank, fewest exposed first, is then worse whatever the judge finds)."""
+    epoch (its rank, fewest exposed first, is then worse whatever the judge finds), nor on an epoch trained below
+    the radius judged."""
     from ttp_lightning.models import pareto as module_code
 
     torch.manual_seed(0)
@@ -97,12 +98,17 @@ def test_the_judge_re_attacks_only_an_epoch_that_could_be_kept_and_never_lowers_
     assert judged and calls == [1, 30] and (per_image >= screened).all() and per_image.sum() > screened.sum()
     exposed = int((screened > 0.1).sum())
     assert exposed > 0
-    module.kept_rank = lambda: (exposed, 0.0, 0.0)  # as many as the kept epoch: it could still be kept
+    module.kept_rank = lambda: (0.0, exposed, 0.0, 0.0)  # as many as the kept epoch: it could still be kept
     assert module._attacked_conf_dist()[1]
-    module.kept_rank = lambda: (exposed - 1, 0.0, 0.0)  # more than the kept epoch: cannot be kept
+    module.kept_rank = lambda: (0.0, exposed - 1, 0.0, 0.0)  # more than the kept epoch: cannot be kept
     calls.clear()
     per_image, judged = module._attacked_conf_dist()
     assert not judged and calls == [1] and torch.equal(per_image, screened)
+    module.kept_rank = lambda: (1.0, 0.0, 0.0, 0.0)  # the kept epoch trained below the radius: this one outranks it
+    assert module._attacked_conf_dist()[1]
+    module.radius_scale = 0.5  # this epoch trained below the radius judged (16/255 < 32/255)
+    assert module._below_radius() and not module._attacked_conf_dist()[1]
+    module.radius_scale = 1.0
     off = ParetoFinetuneModule(tiny_net().eval(), 0.75, OPTIM, forget_data=forget, exposed_above=0.1,
                                adversarial=dataclasses.replace(weak, judge_steps=0))
     assert not off._attacked_conf_dist()[1]
@@ -138,9 +144,13 @@ def test_robust_alg1_keeps_uniformity_under_attack_and_stops_on_the_attacked_cd(
     assert qualifying and robust["metrics"]["pareto_robust"]["constraint_met"]
     # select=certified: fewest exposed under attack, then fewest not proven by the interval bound, then the proof
     assert all(0 <= row["forget_certified_worst_conf_dist"] <= 0.9 + 1e-9 for row in history)  # 10 classes
-    assert history[best - 1]["forget_robust_exposed"] == min(row["forget_robust_exposed"] for row in qualifying)
-    assert _rank(history[best - 1]) == min(_rank(row) for row in qualifying)
-    assert history[best - 1]["forget_robust_judged"] == 1.0  # the kept epoch was attacked as the judge attacks
+    kept = history[best - 1]
+    assert kept["below_radius"] == min(row["below_radius"] for row in qualifying)  # at the radius judged, if any
+    assert kept["forget_robust_exposed"] == min(row["forget_robust_exposed"] for row in qualifying
+                                                if row["below_radius"] == kept["below_radius"])
+    assert _rank(kept) == min(_rank(row) for row in qualifying)
+    # a kept epoch at the radius judged was attacked as the judge attacks; one below it never is
+    assert kept["forget_robust_judged"] == 1.0 - kept["below_radius"]
     attacked = {name: results["metrics"][name]["forget_robust_conf_dist"]
                 for name, results in (("pareto", plain), ("pareto_robust", robust))}
     assert attacked["pareto_robust"] < attacked["pareto"]

@@ -128,20 +128,22 @@ CRITERIA = {"worst": "val/forget_worst_conf_dist", "mean": "val/forget_conf_dist
             "worst_attacked": "val/forget_robust_worst_conf_dist", "mean_attacked": "val/forget_robust_conf_dist"}
 SELECTIONS = {"conf_dist": "val/forget_conf_dist", "robust_conf_dist": "val/forget_robust_conf_dist",
               "retain_acc": "val/retain_acc", "certified": "val/forget_robust_conf_dist"}
-CERTIFIED_RULE = ("fewest images above the gate's threshold under attack, then fewest not proven below it by "
-                  "the interval bound, then the lowest proven worst CD (all proven) or attacked mean CD")
+CERTIFIED_RULE = ("trained at the radius judged first, then fewest images above the gate's threshold under attack, "
+                  "then fewest not proven below it by the interval bound, then the lowest proven worst CD (all "
+                  "proven) or attacked mean CD")
 
 
-def certified_rank(metrics) -> tuple[float, float, float]:
+def certified_rank(metrics) -> tuple[float, float, float, float]:
     """select=certified (robust Alg 1): a release is judged by its worst image, and a proof outranks an attack.
-    Among the qualifying epochs keep the one with the fewest forget images the validation attack takes above the
-    gate's threshold, then the fewest the interval bound does not prove below it at gamma, then, where every
-    image is proven, the lowest proven worst CD (the strongest proof), else the lowest attacked mean CD. On a
-    network whose interval bound proves nothing (a BatchNorm ResNet) the second key ties and this is the attacked
-    rule."""
+    Among the qualifying epochs keep one trained at the radius the release is judged at (an epoch the radius rule
+    trained below it fails the gate whatever its numbers), then the one with the fewest forget images the
+    validation attack takes above the gate's threshold, then the fewest the interval bound does not prove below it
+    at gamma, then, where every image is proven, the lowest proven worst CD (the strongest proof), else the lowest
+    attacked mean CD. On a network whose interval bound proves nothing (a BatchNorm ResNet) the third key ties and
+    this is the attacked rule."""
     unproven = metrics.get("val/forget_certified_unproven", math.inf)  # not counted (no threshold): not proven
     last = metrics["val/forget_certified_worst_conf_dist"] if unproven == 0 else metrics["val/forget_robust_conf_dist"]
-    return metrics.get("val/forget_robust_exposed", 0.0), unproven, last
+    return metrics.get("val/below_radius", 0.0), metrics.get("val/forget_robust_exposed", 0.0), unproven, last
 
 
 def retain_threshold(start_retain_acc: float, stopping: EarlyStoppingSchema) -> float:

@@ -171,6 +171,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
             return
         # the radius this epoch trained at, in units of 1/255 (it moves under adversarial.radius_rule=retain)
         self.log("val/train_gamma", self.train_radius() * 255.0, on_epoch=True, sync_dist=False)
+        self.log("val/below_radius", float(self._below_radius()), on_epoch=True, sync_dist=False)
         per_image, judged = self._attacked_conf_dist()
         # Every rank attacks the whole (small) forget set with the same seed: the values are identical.
         self.log("val/forget_robust_judged", float(judged), on_epoch=True, sync_dist=False)
@@ -186,19 +187,24 @@ class ParetoFinetuneModule(PartsValidationMixin):
 
     def _attacked_conf_dist(self) -> tuple[torch.Tensor, bool]:
         """Each forget image's CD under early stopping's attack, and whether the judge's attack (judge_steps > 0)
-        ran too (per image the worse of the two). It runs on an epoch that could be kept: no more images
-        exposed by the first attack than by the epoch kept so far (`kept_rank()[0]`, select=certified: an epoch the first attack already
-        shows worse cannot be kept, and the kept epoch was always judged)."""
+        ran too (per image the worse of the two). It runs on an epoch that could be kept: trained at the radius
+        judged, and no more images exposed by the first attack than by the epoch kept so far (`kept_rank()`,
+        select=certified's (below radius, exposed, ...): an epoch ranked worse on those cannot be kept, and a kept
+        epoch at the radius was always judged)."""
         settings = self.adversarial
         screened = robust_conf_dist(self.net, self.forget_data, self._attack_targets, settings, self.device)
         judge = settings.judge()
-        if judge is None or self.exposed_above is None:
+        if judge is None or self.exposed_above is None or self._below_radius():
             return screened, False
         kept = self.kept_rank() if self.kept_rank is not None else None
-        if kept is not None and float((screened > self.exposed_above).sum()) > kept[0]:
+        if kept is not None and not kept[0] and float((screened > self.exposed_above).sum()) > kept[1]:
             return screened, False
         judged = robust_conf_dist(self.net, self.forget_data, self._attack_targets, judge, self.device)
         return torch.maximum(screened, judged), True
+
+    def _below_radius(self) -> bool:
+        """This epoch trained below the radius the release is judged at (the radius rule stepped it down)."""
+        return self.train_radius() * 255.0 < self.adversarial.gamma - 1e-9
 
     def _certified_conf_dist(self) -> torch.Tensor:
         """[N]: each forget image's interval-bound certified CD at gamma (cheap: one bound pass; a network the

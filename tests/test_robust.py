@@ -275,14 +275,18 @@ def test_the_inner_attack_targets_the_starting_model_s_predictions_not_the_label
     from ttp_lightning.nn_modes import evaluating
 
     seen = {}
-    original = pareto.attack_targeted_forget
+    targets, targeted = pareto.attack_targets, pareto.attack_targeted_forget
 
-    def spy(net, datamodule, adversarial):
-        seen["forget"], seen["own"] = original(net, datamodule, adversarial), datamodule.dataset("forget", augment=True)
+    def spy_targets(net, datamodule, adversarial):
         with torch.no_grad(), evaluating(net):  # the network the fit starts from
-            seen["starting"] = net(seen["own"].everything()[0]).argmax(-1)
+            seen["starting"] = net(datamodule.dataset("forget").everything()[0]).argmax(-1)
+        return targets(net, datamodule, adversarial)
+
+    def spy(datamodule, adversarial, given):
+        seen["forget"], seen["own"] = targeted(datamodule, adversarial, given), datamodule.dataset("forget", augment=True)
         return seen["forget"]
 
+    monkeypatch.setattr(pareto, "attack_targets", spy_targets)
     monkeypatch.setattr(pareto, "attack_targeted_forget", spy)
     _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=1", "pretrain.epochs=1",
          "attacks.enabled=false", "release_gate.require=[clean]", f"method.adversarial.objectives={objectives}")

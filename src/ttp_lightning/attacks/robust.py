@@ -7,8 +7,10 @@ that the model cannot hide behind dead units or one objective's flat gradient), 
 [0, 1]. Unlike KL to uniform, the objectives' gradients do not vanish where the model is already uniform;
 max log-softmax alone does nearly so: its arg-max flips between classes there, and a model trained against
 it alone was uniform under it (1 of 100 images above 0.1 at 8/255) but not under the targeted objective
-(56 of 100, the noisy-MNIST stand-in). `ce_pretrained` targets each image's label in training (the forget
-batch carries the labels, not A(D)'s predictions, which early stopping's attack targets). The model is in eval mode during the attack (BatchNorm statistics untouched).
+(56 of 100, the noisy-MNIST stand-in). `ce_pretrained` targets the `labels` it is given: in training the
+forget batch carries A(D)'s predictions (methods/pareto.attack_targeted_forget), the class early stopping's
+and the judge's attacks target too. The model is in eval mode during the attack (BatchNorm statistics
+untouched).
 
 Early stopping watches the forget CD under a stronger attack each validation epoch: APGD
 (attacks/apgd.py) with `eval_restarts` restarts, `eval_steps` steps, `eval_objectives` and

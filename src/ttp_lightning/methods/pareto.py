@@ -220,16 +220,22 @@ def radius_rule(net: nn.Module, datamodule: TTPDataModule, parts: RetainParts, b
     return RadiusFromRetainRule(threshold, RADIUS_RUNGS, retain_key="val/retain_acc", start=adversarial.radius_start)
 
 
-def attack_targeted_forget(net: nn.Module, datamodule: TTPDataModule,
-                           adversarial: AdversarialSettings | None) -> ImageBatchDataset | None:
-    """The forget images labelled with the starting model's predictions, for the inner attack's ce_pretrained
-    (the class an attacker wants back, which the judge's attack targets too; on the noisy-MNIST stand-in A(D)
-    got 13 of the 100 forget labels wrong and 7 of those were among the 16 images its attack exposed when
-    training targeted the labels); None (the forget images with their labels) without that objective.
-    Called before the fit: `net` is the starting model even when the fit resumes from a checkpoint."""
-    if adversarial is None or not adversarial.steps or "ce_pretrained" not in adversarial.objectives:
+def attack_targets(net: nn.Module, datamodule: TTPDataModule, adversarial: AdversarialSettings | None):
+    """The class an attacker wants back for each forget image: the starting model's prediction, which the
+    judge's attack targets and which the inner attack's ce_pretrained and early stopping's attacks target too
+    (on the noisy-MNIST stand-in A(D) got 13 of the 100 forget labels wrong and 7 of those were among the 16
+    images the judge exposed when training targeted the labels); None without robust Alg 1. Computed before
+    the fit, so `net` is the starting model even when the fit resumes from a checkpoint."""
+    return None if adversarial is None else predictions(net, datamodule.dataset("forget"))
+
+
+def attack_targeted_forget(datamodule: TTPDataModule, adversarial: AdversarialSettings | None,
+                           targets) -> ImageBatchDataset | None:
+    """The forget images' training view labelled with `targets`, for the inner attack's ce_pretrained; None
+    (the forget images with their labels) without that objective."""
+    if targets is None or not adversarial.steps or "ce_pretrained" not in adversarial.objectives:
         return None
-    return datamodule.dataset("forget", augment=True).relabelled(predictions(net, datamodule.dataset("forget")))
+    return datamodule.dataset("forget", augment=True).relabelled(targets)
 
 
 def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: ParetoSchema | CertifiedSchema,
@@ -243,6 +249,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     adversarial = getattr(cfg, "adversarial", None)
     adversarial = adversarial_settings(adversarial) if adversarial else None
     parts = retain_parts(datamodule, stopping)
+    targets = attack_targets(net, datamodule, adversarial)
     module = ParetoFinetuneModule(
         net, cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,
         forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
@@ -253,7 +260,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
         forget_cvar_fraction=float(cfg.forget_cvar_fraction or 0.2),
         forget_reduction_temperature=cfg.forget_reduction_temperature,
         forget_batchnorm=str(cfg.forget_batchnorm or "train"),
-        retain_batchnorm=str(cfg.retain_batchnorm or "train"),
+        retain_batchnorm=str(cfg.retain_batchnorm or "train"), attack_targets=targets,
     )
     made = method_callbacks(ctx.fit_settings.callbacks)
     history, timer = made["history"], made["timer"]
@@ -281,7 +288,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:
-        forget = attack_targeted_forget(net, datamodule, adversarial)
+        forget = attack_targeted_forget(datamodule, adversarial, targets)
         train_loader = datamodule.pareto_dataloader(parts.fit_augmented, forget)
     wall = fit(ctx, module, epochs, "Alg 1 finetuning" if label == "alg1" else f"Alg 1 {label}", key=ctx.key_for(label), callbacks=callbacks,
                trained_by=TrainedBy(f"method {cfg.name}", "method", float(cfg.lr)), train_dataloaders=train_loader,

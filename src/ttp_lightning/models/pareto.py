@@ -9,7 +9,6 @@ from torch import nn
 
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
 from ttp_lightning.batching import ImageBatchDataset, iterate_shard
-from ttp_lightning.evaluation import predictions
 from ttp_lightning.ibp.propagate import UnsupportedLayer, trace
 from ttp_lightning.ibp.uniformity import certified_conf_dist, reverse_kl_upper_bound
 from ttp_lightning.models.evaluation_mixin import PartsValidationMixin
@@ -60,11 +59,13 @@ class ParetoFinetuneModule(PartsValidationMixin):
                  joint_forward: bool = False, exposed_above: float | None = None, forget_reduction: str = "mean",
                  forget_cvar_fraction: float = 0.2, forget_reduction_temperature: float | None = None,
                  forget_batchnorm: str = "train",
-                 retain_batchnorm: str = "train"):
+                 retain_batchnorm: str = "train", attack_targets: torch.Tensor | None = None):
         super().__init__()
         self.joint_forward = joint_forward
         self.adversarial = adversarial
-        self._attack_targets: torch.Tensor | None = None
+        # the class an attacker wants back for each forget image, in order: the starting model's prediction
+        # (finetune() computes it before the fit; None: the forget labels)
+        self._attack_targets = attack_targets
         self.net, self.theta, self.optim, self.mode = net, theta, dict(optim), mode
         self.uniformity_each = PER_INSTANCE_LOSSES[uniformity]
         self.forget_reduction, self.forget_cvar_fraction = forget_reduction, forget_cvar_fraction
@@ -152,20 +153,6 @@ class ParetoFinetuneModule(PartsValidationMixin):
             return retain_loss(self(images), labels)
 
     # ------------------------------------------------------ robust validation
-    def on_fit_start(self) -> None:
-        # the labels an attacker wants back: the starting model's predictions (a resumed fit has them from its
-        # checkpoint: at this point its network already holds the resumed weights)
-        if self.adversarial is not None and self._attack_targets is None:
-            self._attack_targets = predictions(self.net, self.forget_data, device=self.device)
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        if self._attack_targets is not None:
-            checkpoint["attack_targets"] = self._attack_targets.cpu()
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "attack_targets" in checkpoint:
-            self._attack_targets = checkpoint["attack_targets"]
-
     def on_validation_epoch_end(self) -> None:
         if self.adversarial is None or self.trainer.sanity_checking:
             return

@@ -1,14 +1,15 @@
 # ttp_lightning: `make run` and `make test` set up .venv on first use.
 # Sweeps go on to their tables when some jobs end in exit 4 (ran, but not released as protected: the release
-# gate, README); any other failure stops them.
+# gate, docs/release-gate.md); any other failure stops them.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_ROOT ?= ../shared/data
+DOCS_OUT ?= site
 ARGS ?=
 
-.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify bench-attacks bench-gpu bench-protection lint clean
+.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify bench-attacks bench-gpu bench-protection docs lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -17,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install --quiet -e '.[dev,plots,slurm]'
+	$(BIN)/pip install --quiet -e '.[dev,plots,slurm,docs]'
 	$(BIN)/pip install --quiet --no-deps 'torchattacks>=3.5,<4'  # the crosscheck extra; see pyproject.toml
 	touch $(STAMP)
 
@@ -28,6 +29,9 @@ run: $(STAMP)  ## the default job (digits + MLP + Alg 1); extra overrides via AR
 
 test: $(STAMP)  ## the test suite without the slow tests, one worker per core (about 6 minutes on 2 cores)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -q -n auto --dist loadfile
+
+docs: $(STAMP)  ## the documentation site (mkdocs, --strict) into DOCS_OUT (default site/); open its index.html
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d $(DOCS_OUT)
 
 test-slow: $(STAMP)  ## only the slow tests (DDP simulation, MNIST paper row)
 	$(BIN)/python -m pytest -m slow -q

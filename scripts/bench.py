@@ -1,4 +1,4 @@
-"""Benchmarks of the real command line; writes one JSON (numbers for the README and closing notes).
+"""Benchmarks of the real command line; writes one JSON (numbers for the docs and closing notes).
 
 Measures: the default job's wall time (whole command, fresh cache); on mnist_mlp, Alg 1's wall time to
 its best epoch and in total, the retrain baseline's wall time, and Alg 1 training steps per second, for

@@ -1,4 +1,4 @@
-"""Every protected image, measured (`make bench-protection`): the runs behind the README's "The release gate"
+"""Every protected image, measured (`make bench-protection`): the runs behind docs/robust-measured.md
 numbers, each a real CLI job, one at a time, into bench/protection.json.
 
   mnist_mlp_alg1     +experiment=mnist_mlp (the paper's Alg 1)
@@ -11,7 +11,7 @@ numbers, each a real CLI job, one at a time, into bench/protection.json.
                      reaches about 87 % on it, where MNIST's reaches 96 %)
   cnn_robust         digits, ResNet8 (BatchNorm), robust Alg 1 with the interval term (certified training)
   cnn_plain_robust   the same without the interval term
-  provider_resnet10t +workflow=protect on the README's provider example with a timm resnet10t (BatchNorm,
+  provider_resnet10t +workflow=protect on the provider example with a timm resnet10t (BatchNorm,
                      trained outside the project; 5 PNGs)
 
 Per run: the exit code and the release gate's verdict, test accuracy and test CD before and after, the forget
@@ -59,7 +59,7 @@ def runs(data_root: str, heldout_root: str, provider: str) -> dict[str, list[str
 
 
 def write_provider(target: Path) -> str:
-    """The README's provider example with a timm resnet10t (scripts/provider_example.py --model resnet10t)."""
+    """The provider example with a timm resnet10t (scripts/provider_example.py --model resnet10t)."""
     script = Path(__file__).with_name("provider_example.py")
     subprocess.run([sys.executable, str(script), "--out", str(target), "--model", "resnet10t"], check=True,
                    capture_output=True)

@@ -6,7 +6,7 @@ for each case what happened and whether anything was lost.
 
 "Lost" compares a stopped-and-rerun job with an uninterrupted one of the same command: the final metrics
 and the per-epoch history, timings and cache flags aside. Exits 1 when any case does not end as expected.
-The README's fault table is this script's --markdown output.
+The fault table of docs/faults.md is this script's --markdown output.
 """
 
 import argparse
@@ -886,7 +886,7 @@ NEEDS_MNIST = {"MNIST label byte 200", "truncated MNIST image file"}
 
 
 def markdown(rows: list[dict], work: Path) -> str:
-    """The README's table: temporary paths shortened to <tmp>, long library messages cut."""
+    """docs/faults.md's table: temporary paths shortened to <tmp>, long library messages cut."""
     lines = ["| case | exit | what happened | lost | ok |", "|---|---|---|---|---|"]
     for row in rows:
         happened = row["happened"].replace(str(work), "<tmp>").replace("|", "/")
@@ -898,7 +898,7 @@ def markdown(rows: list[dict], work: Path) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/faults.json")
-    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (the README's)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/faults.md's)")
     parser.add_argument("--only", nargs="*", help="case names containing any of these words")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""A model provider's side of the README's worked example, without ttp_lightning: a data set as an image
+"""A model provider's side of the worked example (docs/protect.md), without ttp_lightning: a data set as an image
 folder, a classifier trained on it with plain torch (or Lightning), and the images someone asked to be
 protected.
 

@@ -101,7 +101,7 @@ def test_gpu_trainer_without_a_gpu_is_one_line():
 
 def test_the_gpu_trainers_bf16_default_on_a_gpu_without_bfloat16_is_one_line(monkeypatch, compose_cfg):
     cfg = compose_cfg("trainer=gpu")
-    assert cfg.trainer.precision == "bf16-mixed"  # the GPU trainers' default (README, GPU speed)
+    assert cfg.trainer.precision == "bf16-mixed"  # the GPU trainers' default (docs/cluster-and-gpu.md, GPU speed)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")

@@ -141,7 +141,7 @@ def test_fault_injection_script_reports_every_case_as_expected(tmp_path):
     """scripts/faults.py: kills, signals, SLURM requeue, divergence, corrupt caches and checkpoints, concurrent
     jobs, read-only output, hostile inputs, tampered caches, checkpoints and releases, image files decoded or
     refused, refused settings, and robust Alg 1 and a certified run killed and resumed bit for bit each end as the
-    README's table says."""
+    fault table of docs/faults.md says."""
     out = tmp_path / "faults.json"
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "faults.py"), "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=3600, check=False)

@@ -32,7 +32,7 @@ AUGMENTATIONS = {"none": None, "crop_flip": random_crop_flip}
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device`. To a GPU it goes through pinned memory without a wait: a copy from
     ordinary (pageable) host memory can make the host wait for the device's queue, and such waits after
-    every step cost the H200 pipeline 10-27 % of its speed (README, GPU speed)."""
+    every step cost the H200 pipeline 10-27 % of its speed (docs/cluster-and-gpu.md, GPU speed)."""
     if tensor.device == device:
         return tensor
     if device.type == "cuda" and tensor.device.type == "cpu":

@@ -114,7 +114,7 @@ def choose_threads(cfg: MainSchema, macs: int | None = None) -> int:
     """Intra-op threads for this process: `threads` when an integer; with `auto`, OMP_NUM_THREADS when set,
     else 1 for a model under SMALL_MODEL_MACS per image (`macs`: its matrix products are too small to gain
     from more threads, and a second job beside it then runs at full speed), else the CPU cores shared evenly
-    by the processes this run starts on this machine. Measured on 2 cores (README, Speed): the default
+    by the processes this run starts on this machine. Measured on 2 cores (docs/paper.md, Speed): the default
     digits MLP job takes 11.8 s with 1 thread and 11.4 s with 2 alone, but 43 s with 2 threads each when
     two jobs run together and 11.8 s with 1; ResNet8 on digits trains 1.8x faster with 2 threads than 1."""
     import os

@@ -56,7 +56,7 @@ def build_method(settings: MainSchema) -> Method:
     target = setting(settings.method, "_target_")
     if not target or target == "???":
         raise TTPUserError(f"method {setting(settings.method, 'name')!r} names no _target_ class; a method's YAML "
-                           "needs `_target_: <module>.<Method subclass>` (README, Adding a method)")
+                           "needs `_target_: <module>.<Method subclass>` (docs/extending.md)")
     method = build_class(target, "method", Method, settings.method)
     method.check(settings)
     return method

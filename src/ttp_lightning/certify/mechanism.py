@@ -12,7 +12,7 @@ to a point that is within Delta of its target, so the k releases together are on
 mean shift has norm at most sqrt(k) Delta. Their privacy loss is that of the analytic Gaussian mechanism
 with noise multiplier sigma / (sqrt(k) Delta) - the identity dp-accounting's PLD accountant itself uses to
 self-compose Gaussian events (tested against its PLDAccountant). Never Delta / k: the paper's Alg 4 states
-sigma = Delta / (k epsilon) sqrt(2 ln(1.25 / delta)), which understates epsilon (README, erratum).
+sigma = Delta / (k epsilon) sqrt(2 ln(1.25 / delta)), which understates epsilon (docs/certified.md, the erratum).
 """
 
 import math

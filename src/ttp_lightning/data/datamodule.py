@@ -47,7 +47,7 @@ class TTPDataModule(L.LightningDataModule):
         super().__init__()
         if loader is None:
             raise TTPUserError(f"data set {name!r} names no loader; its conf/data/{name}.yaml needs `loader: "
-                               "{_target_: <module>.<Source subclass>, ...}` (README, Adding a data set)")
+                               "{_target_: <module>.<Source subclass>, ...}` (docs/extending.md)")
         if not isinstance(loader, Source):
             raise TTPUserError(f"data.loader of data set {name!r} is a {type(loader).__name__}, not a "
                                "ttp_lightning.data.sources.Source")

@@ -1,7 +1,7 @@
 """Registered image data sets: each conf/data/<name>.yaml names its loader by `loader._target_` (a Source
 subclass, built by Hydra with its shape, classes and statistics), which reads the data set's files into memory
 as uint8 NCHW tensors with integer labels. A new data set is one YAML (with an existing Source, e.g. another
-torchvision class) or one YAML plus one Source subclass, importable from anywhere (README, Adding a data set).
+torchvision class) or one YAML plus one Source subclass, importable from anywhere (docs/extending.md).
 """
 
 from dataclasses import replace

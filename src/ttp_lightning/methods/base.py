@@ -4,7 +4,7 @@ The pipeline builds the class its `_target_` names with the YAML's settings, che
 object (config_schema.ParetoSchema, CertifiedSchema, ...; a config for a method without a schema). It then
 calls `check(settings)` with the whole run's settings (config_schema.MainSchema) before any work (bad values
 end in one `error:` line), `check_data(datamodule)` once the data is read, and `run(ctx, pretrained, datamodule, make_net)`, which returns a MethodOutput.
-Adding a method touches no other file: see the README's "Adding a method".
+Adding a method touches no other file: see docs/extending.md.
 """
 
 from torch import nn

@@ -12,7 +12,7 @@ chooses how the Newton step is solved, and all three share one procedure (common
   after every request with fresh noise (the k releases compose: sigma is calibrated so that all k together
   are (epsilon, delta)-indistinguishable from the k exact Pareto optima, certify/mechanism.py); `final`
   releases only w-_k (the paper's Alg 4; Prop. `bound_sequential`). Never sigma = Delta / (k epsilon), the
-  paper's formula, which understates epsilon (README, erratum).
+  paper's formula, which understates epsilon (docs/certified.md, the erratum).
 """
 
 from torch import nn

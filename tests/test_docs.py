@@ -1,0 +1,82 @@
+"""The README a newcomer reads first and the documentation site it points into (`make docs`)."""
+
+import html
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def nav_files(nav) -> list[str]:
+    """Every page named in mkdocs.yml's nav, depth first."""
+    found = []
+    for entry in nav:
+        for value in entry.values() if isinstance(entry, dict) else [entry]:
+            found += nav_files(value) if isinstance(value, list) else [value]
+    return found
+
+
+def mkdocs_config() -> dict:
+    # mkdocs.yml uses no python tags, so the safe loader reads it
+    return yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+
+
+def text_of(page: Path) -> str:
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page.read_text(encoding="utf-8"))))
+
+
+def test_the_readme_is_short_and_names_what_a_newcomer_needs():
+    assert len(README.splitlines()) <= 200
+    for needed in ("https://arxiv.org/abs/2509.11625", "make run", "make test", "forget set", "CD",
+                   "theta", "release gate", "+workflow=protect", "ttp_lightning.verify robust", "make docs"):
+        assert needed in README, needed
+
+
+def test_every_readme_link_into_docs_is_a_page_of_the_site():
+    links = re.findall(r"\]\((docs/[^)#]+)", README)
+    assert len(links) >= 8
+    pages = set(nav_files(mkdocs_config()["nav"]))
+    for link in links:
+        assert (ROOT / link).is_file(), link
+        assert link.removeprefix("docs/") in pages, link
+
+
+def test_every_docs_page_is_in_the_nav():
+    pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    assert pages == set(nav_files(mkdocs_config()["nav"]))
+
+
+def test_code_and_config_cite_docs_pages_not_readme_sections():
+    cited = re.compile(r"\(README, |README.s \"")
+    offenders = [str(p.relative_to(ROOT)) for folder in ("src", "scripts", "tests")
+                 for p in (ROOT / folder).rglob("*") if p.suffix in {".py", ".yaml"}
+                 and p != Path(__file__) and cited.search(p.read_text(encoding="utf-8"))]
+    assert offenders == []
+    for page in re.findall(r"docs/[a-z-]+\.md", "\n".join(
+            p.read_text(encoding="utf-8") for p in (ROOT / "src").rglob("*") if p.suffix in {".py", ".yaml"})):
+        assert (ROOT / page).is_file(), page
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "mkdocs").exists(), reason="the docs extra is not installed")
+def test_the_site_builds_strictly_with_the_readme_as_home_and_api_pages_from_docstrings(tmp_path):
+    site = tmp_path / "site"
+    proc = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", "docs", f"DOCS_OUT={site}"],
+                          cwd=ROOT, capture_output=True, text=True, check=False, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    home = text_of(site / "index.html")
+    assert "Words used everywhere" in home and "Three roles" in home
+    assert 'href="protect/"' in (site / "index.html").read_text(encoding="utf-8")  # docs/ links made relative
+    api = text_of(site / "api" / "release" / "index.html")
+    assert "load_released ( folder , device = 'cpu' )" in api and "It is no signature" in api
+    extension = text_of(site / "api" / "extension" / "index.html")
+    for name in ("methods.Method", "methods.MethodOutput", "attacks.base.Attack", "data.sources.Source",
+                 "data.arrays.ImageArrays"):
+        assert f"ttp_lightning.{name}" in extension.replace(" . ", "."), name
+    assert "Sweeps on a SLURM cluster" in text_of(site / "cluster-and-gpu" / "index.html")

@@ -546,7 +546,7 @@ def test_certified_bad_input(run_job):
     assert proc.returncode == 2 and "needs pretrain.norm_bound" in proc.stderr and results is None
     proc, _ = run_job("model=logreg", "method=certified_exact", "pretrain.norm_bound=10", "method.theta=1",
                       tiny=False)
-    assert proc.returncode == 2 and "choose a value in (0, 1)" in proc.stderr
+    assert proc.returncode == 2 and "choose auto or a value in (0, 1)" in proc.stderr
     proc, _ = run_job("model=resnet18", "method=certified_exact", "pretrain.norm_bound=10", "pretrain.epochs=1",
                       "data.max_train_size=200", "method.bound=paper", tiny=False)
     assert proc.returncode == 2 and "more than method.max_exact_params=20,000" in proc.stderr

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ttp_lightning import checks
+from ttp_lightning.certify.theta_rule import check_ladder
 from ttp_lightning.errors import TTPUserError
 
 # Closed choices. Member names are the YAML words (OmegaConf matches by name); StrEnum members are also equal
@@ -355,7 +356,10 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
     solver_tolerance: float = 1.0e-10
     max_newton: int = 100
     max_cg: int = 2000
-    theta: float = 0.75
+    theta: Any = 0.75  # in (0, 1), or auto (bound=residual: certify.theta_rule over theta_ladder)
+    theta_ladder: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875])
+    theta_refine_steps: int = 3
+    theta_retain_drop_at_most: float = 0.01
     uniformity: Uniformity = Uniformity["reverse_kl"]
     forget_temperature: float = 1.0
     lam: Any = 1.0e-4
@@ -388,7 +392,9 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
 
     def __post_init__(self) -> None:
         TrainingSchema.__post_init__(self)
-        checks.unit_interval(checks.number(self.theta, "method.theta"), "method.theta", closed=False)
+        checks.auto_or(self.theta, "method.theta",
+                       lambda value, key: checks.unit_interval(checks.number(value, key), key, closed=False))
+        self._check_theta_rule()
         for key in ("epsilon", "hessian_lipschitz_forget", "hessian_lipschitz_retain", "grad_lipschitz_forget",
                     "grad_lipschitz_retain", "vacuous_above", "forget_temperature", "scale_margin", "max_residual",
                     "solver_tolerance"):
@@ -406,6 +412,19 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
         checks.at_least_zero(self.warmup_epochs, "method.warmup_epochs")
         checks.auto_or(self.depth, "method.depth", checks.positive_int)
         self._check_reduction()
+
+    def _check_theta_rule(self) -> None:
+        """theta=auto solves M_theta(D) at each theta it probes: the residual bound's solver."""
+        problems = check_ladder(list(self.theta_ladder), self.theta_refine_steps)
+        if problems:
+            raise TTPUserError(f"method.theta_ladder={list(self.theta_ladder)}, method.theta_refine_steps="
+                               f"{self.theta_refine_steps} are not allowed: {'; '.join(problems)}")
+        checks.unit_interval(checks.number(self.theta_retain_drop_at_most, "method.theta_retain_drop_at_most"),
+                             "method.theta_retain_drop_at_most")
+        if self.theta == "auto" and self.bound != "residual":
+            raise TTPUserError(f"method.theta=auto is not allowed with method.bound={self.bound} (the rule solves the "
+                               "exact optimum at each theta it probes); choose a theta in (0, 1), or "
+                               "method.bound=residual")
 
     def _check_reduction(self) -> None:
         """The residual bound takes a convex, smooth reduction of the forget losses; the paper's bound the mean."""

@@ -376,6 +376,8 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
                            "nothing of this run was kept there (its caches were: rerun when there is room)") from None
     attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
     certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
+    rule = metrics[method.name].get("theta_rule")
+    certified += f"\n{rule['verdict']}" if rule else ""
     per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
     print(f"\n{settings.experiment_name} / {method.name}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
           f"{gate_summary(results['release_gate'], results['data']['forget_size'])}\nresults: {path}", flush=True)
@@ -396,13 +398,22 @@ def _remove_outputs(output_dir: Path) -> None:
             target.unlink(missing_ok=True)
 
 
+# measured on private, noise-free weights (the theta rule's probes of M_theta(D)): results.json keeps them for the
+# provider; a certificate never publishes them
+PRIVATE_METRICS = ("theta_rule",)
+
+
+def public_metrics(values: dict) -> dict:
+    return {key: value for key, value in values.items() if key not in PRIVATE_METRICS}
+
+
 def _write_outputs(results: dict, output, settings: MainSchema, datamodule, metrics: dict, output_dir: str):
     """The certificate (certified methods), the weights, the release folder and results.json, in that order;
     returns (results.json's path, the attack table, the certificate line)."""
     folder = results["release_gate"]["folder"]
     if output.release is not None:
         certificate = {**output.release.certificate, "experiment": settings.experiment_name,
-                       **identity(settings, datamodule), "metrics": metrics[results["method"]]}
+                       **identity(settings, datamodule), "metrics": public_metrics(metrics[results["method"]])}
         cert_path = write_release(certificate, output.release.states, output.release.audit, output_dir, folder)
         results["certificate"] = json.loads(cert_path.read_text())
         results["weights_file"] = f"{folder}/{results['certificate']['weights'][-1]['file']}"

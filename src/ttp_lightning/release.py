@@ -400,7 +400,7 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
     config, data, metrics, gate = results["config"], results["data"], results["metrics"], results["release_gate"]
     method = results["method"]
     before, after = metrics.get("pretrain_original", metrics["pretrain"]), metrics[method]
-    theta = config["method"].get("theta")
+    theta = method_theta(results)
     gamma = f"{gate['gamma']:g}/255"
     table = "\n".join(f"| {label} | {cell(before)} | {cell(after)} |"
                       for label, cell in effect_rows(gate["gamma"], gate["conf_dist_at_most"]).values())
@@ -414,7 +414,7 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
              + _radius_sentence(after, gate) if gate["passed"] else
              "It did NOT pass the release gate (" + _gate_rule(gate) + "): do not publish it as protected.")
     settings = [
-        f"- method: {method} ({method_label})" + (f", theta = {theta}" if theta is not None else ""),
+        f"- method: {method} ({method_label})" + (f", theta = {theta}{_theta_source(config)}" if theta is not None else ""),
         (f"- data: {config['data']['name']}; training set {data['train_size']} images, test set "
          f"{data['test_size']} images"),
         (f"- forget set: {data['forget_size']} images ({data.get('forget_from_test', 0)} from outside the "
@@ -478,12 +478,21 @@ PER_IMAGE_KEYS = ("forget_worst_conf_dist", "forget_exposed", "forget_robust_wor
                   "forget_certified_radius_min", "forget_certified_radius_median")
 
 
+def _theta_source(config: dict) -> str:
+    return " (chosen by the theta rule: method.theta=auto)" if config["method"].get("theta") == "auto" else ""
+
+
+def method_theta(results: dict):
+    """The theta the method used: the one its rule chose (`method.theta=auto`), else the configured one."""
+    return results["metrics"][results["method"]].get("theta", results["config"]["method"].get("theta"))
+
+
 def release_protection(results: dict, method_label: str) -> dict:
     """config.json's `protection`: what was done and whether the release gate passed (for people, and
     `verify robust` compares its claims with what it recomputes; never used to build anything)."""
-    config, gate = results["config"], results["release_gate"]
+    gate = results["release_gate"]
     after = results["metrics"][results["method"]]
-    return {"method": results["method"], "label": method_label, "theta": config["method"].get("theta"),
+    return {"method": results["method"], "label": method_label, "theta": method_theta(results),
             "forget_size": results["data"]["forget_size"], "forget_fingerprint": results["data"]["forget_fingerprint"],
             "forget_set_digest": results["data"].get("forget_set_digest"),
             "forget_conf_dist": after.get("forget_conf_dist"), "test_acc": after.get("test_acc"),

@@ -104,14 +104,32 @@ def forget_reduction(cfg) -> Reduction:
                      float(fraction) if name == "cvar" and fraction is not None else None)
 
 
+def objective_at(features: list[torch.Tensor], labels: list[torch.Tensor], cfg, theta: float, lam: float,
+                 classes: int) -> LinearHeadObjective:
+    """F = theta R(L_K over the forget rows) + (1 - theta) mean CE(retain rows) + lambda / 2 ||w||^2 on the head's
+    (forget, retain) features."""
+    forget_loss, retain_loss = instance_losses(cfg)
+    parts = [HeadPart(features[0], labels[0], theta, forget_loss, forget_reduction(cfg)),
+             HeadPart(features[1], labels[1], 1.0 - theta, retain_loss)]
+    return LinearHeadObjective(parts, lam, classes)
+
+
 def head_objective(net: nn.Module, head: nn.Linear, cfg, lam: float, retain: ImageBatchDataset,
                    forget: ImageBatchDataset) -> LinearHeadObjective:
-    forget_loss, retain_loss = instance_losses(cfg)
-    theta = float(cfg.theta)
-    forget_features, retain_features = head_features(net, head, [forget, retain], cfg.chunk_size)
-    parts = [HeadPart(forget_features, forget.labels.cpu(), theta, forget_loss, forget_reduction(cfg)),
-             HeadPart(retain_features, retain.labels.cpu(), 1.0 - theta, retain_loss)]
-    return LinearHeadObjective(parts, lam, head.out_features)
+    features = head_features(net, head, [forget, retain], cfg.chunk_size)
+    return objective_at(features, [forget.labels.cpu(), retain.labels.cpu()], cfg, float(cfg.theta), lam,
+                        head.out_features)
+
+
+def head_scores(objective: LinearHeadObjective, weights: torch.Tensor, features: list[torch.Tensor],
+                labels: list[torch.Tensor]) -> tuple[float, tuple[float, ...]]:
+    """(retain accuracy, each forget image's CD) of the model whose head holds `weights` (CD = max(0, top softmax
+    - 1 / K), as evaluation measures it)."""
+    matrix = objective.matrix(weights)
+    probs = torch.softmax(features[0] @ matrix.T, dim=1)
+    conf_dists = (probs.max(dim=1).values - 1.0 / matrix.shape[0]).clamp(min=0.0)
+    correct = (features[1] @ matrix.T).argmax(dim=1) == labels[1]
+    return correct.double().mean().item(), tuple(conf_dists.tolist())
 
 
 def head_vector(head: nn.Linear) -> torch.Tensor:

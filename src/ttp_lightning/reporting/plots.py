@@ -23,12 +23,12 @@ from pathlib import Path
 
 from ttp_lightning.reporting.run_identity import short_value
 from ttp_lightning.reporting.tables import (
-    config_value,
     forget_set,
     load_results,
     method_label,
     model_name,
     reduction_of,
+    theta_of,
 )
 from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
 
@@ -51,7 +51,7 @@ def stage_label(stage: str, results: dict) -> str:
 def describe(results: dict, theta: bool = True) -> str:
     """`digits / MLP / theta = 0.75`: data set, model and (where the method has one) theta."""
     parts = [results["config"]["data"]["name"], model_name(results)]
-    value = config_value(results, "method.theta")
+    value = theta_of(results)
     if theta and value is not None:
         parts.append(f"theta = {value:g}")
     return " / ".join(parts)
@@ -62,7 +62,7 @@ def run_label(results: dict) -> str:
     swept = (results.get("run") or {}).get("swept") or {}
     if swept:
         return ", ".join(f"{key.rsplit('.', 1)[-1]} = {short_value(value)}" for key, value in swept.items())
-    value = config_value(results, "method.theta")
+    value = theta_of(results)
     return f"theta = {short_value(float(value))}" if value is not None else results.get("experiment", "run")
 
 
@@ -129,7 +129,7 @@ def sweep_curves(all_results: list[dict], path: Path, x_of, x_label: str, log_x:
 
 def frontier(all_results: list[dict], path: Path) -> bool:
     """The Pareto frontier: metrics against theta."""
-    return sweep_curves(all_results, path, lambda r: config_value(r, "method.theta"),
+    return sweep_curves(all_results, path, lambda r: theta_of(r),
                         "theta (weight of the forget set's uniformity loss)")
 
 
@@ -294,8 +294,8 @@ def worst_image_curves(all_results: list[dict], path: Path) -> bool:
     lines = defaultdict(list)
     for results in all_results:
         metrics = results["metrics"][results["method"]]
-        if "sensitivity" in metrics and config_value(results, "method.theta") is not None:
-            lines[reduction_of(results)].append((config_value(results, "method.theta"), metrics, results))
+        if "sensitivity" in metrics and theta_of(results) is not None:
+            lines[reduction_of(results)].append((theta_of(results), metrics, results))
     lines = {name: sorted(points, key=lambda p: p[0]) for name, points in lines.items() if len(points) > 1}
     if not lines:
         return False

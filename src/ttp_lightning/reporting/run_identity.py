@@ -103,6 +103,6 @@ def run_identity(cfg: DictConfig) -> dict:
     parts = [f"{key.rsplit('.', 1)[-1]}={short_value(value)}" for key, value in swept.items()]
     theta = cfg.method.get("theta")
     if not parts and theta is not None:
-        parts = [f"theta={short_value(float(theta))}"]
+        parts = [f"theta={theta if theta == 'auto' else short_value(float(theta))}"]
     name = "-".join([str(cfg.experiment_name), str(cfg.method.name), *parts])
     return {"name": name, "group": sweep_group(cfg), "job_type": str(cfg.method.name), "swept": swept}

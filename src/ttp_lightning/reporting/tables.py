@@ -101,6 +101,12 @@ def config_value(results: dict, dotted_key: str):
     return value
 
 
+def theta_of(results: dict):
+    """The theta the method ran at: the one its rule chose (`method.theta=auto`), else the configured one."""
+    chosen = results["metrics"].get(results["method"], {}).get("theta")
+    return chosen if chosen is not None else config_value(results, "method.theta")
+
+
 def frontier_tables(all_results: list[dict], by: str = "method.theta") -> list[Table]:
     """One table per (data set, model, method), rows sorted by the swept config value `by` (theta for
     the Pareto frontier; e.g. method.k for the synthetic baseline's ablation), the pretrained model first."""
@@ -109,12 +115,13 @@ def frontier_tables(all_results: list[dict], by: str = "method.theta") -> list[T
         key = (results["config"]["data"]["name"], model_name(results), results["method"])
         groups[key].append(results)
     tables = []
+    value_of = theta_of if by == "method.theta" else lambda r: config_value(r, by)
     for (data, model, method), runs in sorted(groups.items()):
-        runs.sort(key=lambda r: (config_value(r, by) is None, config_value(r, by) or 0))
+        runs.sort(key=lambda r: (value_of(r) is None, value_of(r) or 0))
         label = f"{method_label(runs[0])} {model}"
         rows = [[f"pretrained {model}", "-", *scores(runs[0]["metrics"]["pretrain"])]]
         for run in runs:
-            value = config_value(run, by)
+            value = value_of(run)
             shown = "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
             rows.append([label, shown, *scores(run["metrics"][method])])
         tables.append(Table(f"{data}: {label}", ["Model", by.rsplit(".", 1)[-1], *SCORE_COLUMNS], rows))
@@ -194,7 +201,7 @@ def certified_row(results: dict) -> list[str]:
     gate = results.get("release_gate") or {}
     above = len(gate.get("failing_images") or [])
     verdict = "released" if gate.get("passed") else f"refused ({above} images)" if above else "refused"
-    theta = config_value(results, "method.theta")
+    theta = theta_of(results)
     return [reduction_of(results), "-" if theta is None else f"{theta:g}", percent(metrics["test_acc"]),
             f"{metrics.get('test_conf_dist', float('nan')):.3f}", f"{metrics['forget_conf_dist']:.3f}",
             f"{metrics['forget_worst_conf_dist']:.3f}", str(metrics.get("forget_exposed", "-")), verdict,
@@ -210,7 +217,7 @@ def certified_tables(all_results: list[dict]) -> list[Table]:
             groups[(results["config"]["data"]["name"], model_name(results), results["method"])].append(results)
     tables = []
     for (data, model, method), runs in sorted(groups.items()):
-        runs.sort(key=lambda r: (reduction_of(r) != "mean", reduction_of(r), config_value(r, "method.theta") or 0))
+        runs.sort(key=lambda r: (reduction_of(r) != "mean", reduction_of(r), theta_of(r) or 0))
         pretrained = runs[0]["metrics"]["pretrain"]
         rows = [["pretrained", "-", percent(pretrained["test_acc"]), f"{pretrained['test_conf_dist']:.3f}",
                  f"{pretrained['forget_conf_dist']:.3f}", f"{pretrained['forget_worst_conf_dist']:.3f}",

@@ -4,6 +4,7 @@ BatchNorm statistics from D_r -> a release (public weights + certificate, privat
 
 import copy
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -26,11 +27,14 @@ from ttp_lightning.certify.residual_step import forget_reduction, mu_of, select_
 from ttp_lightning.config_schema import CertifiedSchema
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.evaluation import eval_device, evaluate
+from ttp_lightning.methods.certified import theta
 from ttp_lightning.methods.output import CertifiedRelease, MethodOutput
 from ttp_lightning.methods.pareto import finetune
 from ttp_lightning.models.certified import CertifiedStepModule, quiet_no_optimizer
 from ttp_lightning.models.optim import project_to_norm_ball
 from ttp_lightning.training import RunContext, fit
+
+log = logging.getLogger(__name__)
 
 KINDS = {EXACT: newton.EXACT, ESTIMATOR: ESTIMATED, ONLINE: ESTIMATED}  # algorithm -> how the step is solved
 
@@ -172,9 +176,24 @@ def resolved(ctx: RunContext, cfg: CertifiedSchema, datamodule: TTPDataModule) -
     classes, the release gate's threshold and the forget set's size: certify.reductions.temperature_rule)."""
     if cfg.forget_reduction_temperature != "auto":
         return cfg
-    threshold = ctx.fit_settings.exposed_above if ctx.fit_settings.exposed_above is not None else 0.1
-    temperature = temperature_rule(datamodule.info.num_classes, threshold, len(datamodule.dataset("forget")))
+    temperature = temperature_rule(datamodule.info.num_classes, gate_threshold(ctx), len(datamodule.dataset("forget")))
     return dataclasses.replace(cfg, forget_reduction_temperature=temperature)
+
+
+def gate_threshold(ctx: RunContext) -> float:
+    """The release gate's CD threshold, which the temperature and theta rules aim at."""
+    return ctx.fit_settings.exposed_above if ctx.fit_settings.exposed_above is not None else 0.1
+
+
+def chosen_theta(ctx: RunContext, cfg: CertifiedSchema, prepared: Prepared, datamodule: TTPDataModule):
+    """`method.theta=auto`: the settings at the rule's theta and the rule's record (None for a fixed theta)."""
+    if cfg.theta != "auto":
+        return cfg, None
+    choice = theta.choose(cfg, prepared.net, datamodule, float(ctx.fit_settings.pretrain.norm_bound),
+                          gate_threshold(ctx))
+    line = theta.verdict_line(choice, datamodule.forget_ids())
+    log.info(line)
+    return theta.chosen_settings(cfg, choice), {**choice.record(), "verdict": line}
 
 
 def run_certified(ctx: RunContext, cfg: CertifiedSchema, pretrained: nn.Module, datamodule: TTPDataModule,
@@ -182,6 +201,7 @@ def run_certified(ctx: RunContext, cfg: CertifiedSchema, pretrained: nn.Module, 
     """Algs 2-4 with the method's settings `cfg` (`algorithm` chooses the step)."""
     cfg = resolved(ctx, cfg, datamodule)
     prepared = warm_start(ctx, cfg, pretrained, datamodule)
+    cfg, theta_rule = chosen_theta(ctx, cfg, prepared, datamodule)
     start_state = {k: v.detach().cpu().clone() for k, v in prepared.net.state_dict().items()}
     certificate = stated_constants(ctx, cfg, algorithm, prepared.net)
     parts = request_parts(datamodule, algorithm)
@@ -209,6 +229,7 @@ def run_certified(ctx: RunContext, cfg: CertifiedSchema, pretrained: nn.Module, 
         "curvature_images_per_rank": step.instances, "ranks": step.world_size,
         **{key: certificate[key] for key in ("sensitivity", "sigma", "epsilon", "mechanism")},
         "vacuous": is_vacuous(certificate["epsilon"], cfg.vacuous_above),
+        **({"theta": cfg.theta, "theta_rule": theta_rule} if theta_rule is not None else {}),
     }
     history = prepared.history
     if algorithm == ONLINE:

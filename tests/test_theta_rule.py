@@ -69,7 +69,7 @@ def test_a_frontier_that_is_not_monotone_never_yields_an_unmeasured_or_failing_t
     for _ in range(50):
         table = {}
 
-        def probe(theta):
+        def probe(theta, table=table):
             table.setdefault(theta, Probe(theta, float(torch.rand(1, generator=g)) * 0.2 + 0.8,
                                           tuple((torch.rand(3, generator=g) * 0.2).tolist())))
             return table[theta]

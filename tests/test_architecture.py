@@ -1,6 +1,6 @@
 """The house rules of src/ (issue 27), checked on the import graph scripts/architecture.py draws: no import
 cycle (imports inside functions included), the project's own imports inside functions only where they are
-deliberate, models import neither data/ nor methods/, certify/ is mathematics only."""
+deliberate, models import neither data/ nor methods/, certify/ is mathematics only; and no function over 50 lines."""
 
 import importlib.util
 
@@ -51,3 +51,13 @@ def test_certify_is_mathematics_only(picture):
         wrong = [t for t in targets if not t.startswith(allowed)]
         assert not wrong, f"{name} imports {wrong}"
         assert name not in picture["config_readers"], f"{name} reads a DictConfig"
+
+
+def test_no_function_is_longer_than_fifty_lines():
+    """Issue 40: small functions (a def's first line to its last, docstring included)."""
+    import ast
+
+    long = [f"{path.relative_to(SRC)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in SRC.rglob("*.py") for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50]
+    assert long == []

@@ -309,21 +309,7 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     """pretrain (cached) -> method -> evaluation, attacks -> results.json (`record`: the resolved config),
     release, table, logger."""
     output_dir = ctx.output_dir
-    pretrained = make_net()
-    gate.check_network(pretrained, datamodule.info.channels, datamodule.info.image_size,
-                       float(settings.bounds.max_radius))
-    if is_global_zero():  # every setting holds: from here on the folder's outputs are this run's
-        moved = supersede_outputs(output_dir, OUTPUTS)
-        if moved is not None:
-            log.warning("%s held an earlier run's outputs; moved them to %s, so that what the folder holds is this "
-                        "run's", output_dir, moved)
-    choose_threads(settings, multiply_accumulates(pretrained, datamodule.info.channels, datamodule.info.image_size))
-    pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)
-    original = None
-    if datamodule.outside_forget_count:  # D_f from outside D: A(D) learns those instances first
-        original = copy.deepcopy(pretrained)
-        pretrain_info.update(absorb_outside_forget(ctx, pretrained, datamodule, is_global_zero))
-
+    pretrained, original, pretrain_info = _starting_models(settings, ctx, datamodule, make_net, gate)
     ctx.run_key = method_key(ctx, method, datamodule)
     # the method draws from the global generators (robust Alg 1's inner attack): seeded here, so its steps do not
     # depend on whether A(D) was trained in this process or read from the cache
@@ -340,19 +326,7 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     floor = retrain_floor(settings, ctx, datamodule, method, make_net, sources)
     if not is_global_zero():
         return None
-    results = {
-        "experiment": settings.experiment_name,
-        "method": method.name,
-        "config": record,
-        "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
-                 "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
-                 "forget_fingerprint": datamodule.forget_fingerprint(),
-                 "forget_set_digest": datamodule.forget_set_digest(), **datamodule.forget_record()},
-        "metrics": metrics,
-        "history": {method.name: output.history},
-        "resumed": dict(ctx.resumed),
-        "run": ctx.identity,  # name, wandb group (the sweep), job type, this job's swept values  # stage -> the epoch a rerun resumed after (wall times cover this process)
-    }
+    results = _results_record(settings.experiment_name, method.name, record, datamodule, metrics, output.history, ctx)
     results["forget_softmax"] = {"pretrain": forget_softmax(pretrained, datamodule),
                                  method.name: forget_softmax(output.net, datamodule)}
     models = {"pretrain": pretrained, method.name: output.net}
@@ -374,16 +348,62 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
         where = f": {exc.filename}" if exc.filename else ""
         raise TTPUserError(f"writing the run's outputs into {output_dir} failed ({exc.strerror or exc}{where}); "
                            "nothing of this run was kept there (its caches were: rerun when there is room)") from None
-    attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
-    certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
-    rule = metrics[method.name].get("theta_rule")
-    certified += f"\n{rule['verdict']}" if rule else ""
-    per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
-    print(f"\n{settings.experiment_name} / {method.name}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
-          f"{gate_summary(results['release_gate'], results['data']['forget_size'])}\nresults: {path}", flush=True)
+    print(_console_summary(settings.experiment_name, results, attack_table, certificate_line, path), flush=True)
     finish_logger(ctx.logger, results, output_dir)
     remove_checkpoints(ctx.checkpoint_dirs)  # the results are written: a rerun starts afresh
     return results
+
+
+def _results_record(experiment: str, method: str, record: dict, datamodule, metrics: dict, history: list,
+                    ctx: RunContext) -> dict:
+    """results.json's first keys: what ran, on which data and forget set, and each stage's metrics."""
+    return {
+        "experiment": experiment,
+        "method": method,
+        "config": record,
+        "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
+                 "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
+                 "forget_fingerprint": datamodule.forget_fingerprint(),
+                 "forget_set_digest": datamodule.forget_set_digest(), **datamodule.forget_record()},
+        "metrics": metrics,
+        "history": {method: history},
+        "resumed": dict(ctx.resumed),  # stage -> the epoch a rerun resumed after (wall times cover this process)
+        "run": ctx.identity,  # name, wandb group (the sweep), job type, this job's swept values
+    }
+
+
+def _starting_models(settings: MainSchema, ctx: RunContext, datamodule, make_net, gate: GateSettings):
+    """(A(D), A(D) before it absorbed outside forget instances or None, pretraining's record); the output folder's
+    earlier outputs moved aside once every setting holds."""
+    pretrained = make_net()
+    gate.check_network(pretrained, datamodule.info.channels, datamodule.info.image_size,
+                       float(settings.bounds.max_radius))
+    if is_global_zero():  # every setting holds: from here on the folder's outputs are this run's
+        moved = supersede_outputs(ctx.output_dir, OUTPUTS)
+        if moved is not None:
+            log.warning("%s held an earlier run's outputs; moved them to %s, so that what the folder holds is this "
+                        "run's", ctx.output_dir, moved)
+    choose_threads(settings, multiply_accumulates(pretrained, datamodule.info.channels, datamodule.info.image_size))
+    pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)
+    original = None
+    if datamodule.outside_forget_count:  # D_f from outside D: A(D) learns those instances first
+        original = copy.deepcopy(pretrained)
+        pretrain_info.update(absorb_outside_forget(ctx, pretrained, datamodule, is_global_zero))
+    return pretrained, original, pretrain_info
+
+
+def _console_summary(experiment: str, results: dict, attack_table: str | None, certificate_line: str | None,
+                     path) -> str:
+    """What a run prints at its end: the stage table, the per-image table, the attacks, the certificate and the
+    theta rule's verdict (certified methods), the release gate's verdict and where results.json is."""
+    metrics, method = results["metrics"], results["method"]
+    attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
+    certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
+    rule = metrics[method].get("theta_rule")
+    certified += f"\n{rule['verdict']}" if rule else ""
+    per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
+    return (f"\n{experiment} / {method}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
+            f"{gate_summary(results['release_gate'], results['data']['forget_size'])}\nresults: {path}")
 
 
 OUTPUTS = ("model.pt", "release", "release_not_protected", PRIVATE_DIR, "figures", "results.json")

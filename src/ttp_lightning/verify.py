@@ -108,10 +108,33 @@ def release_config(cert_path: Path) -> dict:
     return read_release_config(folder)
 
 
+def checked_certificate(args, cert_path: Path, overrides: list[str]) -> tuple[dict, dict, list[str], list[str]]:
+    """(the certificate, its release's config.json, the failures, what was checked); raises on unusable input."""
+    check_arguments(args)
+    cert = check_certificate_schema(read_json(cert_path))
+    config = release_config(cert_path)
+    weights = args.weights or [cert_path.parent / entry["file"] for entry in cert["weights"]]
+    for path in weights:
+        if not path.is_file():
+            raise FileNotFoundError(f"weights file {path} does not exist")
+    failures = check_certificate(cert, weights)
+    checked = ["weights SHA-256", "finite values", "hypotheses vs measured values", "Delta", "sigma/epsilon",
+               "||w|| <= C + noise"]
+    if args.recompute:
+        failures += recompute_failures(cert, weights[-1], overrides)
+        checked.append("forget set and forget CD recomputed")
+    if args.audit:
+        audit = check_audit_schema(read_json(args.audit))
+        failures += audit_failures(cert, cert_path, audit, args.audit.parent, weights, overrides, args.tolerance)
+        checked.append("release reproduced from the audit record")
+    return cert, config, failures, checked
+
+
 def main(argv: list[str] | None = None) -> int:
+    """`python -m ttp_lightning.verify RELEASE [--recompute] [--audit FILE]` (or `verify robust ...`): the exit
+    status is 0 verified, 1 a check failed or the release is not protected, 2 unusable input, 3 vacuous."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["robust"]:
-
         return verify_robust(argv[1:])
     overrides = [a for a in argv if OVERRIDE.match(a)]
     args = _parser().parse_args([a for a in argv if a not in overrides])
@@ -120,24 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cert_path = args.certificate / CERTIFICATE_FILE if args.certificate.is_dir() else args.certificate
     try:
-        check_arguments(args)
-        cert = check_certificate_schema(read_json(cert_path))
-        config = release_config(cert_path)
-        weights = args.weights or [cert_path.parent / entry["file"] for entry in cert["weights"]]
-        for path in weights:
-            if not path.is_file():
-                raise FileNotFoundError(f"weights file {path} does not exist")
-        failures = check_certificate(cert, weights)
-        checked = ["weights SHA-256", "finite values", "hypotheses vs measured values", "Delta", "sigma/epsilon",
-                   "||w|| <= C + noise"]
-        if args.recompute:
-            failures += recompute_failures(cert, weights[-1], overrides)
-            checked.append("forget set and forget CD recomputed")
-        if args.audit:
-
-            audit = check_audit_schema(read_json(args.audit))
-            failures += audit_failures(cert, cert_path, audit, args.audit.parent, weights, overrides, args.tolerance)
-            checked.append("release reproduced from the audit record")
+        cert, config, failures, checked = checked_certificate(args, cert_path, overrides)
     except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SafetensorError) as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"error: cannot verify: {message}", file=sys.stderr)

@@ -275,6 +275,17 @@ def solve_on_ball(objective: LinearHeadObjective, start: torch.Tensor, norm_boun
         if shift == 0.0:
             solution.weights, solution.multiplier = into_ball(weights, norm_bound), 0.0
             return solution
+    high, w_high = _secant_on_multiplier(objective, outside, inside, norm_bound, settings, solution)
+    weights, multiplier = kkt_polish(objective, w_high, high, norm_bound, settings, solution)
+    solution.weights = into_ball(weights, norm_bound)
+    solution.multiplier = multiplier
+    return solution
+
+
+def _secant_on_multiplier(objective: LinearHeadObjective, outside: tuple, inside: tuple, norm_bound: float,
+                          settings: SolverSettings, solution: Solution) -> tuple[float, torch.Tensor]:
+    """The smallest nu found whose w(nu) is inside the ball (and w(nu)), by a safeguarded secant on
+    1 / ||w(nu)|| - 1 / C between `outside` and `inside` ((nu, w) pairs)."""
     gap = lambda w: 1.0 / w.norm().item() - 1.0 / norm_bound  # > 0 inside, < 0 outside; ~linear in nu
     (low, w_low), (high, w_high) = outside, inside
     g_low, g_high = gap(w_low), gap(w_high)
@@ -292,10 +303,7 @@ def solve_on_ball(objective: LinearHeadObjective, start: torch.Tensor, norm_boun
             low, w_low, g_low = guess, weights, g
         if high - low <= 1e-15 * high:
             break
-    weights, multiplier = kkt_polish(objective, w_high, high, norm_bound, settings, solution)
-    solution.weights = into_ball(weights, norm_bound)
-    solution.multiplier = multiplier
-    return solution
+    return high, w_high
 
 
 def into_ball(weights: torch.Tensor, norm_bound: float) -> torch.Tensor:

@@ -245,37 +245,17 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     `label` names the fit's checkpoints (resumable, see checkpointing.py).
     With `cfg.adversarial` (method=pareto_robust) the uniformity term is robust and early stopping watches
     the forget CD under attack."""
-    optim = optimizer_settings(cfg, ctx.fit_settings.fused_policy())
     adversarial = getattr(cfg, "adversarial", None)
     adversarial = adversarial_settings(adversarial) if adversarial else None
     parts = retain_parts(datamodule, stopping)
     targets = attack_targets(net, datamodule, adversarial)
-    module = ParetoFinetuneModule(
-        net, cfg.theta, optim, mode=cfg.mode, uniformity=cfg.uniformity,
-        forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
-        chunk_size=cfg.chunk_size, retain_data=parts.fit,
-        forget_data=datamodule.dataset("forget"), eval_parts=parts.eval_parts, adversarial=adversarial,
-        joint_forward=bool(cfg.joint_forward), exposed_above=ctx.fit_settings.exposed_above,
-        forget_reduction=str(cfg.forget_reduction or "mean"),  # unset (null) for the certified warm-up
-        forget_cvar_fraction=float(cfg.forget_cvar_fraction or 0.2),
-        forget_reduction_temperature=cfg.forget_reduction_temperature,
-        forget_batchnorm=str(cfg.forget_batchnorm or "train"),
-        retain_batchnorm=str(cfg.retain_batchnorm or "train"), attack_targets=targets,
-    )
+    module = finetune_module(ctx, net, datamodule, cfg, parts, adversarial, targets)
     made = method_callbacks(ctx.fit_settings.callbacks)
     history, timer = made["history"], made["timer"]
     backoffs = int(cfg.lr_backoffs or 0)
     start_retain_acc = parts.start_accuracy(net, datamodule) if stopping is not None or backoffs else None
-    select = str(stopping.select) if stopping is not None else "conf_dist"
-    best = None if stopping is None else made["best_model"](
-        conf_dist_below=math.inf if stopping.conf_dist_below is None else stopping.conf_dist_below,
-        retain_acc_at_least=retain_threshold(start_retain_acc, stopping), patience=stopping.patience,
-        fallback=stopping.fallback, conf_dist_key=CRITERIA[str(stopping.criterion)], retain_acc_key=parts.key,
-        rank_key=SELECTIONS[select], rank_higher_is_better=select == "retain_acc",
-        **({"rank": certified_rank, "rank_rule": CERTIFIED_RULE} if select == "certified" else {}),
-        mean_conf_dist_key=SELECTIONS["robust_conf_dist" if adversarial else "conf_dist"],
-    )
-    if best is not None and select == "certified":  # the judge's attack re-attacks only epochs that could be kept
+    best = best_model(made["best_model"], stopping, start_retain_acc, parts, adversarial)
+    if best is not None and str(stopping.select) == "certified":  # the judge re-attacks only epochs that could be kept
         module.kept_rank = best.kept_rank
     backoff = LrBackoff((start_retain_acc + 1 / datamodule.info.num_classes) / 2, backoffs, retain_key=parts.key) \
         if backoffs else None
@@ -293,21 +273,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     wall = fit(ctx, module, epochs, "Alg 1 finetuning" if label == "alg1" else f"Alg 1 {label}", key=ctx.key_for(label), callbacks=callbacks,
                trained_by=TrainedBy(f"method {cfg.name}", "method", float(cfg.lr)), train_dataloaders=train_loader,
                val_dataloaders=parts.val_dataloaders(datamodule))
-    summary = best.summary() if best else {"best_epoch": len(history.rows), "constraint_met": None,
-                                           "selection_rule": "early stopping off: the last epoch"}
-    if best is not None:
-        summary["retain_acc_threshold"] = round(best.retain_acc_at_least, 6)
-        summary["stopping_rule"] = (f"{best.conf_dist_key.removeprefix('val/')} < {best.conf_dist_below:g} and "
-                                    f"{parts.key.removeprefix('val/')} >= {best.retain_acc_at_least:.4f}")
-        if radius is not None:
-            summary["radius_rule_threshold"] = round(radius.threshold, 6)  # on the retain images trained on
-        if parts.holdout is not None:  # tau_r's reference: the starting model's accuracy on unseen images
-            summary["retain_holdout_size"] = len(parts.holdout)
-            summary["retain_reference"] = "test" if len(datamodule.test_labels) else HOLDOUT_PART
-        if not summary["constraint_met"] and rank_zero_only.rank == 0:  # every DDP rank knows; one says so
-            log.warning("no epoch of Alg 1 met the stopping thresholds (%s < %g, retain accuracy >= %.4f); "
-                        "kept epoch %d: %s", best.conf_dist_key.removeprefix("val/"), best.conf_dist_below,
-                        best.retain_acc_at_least, summary["best_epoch"], summary["selection_rule"])
+    summary = stopping_summary(best, history, parts, radius, datamodule)
     best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
     if adversarial is not None and "train_gamma" in best_row:
         summary["train_gamma_kept"] = round(float(best_row["train_gamma"]), 4)  # the kept epoch's radius
@@ -321,3 +287,57 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
         **({"lr_backoffs": backoff.backoffs} if backoff else {}),
     }
     return MethodOutput(module.net, metrics, history.rows)
+
+
+def finetune_module(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: ParetoSchema | CertifiedSchema,
+                    parts: RetainParts, adversarial, targets) -> ParetoFinetuneModule:
+    """Alg 1's LightningModule with the method's settings (the certified warm-up leaves Alg 1's refinements unset)."""
+    return ParetoFinetuneModule(
+        net, cfg.theta, optimizer_settings(cfg, ctx.fit_settings.fused_policy()), mode=cfg.mode,
+        uniformity=cfg.uniformity, forget_temperature=cfg.forget_temperature, gradient_surgery=cfg.gradient_surgery,
+        chunk_size=cfg.chunk_size, retain_data=parts.fit,
+        forget_data=datamodule.dataset("forget"), eval_parts=parts.eval_parts, adversarial=adversarial,
+        joint_forward=bool(cfg.joint_forward), exposed_above=ctx.fit_settings.exposed_above,
+        forget_reduction=str(cfg.forget_reduction or "mean"),  # unset (null) for the certified warm-up
+        forget_cvar_fraction=float(cfg.forget_cvar_fraction or 0.2),
+        forget_reduction_temperature=cfg.forget_reduction_temperature,
+        forget_batchnorm=str(cfg.forget_batchnorm or "train"),
+        retain_batchnorm=str(cfg.retain_batchnorm or "train"), attack_targets=targets,
+    )
+
+
+def best_model(make, stopping: EarlyStoppingSchema | None, start_retain_acc: float | None, parts: RetainParts,
+               adversarial):
+    """Early stopping's callback (`make`: the callbacks group's class), or None when early stopping is off."""
+    if stopping is None:
+        return None
+    select = str(stopping.select)
+    return make(
+        conf_dist_below=math.inf if stopping.conf_dist_below is None else stopping.conf_dist_below,
+        retain_acc_at_least=retain_threshold(start_retain_acc, stopping), patience=stopping.patience,
+        fallback=stopping.fallback, conf_dist_key=CRITERIA[str(stopping.criterion)], retain_acc_key=parts.key,
+        rank_key=SELECTIONS[select], rank_higher_is_better=select == "retain_acc",
+        **({"rank": certified_rank, "rank_rule": CERTIFIED_RULE} if select == "certified" else {}),
+        mean_conf_dist_key=SELECTIONS["robust_conf_dist" if adversarial else "conf_dist"],
+    )
+
+
+def stopping_summary(best, history, parts: RetainParts, radius, datamodule: TTPDataModule) -> dict:
+    """results.json's account of which epoch was kept and by which rule."""
+    summary = best.summary() if best else {"best_epoch": len(history.rows), "constraint_met": None,
+                                           "selection_rule": "early stopping off: the last epoch"}
+    if best is None:
+        return summary
+    summary["retain_acc_threshold"] = round(best.retain_acc_at_least, 6)
+    summary["stopping_rule"] = (f"{best.conf_dist_key.removeprefix('val/')} < {best.conf_dist_below:g} and "
+                                f"{parts.key.removeprefix('val/')} >= {best.retain_acc_at_least:.4f}")
+    if radius is not None:
+        summary["radius_rule_threshold"] = round(radius.threshold, 6)  # on the retain images trained on
+    if parts.holdout is not None:  # tau_r's reference: the starting model's accuracy on unseen images
+        summary["retain_holdout_size"] = len(parts.holdout)
+        summary["retain_reference"] = "test" if len(datamodule.test_labels) else HOLDOUT_PART
+    if not summary["constraint_met"] and rank_zero_only.rank == 0:  # every DDP rank knows; one says so
+        log.warning("no epoch of Alg 1 met the stopping thresholds (%s < %g, retain accuracy >= %.4f); "
+                    "kept epoch %d: %s", best.conf_dist_key.removeprefix("val/"), best.conf_dist_below,
+                    best.retain_acc_at_least, summary["best_epoch"], summary["selection_rule"])
+    return summary

@@ -276,6 +276,10 @@ def recompute(release: Path, config: dict, images_dir: Path, resize: bool):
 
 
 def main(argv: list[str]) -> int:
+    """`python -m ttp_lightning.verify robust RELEASE IMAGES [--gamma 8] [--at-most 0.1]`: one line per image
+    (clean CD, certified CD within --gamma/255, certified radius); exit 0 every image certified at --at-most, 1 an
+    image above it, a non-finite value, an unprotected release or a claim the recomputation contradicts, 2 unusable
+    input."""
     args = _parser().parse_args(argv)
     try:
         check_arguments(args.gamma, args.at_most, args.slope_steps)

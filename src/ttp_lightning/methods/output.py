@@ -17,6 +17,10 @@ class CertifiedRelease:
 
 @dataclass
 class MethodOutput:
+    """What `Method.run` returns: the method's model, its metrics (results.json's row for the method, beside the
+    evaluation's), its per-epoch history, and for certified methods the release (certificate, noised weights,
+    private audit record)."""
+
     net: nn.Module
     metrics: dict
     history: list = field(default_factory=list)

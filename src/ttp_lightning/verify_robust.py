@@ -275,6 +275,24 @@ def recompute(release: Path, config: dict, images_dir: Path, resize: bool):
     return files, pixels, Recomputation(model, pixels.float() / 255.0)
 
 
+def image_lines(args, files: list[Path], clean: list[float], bounds: list[float], radii: list[float], used) -> list[str]:
+    """Print the header and one line per image; returns a failure per image not certified at --at-most."""
+    how = used.bound + (f", intermediate {used.intermediate}" if used.bound == "linear" else "") + \
+        (f", {used.slopes_used} slope steps" if used.slopes_used else "") + \
+        (f"; linear bounds fell back: {used.fallback}" if used.fallback else "")
+    print(f"{'image':<40}  {'clean CD':>8}  {'certified CD':>12}  {'radius':>6}  (L-inf {args.gamma:g}/255, at most "
+          f"{args.at_most:g}; {how} bounds)")
+    failures = []
+    for path, value, bound, radius in zip(files, clean, bounds, radii):
+        name = str(path.relative_to(args.images))
+        ok = bound <= args.at_most and math.isfinite(value)  # NaN is never at most anything
+        print(f"{name[-40:]:<40}  {value:8.4f}  {bound:12.4f}  {radius:6g}  {'ok' if ok else 'ABOVE'}")
+        if not ok:
+            failures.append(f"{name}: certified CD {bound:.4f} (clean {value:.4f}) is not <= {args.at_most:g} within "
+                            f"{args.gamma:g}/255")
+    return failures
+
+
 def main(argv: list[str]) -> int:
     """`python -m ttp_lightning.verify robust RELEASE IMAGES [--gamma 8] [--at-most 0.1]`: one line per image
     (clean CD, certified CD within --gamma/255, certified radius); exit 0 every image certified at --at-most, 1 an
@@ -300,18 +318,7 @@ def main(argv: list[str]) -> int:
         print(f"{'checked as asked (--allow-unprotected): ' if args.allow_unprotected else 'FAIL: '}{unprotected}")
         if not args.allow_unprotected:
             failures.append(f"{unprotected}; --allow-unprotected checks its bounds anyway")
-    how = used.bound + (f", intermediate {used.intermediate}" if used.bound == "linear" else "") + \
-        (f", {used.slopes_used} slope steps" if used.slopes_used else "") + \
-        (f"; linear bounds fell back: {used.fallback}" if used.fallback else "")
-    print(f"{'image':<40}  {'clean CD':>8}  {'certified CD':>12}  {'radius':>6}  (L-inf {args.gamma:g}/255, at most "
-          f"{args.at_most:g}; {how} bounds)")
-    for path, value, bound, radius in zip(files, recomputed.clean, bounds, radii):
-        name = str(path.relative_to(args.images))
-        ok = bound <= args.at_most and math.isfinite(value)  # NaN is never at most anything
-        print(f"{name[-40:]:<40}  {value:8.4f}  {bound:12.4f}  {radius:6g}  {'ok' if ok else 'ABOVE'}")
-        if not ok:
-            failures.append(f"{name}: certified CD {bound:.4f} (clean {value:.4f}) is not <= {args.at_most:g} within "
-                            f"{args.gamma:g}/255")
+    failures += image_lines(args, files, recomputed.clean, bounds, radii, used)
     failures += folder_failures(args.release, config)
     protection = config["protection"]
     if set_digest(fingerprint(image) for image in pixels) == protection["forget_set_digest"]:

@@ -181,8 +181,11 @@ def resolved(ctx: RunContext, cfg: CertifiedSchema, datamodule: TTPDataModule) -
 
 
 def gate_threshold(ctx: RunContext) -> float:
-    """The release gate's CD threshold, which the temperature and theta rules aim at."""
-    return ctx.fit_settings.exposed_above if ctx.fit_settings.exposed_above is not None else 0.1
+    """The release gate's CD threshold (release_gate.conf_dist_at_most), which the temperature and theta rules aim
+    at; a run always states it (training.FitSettings.of)."""
+    if ctx.fit_settings.exposed_above is None:
+        raise ValueError("the certified learners need the release gate's threshold (FitSettings.exposed_above)")
+    return float(ctx.fit_settings.exposed_above)
 
 
 def chosen_theta(ctx: RunContext, cfg: CertifiedSchema, prepared: Prepared, datamodule: TTPDataModule):

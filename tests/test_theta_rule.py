@@ -139,9 +139,11 @@ def test_theta_auto_releases_at_the_chosen_theta_and_states_it(run_job, tmp_path
     # what the rule measured at its theta is what the release scores (epsilon 1: the noise is ~1e-6)
     last = [p for p in rule["probes"] if p["theta"] == chosen][-1]
     assert last["worst_forget_conf_dist"] == pytest.approx(metrics["forget_worst_conf_dist"], abs=1e-3)
-    verify = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", str(release)], capture_output=True,
-                            text=True, check=False)
+    private = tmp_path / "out" / "private" / "audit.json"  # the audit re-solves at the certificate's theta
+    verify = subprocess.run([sys.executable, "-m", "ttp_lightning.verify", str(release), "--recompute", "--audit",
+                             str(private)], capture_output=True, text=True, check=False)
     assert verify.returncode == (0 if results["release_gate"]["passed"] else 1), verify.stdout + verify.stderr
+    assert "release reproduced from the audit record" in verify.stdout or not results["release_gate"]["passed"]
 
 
 def test_theta_auto_that_cannot_protect_names_the_images_and_the_gate_refuses(run_job):

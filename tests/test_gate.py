@@ -4,6 +4,7 @@ one line naming the images and the reasons, and a folder that says it is not pro
 
 import json
 import logging
+import math
 import re
 
 import pytest
@@ -244,3 +245,26 @@ def test_a_rerun_into_the_same_folder_never_leaves_an_earlier_release_beside_its
     from ttp_lightning.reporting.tables import load_results
 
     assert [r["method"] for r in load_results([out])] == ["retrain"]  # tables read the folder's own run only
+
+
+def test_a_nan_cd_never_passes_the_gate():
+    """A model whose output is NaN on a forget image has no CD at most the threshold: the gate names that image."""
+    nan = float("nan")
+    clean = judge(_rows([0.01, nan]), "pareto", {"train_steps": 5}, GateSettings(), 8)
+    assert not clean["passed"] and clean["failing_images"] == ["train:1"]
+    attacked = judge(_rows([0.01, 0.02], attacked=[0.05, nan], certified=[0.0, 0.0]), "pareto", {"train_steps": 5},
+                     GateSettings(0.1, ("clean", "attacked")), 8)
+    assert not attacked["passed"] and attacked["failing_images"] == ["train:1"]
+    unrequired = judge(_rows([0.01, 0.02], attacked=[0.05, nan], certified=[0.0, 0.0]), "pareto",
+                       {"train_steps": 5}, GateSettings(), 8)
+    assert unrequired["passed"] and unrequired["unrequired_above"] == {"attacked": 1}
+
+
+def test_a_nan_attacked_or_certified_cd_is_the_worst_and_counts_as_exposed():
+    from ttp_lightning.protection import stage_summary
+
+    nan = float("nan")
+    for order in ([0.02, nan, 0.5], [nan, 0.02, 0.5], [0.5, 0.02, nan]):  # Python's max depends on where NaN stands
+        summary = stage_summary({"attacked": order, "certified": order}, 0.1)
+        assert math.isnan(summary["forget_robust_worst_conf_dist"]) and summary["forget_robust_exposed"] == 2
+        assert math.isnan(summary["forget_certified_worst_conf_dist"])

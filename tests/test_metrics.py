@@ -36,3 +36,12 @@ def test_l2_distance_and_accuracy_values():
     acc = Accuracy()
     acc.update(torch.tensor([[2.0, 1.0], [0.0, 3.0], [5.0, 0.0]]), torch.tensor([0, 1, 1]))
     assert torch.isclose(acc.compute(), torch.tensor(2 / 3))
+
+
+def test_count_above_counts_a_nan_output_as_above_the_threshold():
+    from ttp_lightning.metrics import CountAbove
+
+    metric = CountAbove(0.1)
+    logits = torch.tensor([[0.0, 0.0], [float("nan"), 0.0], [10.0, 0.0]])  # uniform, NaN, confident
+    metric.update(logits, torch.zeros(3, dtype=torch.long))
+    assert metric.compute().item() == 2

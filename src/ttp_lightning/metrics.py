@@ -90,7 +90,7 @@ class CountAbove(Metric):
         self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        self.count += int((conf_dist_per_instance(logits) > self.threshold).sum())
+        self.count += int((~(conf_dist_per_instance(logits) <= self.threshold)).sum())  # NaN counts as above
 
     def compute(self) -> torch.Tensor:
         return self.count.float()

@@ -19,6 +19,7 @@ EXIT_NOT_PROTECTED after one line naming how many images failed, which, and why.
 """
 
 import logging
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -115,18 +116,23 @@ def clean_conf_dist(net: nn.Module, images: torch.Tensor, device) -> torch.Tenso
     return conf_dist_of_probs(probabilities(net, images, device))
 
 
+def worst(values: list[float]) -> float:
+    """The largest value, NaN when any is NaN (Python's max would depend on where it stands), 0 for none."""
+    return math.nan if any(math.isnan(v) for v in values) else max(values, default=0.0)
+
+
 def stage_summary(columns: dict[str, list | None], threshold: float) -> dict:
     """A stage's per-image numbers for its metrics: the worst image and how many exceed `threshold`, per kind
     (the clean ones come from the evaluation itself), and the certified shares at SHARES."""
     out: dict = {}
     attacked, certified = columns.get("attacked"), columns.get("certified")
     if attacked is not None:
-        out["forget_robust_worst_conf_dist"] = round(max(attacked, default=0.0), 6)
-        out["forget_robust_exposed"] = sum(value > threshold for value in attacked)
+        out["forget_robust_worst_conf_dist"] = round(worst(attacked), 6)
+        out["forget_robust_exposed"] = sum(not value <= threshold for value in attacked)  # NaN counts as above
     if certified is not None:
         count = max(len(certified), 1)
         out["forget_certified_conf_dist"] = round(sum(certified) / count, 6)
-        out["forget_certified_worst_conf_dist"] = round(max(certified, default=0.0), 6)
+        out["forget_certified_worst_conf_dist"] = round(worst(certified), 6)
         for share in SHARES:
             out[f"forget_certified_share_{round(share * 100):02d}"] = round(
                 sum(value <= share for value in certified) / count, 6)
@@ -183,7 +189,7 @@ def judge(rows: list[dict], stage: str, metrics: dict, settings: GateSettings, g
             why = certify_note if kind == "certified" and certify_note else "not measured"
             reasons.append(f"the {kind} CD of the forget images could not be computed ({why})")
             continue
-        bad = [row["id"] for row, value in zip(rows, values) if value > threshold]
+        bad = [row["id"] for row, value in zip(rows, values) if not value <= threshold]  # NaN is never at most
         if bad:
             where = "" if kind == "clean" else f" at {gamma:g}/255"
             reasons.append(f"{len(bad)} of {len(rows)} forget images keep {kind} CD > {threshold:g}{where}")
@@ -216,7 +222,7 @@ def unrequired_above(rows: list[dict], stage: str, settings: GateSettings) -> di
     for kind in KINDS:
         values = [row[stage][kind] for row in rows]
         if kind not in settings.require and values and all(value is not None for value in values):
-            above = sum(value > settings.conf_dist_at_most for value in values)
+            above = sum(not value <= settings.conf_dist_at_most for value in values)
             if above:
                 out[kind] = above
     return out

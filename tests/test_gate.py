@@ -268,3 +268,18 @@ def test_a_nan_attacked_or_certified_cd_is_the_worst_and_counts_as_exposed():
         summary = stage_summary({"attacked": order, "certified": order}, 0.1)
         assert math.isnan(summary["forget_robust_worst_conf_dist"]) and summary["forget_robust_exposed"] == 2
         assert math.isnan(summary["forget_certified_worst_conf_dist"])
+
+
+def test_zero_exact_gradients_at_forget_images_are_said_under_the_verdict():
+    """Gradient masking (the resnet10t release: every forget image in a dead-ReLU region, attacked CD equal to the
+    clean one): a passed gate says that its attacked CDs rest on surrogates, and only the bound proves a CD."""
+    from ttp_lightning.protection import masking_note
+    from ttp_lightning.reporting.results import gate_summary
+
+    gate = judge(_rows([0.02] * 5, attacked=[0.02] * 5, certified=[0.9] * 5), "pareto", {"train_steps": 5},
+                 GateSettings(0.1, ("clean", "attacked")), 8)
+    masked = gate_summary(gate, 5, {"zero_gradient_share": 1.0})
+    assert masked.startswith("release gate: passed") and "note: the exact input gradient is zero at 5 of 5" in masked
+    assert "note:" not in gate_summary(gate, 5, {"zero_gradient_share": 0.0})
+    assert masking_note(None, 5) == "" and masking_note({"zero_gradient_share": 0.4}, 5).startswith(
+        "the exact input gradient is zero at 2 of 5")

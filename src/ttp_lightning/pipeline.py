@@ -397,13 +397,14 @@ def _console_summary(experiment: str, results: dict, attack_table: str | None, c
     """What a run prints at its end: the stage table, the per-image table, the attacks, the certificate and the
     theta rule's verdict (certified methods), the release gate's verdict and where results.json is."""
     metrics, method = results["metrics"], results["method"]
+    checks = (results.get("attack_checks") or {}).get(method)
     attacks = f"\n\nattacks on the forget set\n{attack_table}" if attack_table else ""
     certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
     rule = metrics[method].get("theta_rule")
     certified += f"\n{rule['verdict']}" if rule else ""
     per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
     return (f"\n{experiment} / {method}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
-            f"{gate_summary(results['release_gate'], results['data']['forget_size'])}\nresults: {path}")
+            f"{gate_summary(results['release_gate'], results['data']['forget_size'], checks)}\nresults: {path}")
 
 
 OUTPUTS = ("model.pt", "release", "release_not_protected", PRIVATE_DIR, "figures", "results.json")

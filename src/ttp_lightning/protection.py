@@ -239,6 +239,19 @@ def unrequired_note(record: dict, forget_size: int) -> str:
             f"(release_gate.require=[clean,{','.join(above)}] would refuse this release)")
 
 
+def masking_note(checks: dict | None, forget_size: int) -> str:
+    """'' or the sentence saying that the attacked CDs rest on surrogate gradients: the exact input gradient of
+    every objective is zero at some forget images (dead ReLUs, a saturated softmax), where an attack that reads
+    it learns nothing, so the attacked CD there can understate what an attacker reaches (gradient masking)."""
+    share = (checks or {}).get("zero_gradient_share") or 0.0
+    if not share > 0:
+        return ""
+    count = round(share * forget_size)
+    return (f"the exact input gradient is zero at {count} of {forget_size} forget images: the attacked CD there rests on "
+            "the attack's ReLU surrogates and random starts and may understate what an attacker reaches (gradient "
+            "masking); only the certified bound proves a CD")
+
+
 def gate_line(record: dict) -> str:
     """The one line a failed gate prints (every failing image is in results.json)."""
     shown = record["failing_images"][:SHOWN_IDS]

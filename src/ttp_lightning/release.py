@@ -46,7 +46,7 @@ from ttp_lightning.files import atomic_tensors, atomic_text, atomic_write, sha25
 from ttp_lightning.ibp.uniformity import MAX_RADIUS, RADIUS_STEP
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.components.checkpoint import first_non_finite
-from ttp_lightning.protection import KINDS
+from ttp_lightning.protection import KINDS, masking_note
 from ttp_lightning.version import __version__
 
 RELEASE_FORMAT = "ttp_lightning.release/2"  # /2: the certified radius and the bound that gave the claims
@@ -435,7 +435,9 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
         lines += ["## Attacks on the forget set", "", ATTACKS_TEXT, "", "```", attack_table, "```", ""]
     if certificate_line:
         lines += ["## Certificate", "", certificate_line, "", CERTIFICATE_TEXT, ""]
-    lines += ["## Limitations", "", *LIMITATIONS, "", "## Loading", "", "```python", "import ttp_lightning", "",
+    masking = masking_note((results.get("attack_checks") or {}).get(method), data["forget_size"])
+    lines += ["## Limitations", "", *LIMITATIONS, *([f"- The attacked CDs: {masking}."] if masking else []), "",
+              "## Loading", "", "```python", "import ttp_lightning", "",
               LOAD_LINE, "```", "", PLAIN_LOADING, ""]
     return "\n".join(lines)
 

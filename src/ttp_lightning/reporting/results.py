@@ -11,7 +11,7 @@ from ttp_lightning.attacks.suite import WORST
 from ttp_lightning.certificates.document import is_vacuous
 from ttp_lightning.errors import TTPUserError
 from ttp_lightning.files import atomic_text, atomic_write
-from ttp_lightning.protection import KINDS, unrequired_note
+from ttp_lightning.protection import KINDS, masking_note, unrequired_note
 
 COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.2%}"),
            ("forget_acc", "forget acc", "{:.2%}"), ("forget_conf_dist", "forget CD", "{:.4f}"),
@@ -174,13 +174,16 @@ def format_per_image_table(metrics: dict[str, dict], gate: dict) -> str:
     return _aligned(per_image_summary_rows(metrics, gate))
 
 
-def gate_summary(gate: dict, forget_size: int) -> str:
-    """The release gate's verdict under the tables."""
+def gate_summary(gate: dict, forget_size: int, checks: dict | None = None) -> str:
+    """The release gate's verdict under the tables, and notes on what it does not cover (`checks`: the method's
+    attack sanity checks)."""
+    masking = masking_note(checks, forget_size)
+    masking = f"\n  note: {masking}" if masking else ""
     if gate["passed"]:
         rule = f"every forget image's {' / '.join(gate['require'])} CD <= {gate['conf_dist_at_most']:g}"
         note = unrequired_note(gate, forget_size)
-        return f"release gate: passed ({rule}) -> {gate['folder']}/" + (f"\n  {note}" if note else "")
-    return f"release gate: NOT PROTECTED: {'; '.join(gate['reasons'])} -> {gate['folder']}/"
+        return f"release gate: passed ({rule}) -> {gate['folder']}/" + (f"\n  {note}" if note else "") + masking
+    return f"release gate: NOT PROTECTED: {'; '.join(gate['reasons'])} -> {gate['folder']}/" + masking
 
 
 def _aligned(rows: list[list[str]]) -> str:

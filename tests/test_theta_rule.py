@@ -161,6 +161,7 @@ def test_theta_auto_that_cannot_protect_names_the_images_and_the_gate_refuses(ru
     (["method.theta_ladder=[0.5,0.25]"], "method.theta_ladder=[0.5, 0.25]"),
     (["method.theta_refine_steps=-1"], "method.theta_refine_steps=-1"),
     (["method.theta_retain_drop_at_most=2"], "method.theta_retain_drop_at_most=2"),
+    (["method.warmup_epochs=2"], "method.warmup_epochs=2 is not allowed with method.theta=auto"),
 ])
 def test_theta_auto_settings_that_cannot_work_are_refused_in_one_line(run_job, override, named):
     proc, results = run_job(*AUTO, *override)

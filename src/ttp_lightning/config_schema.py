@@ -425,6 +425,10 @@ class CertifiedSchema(MethodSchema, TrainingSchema):
             raise TTPUserError(f"method.theta=auto is not allowed with method.bound={self.bound} (the rule solves the "
                                "exact optimum at each theta it probes); choose a theta in (0, 1), or "
                                "method.bound=residual")
+        if self.theta == "auto" and self.warmup_epochs:
+            raise TTPUserError(f"method.warmup_epochs={self.warmup_epochs} is not allowed with method.theta=auto (the "
+                               "Alg 1 warm-up's objective needs theta before the rule chooses it); use 0, or a theta "
+                               "in (0, 1)")
 
     def _check_reduction(self) -> None:
         """The residual bound takes a convex, smooth reduction of the forget losses; the paper's bound the mean."""

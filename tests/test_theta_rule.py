@@ -12,8 +12,9 @@ import torch
 
 from conftest import release_of
 from ttp_lightning.certify.linear_head import SolverSettings, solve_on_ball
-from ttp_lightning.certify.residual_step import head_scores, objective_at
+from ttp_lightning.certify.residual_step import objective_at
 from ttp_lightning.certify.theta_rule import Probe, check_ladder, choose_theta
+from ttp_lightning.methods.certified.theta import head_scores
 
 LADDER = [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875]
 
@@ -62,6 +63,8 @@ def test_nan_never_qualifies(bad):
     choice = choose_theta(probe, LADDER, 3, threshold=0.1, retain_floor=0.5)
     assert not choice.met
     assert choice.exposed == ((1,) if bad == "cd" else ())  # a NaN retain accuracy: no probe kept the rule
+    if bad == "cd":  # wherever the NaN stands, it is the worst image's value
+        assert all(math.isnan(Probe(0.5, 0.9, order).worst) for order in [(0.0, math.nan), (math.nan, 0.0)])
 
 
 def test_a_frontier_that_is_not_monotone_never_yields_an_unmeasured_or_failing_theta():
@@ -105,7 +108,7 @@ def test_on_a_real_objective_the_choice_agrees_with_a_dense_scan():
     def probe(theta):
         objective = objective_at(features, labels, Cfg, theta, 1e-3, 3)
         weights = solve_on_ball(objective, torch.zeros(objective.size, dtype=torch.float64), 50.0, settings).weights
-        return Probe(theta, *head_scores(objective, weights, features, labels))
+        return Probe(theta, *head_scores(objective.matrix(weights), features, labels))
 
     scan = [probe(t / 64) for t in range(1, 64)]
     floor = scan[0].retain_acc - 0.2

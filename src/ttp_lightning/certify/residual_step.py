@@ -121,16 +121,6 @@ def head_objective(net: nn.Module, head: nn.Linear, cfg, lam: float, retain: Ima
                         head.out_features)
 
 
-def head_scores(objective: LinearHeadObjective, weights: torch.Tensor, features: list[torch.Tensor],
-                labels: list[torch.Tensor]) -> tuple[float, tuple[float, ...]]:
-    """(retain accuracy, each forget image's CD) of the model whose head holds `weights` (CD = max(0, top softmax
-    - 1 / K), as evaluation measures it)."""
-    matrix = objective.matrix(weights)
-    probs = torch.softmax(features[0] @ matrix.T, dim=1)
-    conf_dists = (probs.max(dim=1).values - 1.0 / matrix.shape[0]).clamp(min=0.0)
-    correct = (features[1] @ matrix.T).argmax(dim=1) == labels[1]
-    return correct.double().mean().item(), tuple(conf_dists.tolist())
-
 
 def head_vector(head: nn.Linear) -> torch.Tensor:
     return torch.cat([head.weight.detach().reshape(-1), head.bias.detach()]).double().cpu()

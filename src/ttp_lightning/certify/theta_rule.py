@@ -36,6 +36,9 @@ class Probe:
 
     @property
     def worst(self) -> float:
+        """The largest CD, NaN when any is NaN (Python's max would depend on where it stands)."""
+        if any(math.isnan(cd) for cd in self.forget_conf_dists):
+            return math.nan
         return max(self.forget_conf_dists, default=math.nan)
 
 

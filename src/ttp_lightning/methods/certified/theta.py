@@ -6,6 +6,7 @@ theta from the usual start, as any fixed theta is."""
 import dataclasses
 import logging
 
+import torch
 from torch import nn
 
 from ttp_lightning.certify.linear_head import SolverSettings, solve_on_ball
@@ -13,13 +14,13 @@ from ttp_lightning.certify.newton import resolve_lam
 from ttp_lightning.certify.residual_step import (
     final_linear,
     head_features,
-    head_scores,
     head_vector,
     objective_at,
 )
 from ttp_lightning.certify.theta_rule import Probe, ThetaChoice, choose_theta
 from ttp_lightning.config_schema import CertifiedSchema
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.metrics import conf_dist_of_probs
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ def choose(cfg: CertifiedSchema, net: nn.Module, datamodule: TTPDataModule, norm
     labels = [forget.labels.cpu(), retain.labels.cpu()]
     lam, classes = resolve_lam(cfg), head.out_features
     start = head_vector(head)
-    start_retain, _ = head_scores(objective_at(features, labels, cfg, 0.5, lam, classes), start, features, labels)
+    start_retain, _ = head_scores(torch.cat([head.weight, head.bias[:, None]], dim=1).detach().double().cpu(),
+                                  features, labels)
     retain_floor = start_retain - float(cfg.theta_retain_drop_at_most)
     settings = SolverSettings(tolerance=max(float(cfg.solver_tolerance), PROBE_TOLERANCE),
                               max_newton=int(cfg.max_newton), max_cg=int(cfg.max_cg))
@@ -45,13 +47,22 @@ def choose(cfg: CertifiedSchema, net: nn.Module, datamodule: TTPDataModule, norm
     def probe(theta: float) -> Probe:
         objective = objective_at(features, labels, cfg, theta, lam, classes)
         warm[0] = solve_on_ball(objective, warm[0], norm_bound, settings).weights
-        retain_acc, conf_dists = head_scores(objective, warm[0], features, labels)
+        retain_acc, conf_dists = head_scores(objective.matrix(warm[0]), features, labels)
         found = Probe(theta, retain_acc, conf_dists)
         log.info(f"theta rule: theta {theta:.4g}: retain acc {retain_acc:.2%} (at least {retain_floor:.2%}), worst "
                  f"forget CD {found.worst:.4f}, {len(found.exposed(threshold))} of {len(conf_dists)} above {threshold:g}")
         return found
 
     return choose_theta(probe, list(cfg.theta_ladder), int(cfg.theta_refine_steps), threshold, retain_floor)
+
+
+def head_scores(matrix: torch.Tensor, features: list[torch.Tensor],
+                labels: list[torch.Tensor]) -> tuple[float, tuple[float, ...]]:
+    """(retain accuracy, each forget image's CD) of the model whose head is `matrix` ([W, b], K x (f + 1)) on the
+    head's (forget, retain) features."""
+    conf_dists = conf_dist_of_probs(torch.softmax(features[0] @ matrix.T, dim=1))
+    correct = (features[1] @ matrix.T).argmax(dim=1) == labels[1]
+    return correct.double().mean().item(), tuple(conf_dists.tolist())
 
 
 def chosen_settings(cfg: CertifiedSchema, choice: ThetaChoice) -> CertifiedSchema:

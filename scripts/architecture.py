@@ -1,7 +1,11 @@
-"""The room and arrow picture of src/ (issue 27): modules, lines, the project's own import arrows, cycles,
-imports inside functions, and which modules read a DictConfig.
+"""The room and arrow picture of src/ (issues 27 and 40): modules, lines, the project's own import arrows, cycles,
+imports inside functions, which modules read a DictConfig or import omegaconf/hydra, the modules at the package
+root, the folders (rooms) and the arrows and loops between them, and functions over 50 lines.
 
   python scripts/architecture.py [--src src/ttp_lightning] [--json out.json] [--list]
+
+A room is a folder directly under the package (a module at the root is a room of its own); an arrow between
+rooms is any arrow between their modules, and a folder loop is a strongly connected set of rooms.
 
 An arrow A -> B is an import of B written in A (`import ttp_lightning.b`, `from ttp_lightning.b import x`,
 `from ttp_lightning import b` when b is a module, and relative imports). A cycle is a strongly connected set
@@ -15,6 +19,8 @@ from pathlib import Path
 
 PACKAGE = "ttp_lightning"
 CONFIG_NAMES = {"DictConfig", "OmegaConf", "ListConfig"}
+FRAMEWORKS = ("omegaconf", "hydra")
+LONG = 50  # a function of more lines than this (its def to its last line) is long
 
 
 def module_name(path: Path, src: Path) -> str:
@@ -59,6 +65,7 @@ def scan(src: Path) -> dict:
     paths = sorted(src.rglob("*.py"))
     modules = {module_name(path, src): path for path in paths}
     arrows, late, late_project, config_readers, lines = {}, 0, [], [], {}
+    framework_importers, long_functions = set(), []
     for name, path in modules.items():
         text = path.read_text()
         lines[name] = len(text.splitlines())
@@ -66,9 +73,14 @@ def scan(src: Path) -> dict:
         inner = _inside_function(tree)
         arrows[name] = set()
         reads_config = False
+        long_functions.extend(f"{name}.{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+                              for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                              and node.end_lineno - node.lineno + 1 > LONG)
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
+            if _imports_framework(node):
+                framework_importers.add(name)
             targets = _targets(node, name, path.name == "__init__.py", set(modules))
             arrows[name].update(targets)
             if id(node) in inner:
@@ -79,12 +91,32 @@ def scan(src: Path) -> dict:
         if reads_config:
             config_readers.append(name)
     cycles = [sorted(group) for group in strongly_connected(arrows) if len(group) > 1]
-    return {"modules": len(modules), "lines": sum(lines.values()),
+    room_arrows = {}
+    for name, targets in arrows.items():
+        room_arrows.setdefault(room_of(name), set()).update(room_of(t) for t in targets if room_of(t) != room_of(name))
+    folders = sorted({room_of(name) for name in modules if name.count(".") >= 2})
+    return {"root_modules": sorted(name for name, path in modules.items() if path.parent == src),
+            "folders": folders,
+            "room_arrows": {room: sorted(targets) for room, targets in sorted(room_arrows.items())},
+            "folder_loops": [sorted(group) for group in strongly_connected(room_arrows) if len(group) > 1],
+            "framework_importers": sorted(framework_importers),
+            "long_functions": sorted(long_functions),
+            "modules": len(modules), "lines": sum(lines.values()),
             "arrows": sum(len(targets) for targets in arrows.values()),
             "cycles": cycles, "modules_in_cycles": sum(len(group) for group in cycles),
             "function_level_imports": late, "function_level_project_imports": sorted(late_project),
             "config_readers": sorted(config_readers),
             "arrow_list": {name: sorted(targets) for name, targets in arrows.items()}}
+
+
+def room_of(name: str) -> str:
+    """The folder directly under the package that holds a module (or the root module itself)."""
+    return ".".join(name.split(".")[:2])
+
+
+def _imports_framework(node) -> bool:
+    names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+    return any(name.split(".")[0] in FRAMEWORKS for name in names if not getattr(node, "level", 0))
 
 
 def strongly_connected(arrows: dict[str, set[str]]) -> list[set[str]]:
@@ -141,12 +173,24 @@ def main() -> None:
           f"function-level imports {picture['function_level_imports']} "
           f"({len(picture['function_level_project_imports'])} of the project's own modules), "
           f"modules reading a DictConfig {len(picture['config_readers'])}")
+    print(f"root modules {len(picture['root_modules'])}, folders {len(picture['folders'])}, "
+          f"arrows between rooms {sum(len(t) for t in picture['room_arrows'].values())}, "
+          f"folder loops {len(picture['folder_loops'])}, "
+          f"omegaconf/hydra importers {len(picture['framework_importers'])}, "
+          f"functions over {LONG} lines {len(picture['long_functions'])}")
     if args.list:
         for cycle in picture["cycles"]:
             print("cycle:", " ".join(cycle))
         for arrow in picture["function_level_project_imports"]:
             print("inside a function:", arrow)
         print("DictConfig readers:", " ".join(picture["config_readers"]))
+        print("root modules:", " ".join(picture["root_modules"]))
+        print("folders:", " ".join(picture["folders"]))
+        for loop in picture["folder_loops"]:
+            print("folder loop:", " ".join(loop))
+        print("omegaconf/hydra importers:", " ".join(picture["framework_importers"]))
+        for function in picture["long_functions"]:
+            print("long function:", function)
     if args.json:
         args.json.write_text(json.dumps(picture, indent=1))
 

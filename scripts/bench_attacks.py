@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from ttp_lightning.errors import EXIT_NOT_PROTECTED
+from ttp_lightning.core.errors import EXIT_NOT_PROTECTED
 
 QUIET = ["logger=none", "trainer.enable_progress_bar=false"]
 

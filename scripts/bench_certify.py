@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.certify.estimator import stochastic_inverse_hvp
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten
 from ttp_lightning.certify.newton import measured_spectrum
-from ttp_lightning.dataset_info import DatasetInfo
+from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.dataset_info import DatasetInfo
+from ttp_lightning.core.objectives import UNIFORMITY_LOSSES, retain_loss
 from ttp_lightning.models.components import build_classifier
-from ttp_lightning.objectives import UNIFORMITY_LOSSES, retain_loss
 
 MODELS = {
     "mlp": ({"_target_": "ttp_lightning.models.components.linear.MLP", "hidden_dim": 100}, (1, 28, 10), 128),

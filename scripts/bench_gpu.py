@@ -42,12 +42,12 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten
-from ttp_lightning.dataset_info import DatasetInfo
-from ttp_lightning.errors import EXIT_NOT_PROTECTED
+from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.dataset_info import DatasetInfo
+from ttp_lightning.core.errors import EXIT_NOT_PROTECTED
+from ttp_lightning.core.objectives import UNIFORMITY_LOSSES, retain_loss
 from ttp_lightning.models.components import build_classifier
-from ttp_lightning.objectives import UNIFORMITY_LOSSES, retain_loss
 
 CONF = Path(__file__).resolve().parents[1] / "src" / "ttp_lightning" / "conf"
 MODELS = ("resnet18", "resnet50", "vit_s_16")

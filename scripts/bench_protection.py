@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ttp_lightning.errors import EXIT_NOT_PROTECTED
+from ttp_lightning.core.errors import EXIT_NOT_PROTECTED
 
 QUIET = ["logger=none", "trainer.enable_progress_bar=false"]
 MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ttp_lightning.errors import EXIT_NOT_PROTECTED
+from ttp_lightning.core.errors import EXIT_NOT_PROTECTED
 
 FINISHED = (0, EXIT_NOT_PROTECTED)  # a run that went to its end (4: its release gate failed)
 
@@ -96,7 +96,7 @@ def differences(first: Job, second: Job) -> list[str]:
     certified run's release carries fresh secret noise, so there its certificate (the released files' hashes and
     the noised model's metrics aside) and the noise-free scores are compared instead of the method's weights and
     metrics."""
-    from ttp_lightning.files import sha256_of
+    from ttp_lightning.core.files import sha256_of
 
     a, b = first.results, second.results
     if a is None or b is None:
@@ -691,7 +691,7 @@ def tampered_release(name: str, tamper, expect: int = 2, says: str = "error:"):
     def case(work, reference):
         from safetensors.torch import load_file
 
-        from ttp_lightning.files import sha256_of
+        from ttp_lightning.core.files import sha256_of
 
         source = released(work)
         folder = work / f"tampered_{name}"

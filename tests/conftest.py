@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from ttp_lightning.cli_checks import normalize_overrides
+from ttp_lightning.config.choices import normalize_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "src" / "ttp_lightning" / "conf"

@@ -1,6 +1,7 @@
-"""The house rules of src/ (issue 27), checked on the import graph scripts/architecture.py draws: no import
-cycle (imports inside functions included), the project's own imports inside functions only where they are
-deliberate, models import neither data/ nor methods/, certify/ is mathematics only; and no function over 50 lines."""
+"""The house rules of src/ (issues 27 and 40), checked on the import graph scripts/architecture.py draws: no import
+cycle (imports inside functions included) and no loop between folders, the project's own imports inside functions
+only where they are deliberate, models import neither data/ nor methods/, certify/ is mathematics only, the
+package root holds only the entry points and re-exports; and no function over 50 lines."""
 
 import importlib.util
 
@@ -11,9 +12,9 @@ from conftest import REPO
 SRC = REPO / "src" / "ttp_lightning"
 DEFERRED = {  # the only project imports inside functions, each for a reason
     "ttp_lightning -> ttp_lightning.release",  # `ttp_lightning.load_released`: importing the package loads no torch
-    "ttp_lightning.__main__ -> ttp_lightning.pipeline",  # bad input gets its one line before torch and Lightning load
-    "ttp_lightning.__main__ -> ttp_lightning.protection",
-    "ttp_lightning.pipeline -> ttp_lightning.reporting.plots",  # matplotlib is optional (the plots extra)
+    "ttp_lightning.__main__ -> ttp_lightning.run.pipeline",  # bad input gets its one line before torch and Lightning load
+    "ttp_lightning.__main__ -> ttp_lightning.assess.protection",
+    "ttp_lightning.run.pipeline -> ttp_lightning.reporting.plots",  # matplotlib is optional (the plots extra)
 }
 
 
@@ -46,7 +47,8 @@ def test_models_import_neither_data_nor_methods(picture):
 
 
 def test_certify_is_mathematics_only(picture):
-    allowed = ("ttp_lightning.certify", "ttp_lightning.errors", "ttp_lightning.objectives", "ttp_lightning.batching")
+    allowed = ("ttp_lightning.certify", "ttp_lightning.core.errors", "ttp_lightning.core.objectives",
+               "ttp_lightning.core.batching")
     for name, targets in _arrows_from(picture, "ttp_lightning.certify").items():
         wrong = [t for t in targets if not t.startswith(allowed)]
         assert not wrong, f"{name} imports {wrong}"
@@ -61,3 +63,57 @@ def test_no_function_is_longer_than_fifty_lines():
             for path in SRC.rglob("*.py") for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50]
     assert long == []
+
+
+ROOT_MODULES = {"ttp_lightning", "ttp_lightning.__main__", "ttp_lightning.version", "ttp_lightning.verify",
+                "ttp_lightning.theory", "ttp_lightning.tables", "ttp_lightning.plots"}
+
+
+def test_the_root_holds_only_entry_points_and_re_exports(picture):
+    """Issue 40: `python -m ttp_lightning[.verify|.theory|.tables|.plots]`, the version and the package itself;
+    everything else in a folder named for its job."""
+    assert set(picture["root_modules"]) == ROOT_MODULES
+    assert len(picture["root_modules"]) <= 10
+
+
+def test_no_loop_between_folders(picture):
+    assert picture["folder_loops"] == []
+
+
+def test_core_imports_no_other_folder(picture):
+    """core/ is the floor every wing stands on: it imports nothing of the project outside itself."""
+    for name, targets in _arrows_from(picture, "ttp_lightning.core").items():
+        wrong = [t for t in targets if not t.startswith("ttp_lightning.core")]
+        assert not wrong, f"{name} imports {wrong}"
+
+
+def test_the_picture_finds_a_folder_loop_and_a_root_module(tmp_path):
+    """The checks above can fail: a package whose two folders import each other, and a stray root module."""
+    spec = importlib.util.spec_from_file_location("architecture", REPO / "scripts" / "architecture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    package = tmp_path / "ttp_lightning"
+    for folder, other in (("a", "b"), ("b", "a")):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+        (package / folder / "x.py").write_text(f"from ttp_lightning.{other} import y\nimport omegaconf\n")
+        (package / folder / "y.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "stray.py").write_text("def f():\n" + "    pass\n" * 60)
+    found = module.scan(package)
+    assert found["folder_loops"] == [["ttp_lightning.a", "ttp_lightning.b"]]
+    assert found["root_modules"] == ["ttp_lightning", "ttp_lightning.stray"]
+    assert found["framework_importers"] == ["ttp_lightning.a.x", "ttp_lightning.b.x"]
+    assert found["long_functions"] == ["ttp_lightning.stray.f (61 lines)"]
+
+
+FRAMEWORK_IMPORTERS = {"ttp_lightning.__main__", "ttp_lightning.config.build", "ttp_lightning.config.choices",
+                       "ttp_lightning.config.schema", "ttp_lightning.reporting.run_identity",
+                       "ttp_lightning.run.validation"}
+
+
+def test_hydra_and_omegaconf_stay_at_the_edges(picture):
+    """Issue 40: the entry point, the schemas, the pre-flight checks, the composed config's checking, the run's
+    identity and config/build.py (everything Hydra builds) import Hydra or OmegaConf; nothing else does."""
+    assert set(picture["framework_importers"]) == FRAMEWORK_IMPORTERS
+    assert len(picture["framework_importers"]) <= 6

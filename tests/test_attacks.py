@@ -27,7 +27,7 @@ from ttp_lightning.attacks import (
     zero_gradient_mask,
 )
 from ttp_lightning.attacks.apgd import apgd
-from ttp_lightning.batching import ImageBatchDataset
+from ttp_lightning.core.batching import ImageBatchDataset
 
 DEFAULTS = OmegaConf.load(CONF_DIR / "attacks" / "adaptive.yaml")
 PAPER = OmegaConf.merge(DEFAULTS, {"relu_gradient_beta": None, "gammas": [2, 8]})

@@ -322,7 +322,7 @@ def beside(folder, release):
 def audit_beside(folder, out):
     """The run `out`'s private audit record and weights copied into `folder`, the record re-hashed to the
     (edited) certificate there: what a provider who edits its own certificate could hand an auditor."""
-    from ttp_lightning.files import sha256_of
+    from ttp_lightning.core.files import sha256_of
 
     audit = json.loads((out / "private" / "audit.json").read_text())
     audit["certificate_sha256"] = sha256_of(folder / "certificate.json")
@@ -419,7 +419,7 @@ def test_a_forged_norm_bound_is_exposed_by_the_weights_norm(released, tmp_path, 
 
 
 def test_never_unlearned_weights_under_an_edited_hash_fail_recompute_and_audit(released, tmp_path, capsys):
-    from ttp_lightning.files import sha256_of
+    from ttp_lightning.core.files import sha256_of
 
     out = released("certified_exact")
     results = json.loads((out / "results.json").read_text())
@@ -476,7 +476,7 @@ def test_hostile_certificate_runs_no_code(released, tmp_path, capsys, where, tar
 
 
 def test_hostile_file_names_and_disguised_pickles_are_refused(released, tmp_path, capsys):
-    from ttp_lightning.files import sha256_of
+    from ttp_lightning.core.files import sha256_of
 
     out = released("certified_exact")
     cert = json.loads((release_of(out) / "certificate.json").read_text())
@@ -569,8 +569,8 @@ def test_certified_bad_input(run_job):
     (["method=certified_exact", "method.vacuous_above=-1"], "method.vacuous_above=-1"),
 ])
 def test_certified_options_are_validated(compose_cfg, overrides, message):
-    from ttp_lightning.errors import TTPUserError
-    from ttp_lightning.validation import build_method, validate_config
+    from ttp_lightning.core.errors import TTPUserError
+    from ttp_lightning.run.validation import build_method, validate_config
 
     cfg = compose_cfg("model=logreg", "pretrain.norm_bound=10", *overrides, tiny=False)
     with pytest.raises(TTPUserError, match=message):

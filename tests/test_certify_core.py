@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from test_modules import tiny_sets
-from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.certify import hessian as hessian_module
 from ttp_lightning.certify.bounds import (
     estimator_depth,
@@ -22,9 +21,10 @@ from ttp_lightning.certify.estimator import stochastic_inverse_hvp
 from ttp_lightning.certify.hessian import exact_hessian
 from ttp_lightning.certify.hvp import ParetoCurvature, flatten, refresh_batchnorm, unflatten
 from ttp_lightning.certify.spectrum import exact_spectrum, lanczos_spectrum
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.objectives import kl_to_uniform, retain_loss, square_to_uniform
 from ttp_lightning.models.components.classifier import Classifier
-from ttp_lightning.objectives import kl_to_uniform, retain_loss, square_to_uniform
 
 
 def curvature(lam=0.1, theta=0.6):

@@ -16,7 +16,7 @@ from ttp_lightning.certify.reductions import (
     temperature_rule,
     threshold_loss,
 )
-from ttp_lightning.objectives import PER_INSTANCE_LOSSES
+from ttp_lightning.core.objectives import PER_INSTANCE_LOSSES
 
 SMOOTHMAX, CVAR = Reduction("smoothmax", temperature=0.3), Reduction("cvar", temperature=0.05, fraction=0.25)
 CLASSES, FEATURES, LAM = 4, 5, 1e-3

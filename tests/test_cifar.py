@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import finished, registered_loader, release_of
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.data import cifar
-from ttp_lightning.errors import TTPUserError
 
 
 @pytest.mark.parametrize("name", ["cifar10", "cifar100"])

@@ -11,8 +11,8 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import REPO, TINY, TINY_WITHOUT_METHOD, finished
+from ttp_lightning.assess.evaluation import evaluate
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.evaluation import evaluate
 from ttp_lightning.release import load_released
 from ttp_lightning.reporting.tables import main as tables_main
 
@@ -181,7 +181,7 @@ def test_bad_input_fails_in_one_line_without_results(run_main, tmp_path, overrid
 def test_a_second_run_into_a_run_folder_in_use_ends_in_one_line(run_main, tmp_path):
     from filelock import FileLock
 
-    from ttp_lightning.files import RUN_LOCK
+    from ttp_lightning.core.files import RUN_LOCK
 
     (tmp_path / "out").mkdir(exist_ok=True)
     with FileLock(str(tmp_path / "out" / RUN_LOCK)):  # the first run, still writing there
@@ -232,7 +232,7 @@ def test_a_method_is_one_module_plus_one_yaml(run_main, tmp_path, monkeypatch):
     (tmp_path / "toy_method.py").write_text(
         "import copy\n"
         "import torch\n"
-        "from ttp_lightning.errors import TTPUserError\n"
+        "from ttp_lightning.core.errors import TTPUserError\n"
         "from ttp_lightning.methods import Method, MethodOutput\n\n"
         "class Shrink(Method):\n"
         "    def check(self, cfg):\n"

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from conftest import REPO
-from ttp_lightning.progress import PhaseBar
+from ttp_lightning.fit.progress import PhaseBar
 
 
 def test_make_run_redirected_to_a_file_is_under_200_readable_lines(tmp_path):

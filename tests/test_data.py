@@ -6,11 +6,11 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import MNIST_ROOT, needs_mnist, registered_loader
-from ttp_lightning import batching
-from ttp_lightning.batching import ShardedBatchSampler, random_crop_flip
+from ttp_lightning.core import batching
+from ttp_lightning.core.batching import ShardedBatchSampler, random_crop_flip
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.data import TTPDataModule, build_datamodule
 from ttp_lightning.data.forget import select_forget, select_forget_requests
-from ttp_lightning.errors import TTPUserError
 
 
 def digits(**kwargs) -> TTPDataModule:

@@ -9,6 +9,7 @@ import torch
 
 from conftest import TINY_WITHOUT_METHOD, finished, release_of
 from test_certified_cli import LOGREG, PAPER
+from ttp_lightning.assess.evaluation import evaluate
 from ttp_lightning.certificates.document import load_weights, noise_free_key
 from ttp_lightning.certify.newton import (
     NewtonPath,
@@ -17,7 +18,6 @@ from ttp_lightning.certify.newton import (
     step_dtype,
     step_generator,
 )
-from ttp_lightning.evaluation import evaluate
 from ttp_lightning.methods.certified.audit import method_config, rebuild_model
 from ttp_lightning.methods.certified.common import KINDS, request_parts
 

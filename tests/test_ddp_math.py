@@ -7,8 +7,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from test_modules import OPTIM, tiny_net, tiny_sets
-from ttp_lightning.batching import batch_loader
-from ttp_lightning.metrics import ConfidenceDistance
+from ttp_lightning.core.batching import batch_loader
+from ttp_lightning.core.metrics import ConfidenceDistance
 from ttp_lightning.models.pareto import ParetoFinetuneModule
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from PIL import Image
 
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.data import TTPDataModule
 from ttp_lightning.data.images import Preprocess, decode, finish, read_file
 from ttp_lightning.data.sources import ImageFolderSource
-from ttp_lightning.errors import TTPUserError
 
 ORIENTATION = 0x0112
 GREY = Preprocess(channels=1, image_size=16)

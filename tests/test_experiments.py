@@ -5,7 +5,7 @@ import torch
 
 from conftest import CONF_DIR, registered_loader
 from ttp_lightning.models.components import build_classifier
-from ttp_lightning.validation import validate_config
+from ttp_lightning.run.validation import validate_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 REQUIRED = {
@@ -47,8 +47,8 @@ def test_the_typed_schemas_check_types_choices_and_ranges(compose_cfg):
     """Types and closed choices fail at composition; ranges when validate_config builds the schema objects."""
     from omegaconf.errors import ValidationError
 
-    from ttp_lightning.config_schema import ParetoSchema, typed
-    from ttp_lightning.errors import TTPUserError
+    from ttp_lightning.config.schema import ParetoSchema, typed
+    from ttp_lightning.core.errors import TTPUserError
 
     cfg = compose_cfg()
     settings = typed(cfg.method, "method")

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from conftest import TINY_WITHOUT_METHOD
-from ttp_lightning.errors import EXIT_NOT_PROTECTED
+from ttp_lightning.core.errors import EXIT_NOT_PROTECTED
 
 
 @pytest.fixture

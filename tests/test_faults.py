@@ -18,11 +18,11 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import MNIST_ROOT, REPO, TINY, needs_mnist, registered_loader
-from ttp_lightning.cli_checks import check_output_dir, check_unknown_additions
+from ttp_lightning.config.choices import check_output_dir, check_unknown_additions
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.data.forget import read_index_file
-from ttp_lightning.errors import TTPUserError
 from ttp_lightning.reporting.results import non_finite_keys, write_results
-from ttp_lightning.validation import _accelerator
+from ttp_lightning.run.validation import _accelerator
 
 
 @pytest.mark.parametrize(("name", "content", "found"), [
@@ -138,7 +138,7 @@ def test_the_divergence_guard_reads_a_flag_every_few_steps_and_names_the_first_b
     (a read makes the host wait for the device); here with CPU tensors and every=3."""
     from types import SimpleNamespace
 
-    from ttp_lightning.callbacks import FiniteGuard
+    from ttp_lightning.fit.callbacks import FiniteGuard
 
     guard, trainer = FiniteGuard("pretraining", "pretrain", 0.1, every=3), SimpleNamespace(current_epoch=1)
     guard.on_train_batch_end(trainer, None, torch.tensor(1.0), None, 0)
@@ -200,7 +200,7 @@ def test_console_script_starts_from_any_folder(tmp_path):
 def test_threads_are_shared_by_the_processes_of_a_run(monkeypatch):
     from torch import nn
 
-    from ttp_lightning.training import choose_threads, multiply_accumulates
+    from ttp_lightning.fit.training import choose_threads, multiply_accumulates
 
     before = torch.get_num_threads()
     cores = os.cpu_count() or 1
@@ -224,7 +224,7 @@ def test_threads_are_shared_by_the_processes_of_a_run(monkeypatch):
 def test_sigterm_outside_a_fit_is_handled_here_and_inside_one_left_to_lightning():
     """interrupts.py: this process's handler stops the run on a SIGTERM outside a Lightning fit; inside one it
     does nothing (Lightning's handler, which calls it after its own, stops the fit at the next batch)."""
-    from ttp_lightning import interrupts
+    from ttp_lightning.fit import interrupts
 
     stops, previous = [], signal.getsignal(signal.SIGTERM)
     try:
@@ -262,7 +262,7 @@ def test_a_full_disk_while_writing_the_outputs_leaves_nothing_half_made(run_main
     exit 2, and none of this run's outputs left (a model.pt without results.json was left before)."""
     import errno
 
-    from ttp_lightning import pipeline
+    from ttp_lightning.run import pipeline
 
     def full(results, output_dir):
         raise OSError(errno.ENOSPC, "No space left on device", str(Path(output_dir) / "results.json"))

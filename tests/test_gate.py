@@ -13,9 +13,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from conftest import registered_loader
-from ttp_lightning.batching import ShardedBatchSampler
-from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
-from ttp_lightning.protection import (
+from ttp_lightning.assess.protection import (
     NOT_PROTECTED_DIR,
     PROTECTED_DIR,
     GateSettings,
@@ -23,6 +21,8 @@ from ttp_lightning.protection import (
     per_image_rows,
     unrequired_note,
 )
+from ttp_lightning.core.batching import ShardedBatchSampler
+from ttp_lightning.core.errors import EXIT_NOT_PROTECTED, TTPUserError
 
 
 def _rows(clean, attacked=None, certified=None):
@@ -161,7 +161,7 @@ def test_a_protected_run_records_every_image(run_main, tmp_path):
 def test_every_rank_sees_every_forget_image(monkeypatch):
     """Five forget images over three ranks with a forget batch of 5: sharded, each rank would hold one or two
     images and no full batch (Alg 1 would take no step); the forget loader is not sharded."""
-    from ttp_lightning import batching
+    from ttp_lightning.core import batching
 
     monkeypatch.setattr(batching, "_rank_and_world", lambda: (2, 3))
     sharded = ShardedBatchSampler(5, 5, shuffle=True, drop_last=True)
@@ -224,13 +224,13 @@ def test_a_rerun_into_the_same_folder_never_leaves_an_earlier_release_beside_its
     release/ ("protected": true) beside the new results.json, and load_released loaded it. The earlier outputs
     now move to superseded/<time>/ before the new run writes anything, whole and beside their own results.json."""
     from conftest import TINY_WITHOUT_METHOD
-    from ttp_lightning.files import SUPERSEDED
+    from ttp_lightning.core.files import SUPERSEDED
     from ttp_lightning.release import load_released
 
     out = tmp_path / "out"
     code, _, err, first = run_main("method.epochs=40", "attacks.enabled=false")
     assert code == 0 and (out / PROTECTED_DIR).is_dir(), err
-    with caplog.at_level(logging.WARNING, logger="ttp_lightning.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="ttp_lightning.run.pipeline"):
         code, _, err, second = run_main(*TINY_WITHOUT_METHOD, "method=retrain", "attacks.enabled=false", tiny=False)
     assert code == EXIT_NOT_PROTECTED and second["method"] == "retrain"
     assert "held an earlier run's outputs; moved them to" in caplog.text
@@ -261,7 +261,7 @@ def test_a_nan_cd_never_passes_the_gate():
 
 
 def test_a_nan_attacked_or_certified_cd_is_the_worst_and_counts_as_exposed():
-    from ttp_lightning.protection import stage_summary
+    from ttp_lightning.assess.protection import stage_summary
 
     nan = float("nan")
     for order in ([0.02, nan, 0.5], [nan, 0.02, 0.5], [0.5, 0.02, nan]):  # Python's max depends on where NaN stands
@@ -273,7 +273,7 @@ def test_a_nan_attacked_or_certified_cd_is_the_worst_and_counts_as_exposed():
 def test_zero_exact_gradients_at_forget_images_are_said_under_the_verdict():
     """Gradient masking (the resnet10t release: every forget image in a dead-ReLU region, attacked CD equal to the
     clean one): a passed gate says that its attacked CDs rest on surrogates, and only the bound proves a CD."""
-    from ttp_lightning.protection import masking_note
+    from ttp_lightning.assess.protection import masking_note
     from ttp_lightning.reporting.results import gate_summary
 
     gate = judge(_rows([0.02] * 5, attacked=[0.02] * 5, certified=[0.9] * 5), "pareto", {"train_steps": 5},

@@ -72,8 +72,8 @@ def test_submitit_local_theta_sweep_runs_both_jobs_and_pretrains_once(run_cli, t
 def test_a_submitit_launcher_without_the_plugin_is_one_error_line(monkeypatch):
     import builtins
 
-    from ttp_lightning.cli_checks import check_launcher
-    from ttp_lightning.errors import TTPUserError
+    from ttp_lightning.config.choices import check_launcher
+    from ttp_lightning.core.errors import TTPUserError
 
     real_import = builtins.__import__
 

@@ -1,6 +1,6 @@
 import torch
 
-from ttp_lightning.metrics import Accuracy, ConfidenceDistance, L2UniformDistance
+from ttp_lightning.core.metrics import Accuracy, ConfidenceDistance, L2UniformDistance
 
 
 def test_confidence_distance_extremes_and_value():
@@ -39,7 +39,7 @@ def test_l2_distance_and_accuracy_values():
 
 
 def test_count_above_counts_a_nan_output_as_above_the_threshold():
-    from ttp_lightning.metrics import CountAbove
+    from ttp_lightning.core.metrics import CountAbove
 
     metric = CountAbove(0.1)
     logits = torch.tensor([[0.0, 0.0], [float("nan"), 0.0], [10.0, 0.0]])  # uniform, NaN, confident

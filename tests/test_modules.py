@@ -5,11 +5,11 @@ import pytest
 import torch
 from torch import nn
 
-from ttp_lightning.batching import ImageBatchDataset
-from ttp_lightning.callbacks import ConstrainedBestModel
+from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.objectives import kl_to_uniform, retain_loss
+from ttp_lightning.fit.alg1_callbacks import ConstrainedBestModel
 from ttp_lightning.models.optim import project_to_norm_ball
 from ttp_lightning.models.pareto import ParetoFinetuneModule
-from ttp_lightning.objectives import kl_to_uniform, retain_loss
 
 OPTIM = {"optimizer": {"_target_": "torch.optim.Adam", "_partial_": True, "lr": 0.01}, "schedule": None}
 

@@ -3,7 +3,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ttp_lightning.objectives import (
+from ttp_lightning.core.objectives import (
     combine_gradients,
     kl_from_uniform,
     kl_to_uniform,
@@ -60,7 +60,7 @@ def test_combine_gradients_surgery_removes_conflict():
 
 
 def test_per_image_losses_average_to_the_batch_losses_and_reductions_weigh_the_hardest():
-    from ttp_lightning.objectives import PER_INSTANCE_LOSSES, UNIFORMITY_LOSSES, reduce_forget
+    from ttp_lightning.core.objectives import PER_INSTANCE_LOSSES, UNIFORMITY_LOSSES, reduce_forget
 
     torch.manual_seed(0)
     logits = torch.randn(10, 4) * 3
@@ -77,7 +77,7 @@ def test_per_image_losses_average_to_the_batch_losses_and_reductions_weigh_the_h
 def test_reverse_kl_still_pulls_a_saturated_image_where_kl_to_uniform_does_not():
     """mnist_mlp: Alg 1 with KL(p || u) leaves 4 of 100 forget images at CD 0.9. At a saturated softmax its
     gradient is about exp(-margin); KL(u || p)'s is p - u, of order one."""
-    from ttp_lightning.objectives import kl_from_uniform_each, kl_to_uniform_each
+    from ttp_lightning.core.objectives import kl_from_uniform_each, kl_to_uniform_each
 
     logits = torch.tensor([[30.0, 0.0, 0.0, 0.0]], requires_grad=True)
     (forward,) = torch.autograd.grad(kl_to_uniform_each(logits).sum(), logits)
@@ -88,8 +88,8 @@ def test_reverse_kl_still_pulls_a_saturated_image_where_kl_to_uniform_does_not()
 def test_alg1_s_smoothmax_needs_a_positive_temperature():
     import pytest
 
-    from ttp_lightning.config_schema import ParetoSchema
-    from ttp_lightning.errors import TTPUserError
+    from ttp_lightning.config.schema import ParetoSchema
+    from ttp_lightning.core.errors import TTPUserError
 
     with pytest.raises(TTPUserError, match="forget_reduction=smoothmax needs method.forget_reduction_temperature"):
         ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, forget_reduction="smoothmax")

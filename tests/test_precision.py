@@ -60,7 +60,7 @@ def test_fused_and_channels_last_switches(tmp_path):
     import lightning as L
     from torch import nn
 
-    from ttp_lightning.callbacks import Performance
+    from ttp_lightning.fit.callbacks import Performance
     from ttp_lightning.models.optim import use_fused
 
     params = [nn.Parameter(torch.zeros(2))]
@@ -101,8 +101,8 @@ def test_data_on_device_moves_every_in_memory_data_set_behind_the_loaders_once()
 
     from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-    from ttp_lightning.batching import ImageBatchDataset, batch_loader
-    from ttp_lightning.callbacks import Performance
+    from ttp_lightning.core.batching import ImageBatchDataset, batch_loader
+    from ttp_lightning.fit.callbacks import Performance
 
     retain, forget, test = (ImageBatchDataset(torch.zeros(n, 1, 4, 4, dtype=torch.uint8), torch.zeros(n, dtype=torch.long))
                             for n in (8, 4, 6))
@@ -129,7 +129,7 @@ def test_data_on_device_moves_every_in_memory_data_set_behind_the_loaders_once()
 def test_batches_of_data_held_on_a_device_are_gathered_and_augmented_there():
     """What a held data set does for every batch, on the `meta` device (a GPU's stand-in: an op that mixes it
     with host tensors fails): positions from the sampler (host), augmentation draws (host generator)."""
-    from ttp_lightning.batching import ImageBatchDataset
+    from ttp_lightning.core.batching import ImageBatchDataset
 
     meta = torch.device("meta")
     dataset = ImageBatchDataset(torch.zeros(16, 3, 8, 8, dtype=torch.uint8), torch.zeros(16, dtype=torch.long),

@@ -1,9 +1,9 @@
 """The pretraining cache key changes with everything that determines A(D), and only with that."""
 
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.pretraining import cache_key
-from ttp_lightning.training import RunContext
-from ttp_lightning.validation import validate_config
+from ttp_lightning.fit.pretraining import cache_key
+from ttp_lightning.fit.training import RunContext
+from ttp_lightning.run.validation import validate_config
 
 
 def key_for(compose_cfg, *overrides):
@@ -31,8 +31,8 @@ def test_cache_key_tracks_what_determines_the_pretrained_model(compose_cfg):
 def _cache_ctx(tmp_path, **trainer):
     from omegaconf import OmegaConf
 
-    from ttp_lightning.config_schema import PretrainSchema
-    from ttp_lightning.training import FitSettings, RunContext
+    from ttp_lightning.config.schema import PretrainSchema
+    from ttp_lightning.fit.training import FitSettings, RunContext
 
     return RunContext(FitSettings(trainer=OmegaConf.create({"devices": 1, "strategy": "auto", **trainer}),
                                   pretrain=PretrainSchema(use_cache=True), cache_dir=str(tmp_path)))
@@ -57,7 +57,7 @@ def _counting_fit(net, calls, seconds=0.0):
 def test_cache_entry_is_safetensors_with_a_checksum_and_a_corrupt_one_is_rebuilt(tmp_path, caplog):
     from torch import nn
 
-    from ttp_lightning.pretraining import _cached_fit
+    from ttp_lightning.fit.pretraining import _cached_fit
 
     ctx, calls = _cache_ctx(tmp_path), []
     net = nn.Linear(3, 2)
@@ -86,7 +86,7 @@ def _race(cache_dir: str, out: str) -> None:
 
     from torch import nn
 
-    from ttp_lightning.pretraining import _cached_fit
+    from ttp_lightning.fit.pretraining import _cached_fit
 
     calls = []
     net = nn.Linear(3, 2)

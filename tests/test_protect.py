@@ -18,8 +18,8 @@ from torch import nn
 
 from conftest import REPO, finished, registered_loader, release_of
 from ttp_lightning import load_released
-from ttp_lightning.errors import EXIT_NOT_PROTECTED
-from ttp_lightning.files import sha256_of
+from ttp_lightning.core.errors import EXIT_NOT_PROTECTED
+from ttp_lightning.core.files import sha256_of
 
 EXAMPLE = REPO / "scripts" / "provider_example.py"
 PROTECT = ["+workflow=protect", "model=mlp", "model.hidden_dim=128", "logger=none",
@@ -74,7 +74,7 @@ def test_each_checkpoint_format_becomes_the_providers_network(examples, fmt):
     (test_protect_a_model_trained_elsewhere, on a .pt)."""
     from omegaconf import OmegaConf
 
-    from ttp_lightning.dataset_info import DatasetInfo
+    from ttp_lightning.core.dataset_info import DatasetInfo
     from ttp_lightning.models.components import build_classifier
     from ttp_lightning.models.components.checkpoint import load_checkpoint
 
@@ -244,8 +244,8 @@ def test_bad_provider_input_is_one_error_line_and_nothing_written(run_main, exam
 def test_checkpoint_keys_under_a_lightning_prefix_and_backbone_prefix_load(tmp_path):
     from omegaconf import OmegaConf
 
-    from ttp_lightning.dataset_info import DatasetInfo
-    from ttp_lightning.errors import TTPUserError
+    from ttp_lightning.core.dataset_info import DatasetInfo
+    from ttp_lightning.core.errors import TTPUserError
     from ttp_lightning.models.components import build_classifier
     from ttp_lightning.models.components.checkpoint import load_checkpoint
 
@@ -267,7 +267,7 @@ def test_checkpoint_keys_under_a_lightning_prefix_and_backbone_prefix_load(tmp_p
 
 def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
     from ttp_lightning.certificates.schema import SchemaError
-    from ttp_lightning.errors import TTPUserError
+    from ttp_lightning.core.errors import TTPUserError
 
     folder, checkpoint = examples("pt")
     code, _, err, results = protect(run_main, folder, checkpoint, "attacks.enabled=false", "release_gate.require=[clean]", "method.epochs=2")
@@ -359,7 +359,7 @@ def save_timm_weights(name: str, path: Path, **kwargs) -> dict:
 
 
 def test_timm_model_finetunes_locally_saved_pretrained_weights(run_main, compose_cfg, tmp_path):
-    from ttp_lightning.dataset_info import DatasetInfo
+    from ttp_lightning.core.dataset_info import DatasetInfo
     from ttp_lightning.models.components import build_classifier
 
     weights = tmp_path / "test_resnet.safetensors"
@@ -435,7 +435,7 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_one_near_chance_is_named(r
     assert err.strip().splitlines()[-1].startswith("error: checkpoint ") and "non-finite values" in err
     order = torch.tensor([3, 4, 5, 6, 7, 8, 9, 0, 1, 2])  # the provider's classes, in another order
     torch.save({**state, "3.weight": state["3.weight"][order], "3.bias": state["3.bias"][order]}, tmp_path / "perm.pt")
-    with caplog.at_level(logging.WARNING, logger="ttp_lightning.pretraining"):
+    with caplog.at_level(logging.WARNING, logger="ttp_lightning.fit.pretraining"):
         protect(run_main, folder, tmp_path / "perm.pt", "attacks.enabled=false", "release_gate.require=[clean]", "method.epochs=1")
     warnings = [r.getMessage() for r in caplog.records if "near chance" in r.getMessage()]
     assert len(warnings) == 1 and "data.normalize" in warnings[0] and "class order" in warnings[0]
@@ -443,7 +443,7 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_one_near_chance_is_named(r
     swap = torch.tensor([1, 0, 2, 3, 4, 5, 6, 7, 8, 9])
     torch.save({**state, "3.weight": state["3.weight"][swap], "3.bias": state["3.bias"][swap]}, tmp_path / "swap.pt")
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="ttp_lightning.pretraining"):
+    with caplog.at_level(logging.WARNING, logger="ttp_lightning.fit.pretraining"):
         protect(run_main, folder, tmp_path / "swap.pt", "attacks.enabled=false", "release_gate.require=[clean]", "method.epochs=1",
                 "model.checkpoint_test_acc=0.98")
     warnings = [r.getMessage() for r in caplog.records if "model.checkpoint_test_acc: far below it" in r.getMessage()]

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ttp_lightning.attacks.relearn import relearn_attack, relearn_worst, retain_subset
-from ttp_lightning.batching import ImageBatchDataset
+from ttp_lightning.core.batching import ImageBatchDataset
 
 
 def test_relearning_restores_what_finetuning_can_and_leaves_the_model_untouched():
@@ -97,8 +97,8 @@ def test_no_floor_is_trained_when_there_is_nothing_to_relearn_on():
 
     import pytest
 
-    from ttp_lightning.config_schema import RelearnSchema
-    from ttp_lightning.pipeline import relearn_sources, retrain_floor, run_relearn_sources
+    from ttp_lightning.config.schema import RelearnSchema
+    from ttp_lightning.run.pipeline import relearn_sources, retrain_floor, run_relearn_sources
 
     datamodule = SimpleNamespace(test_labels=torch.zeros(0))
     never = (lambda: pytest.fail("A(D_r) was built"))

@@ -26,8 +26,8 @@ from ttp_lightning.certify.residual import (
     estimator_error_bound,
     strong_convexity,
 )
-from ttp_lightning.errors import TTPUserError
-from ttp_lightning.objectives import PER_INSTANCE_LOSSES
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.objectives import PER_INSTANCE_LOSSES
 
 CE = lambda z, y: F.cross_entropy(z[None], y[None])
 REVERSE_KL = lambda z, y: PER_INSTANCE_LOSSES["reverse_kl"](z[None])[0]

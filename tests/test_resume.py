@@ -8,10 +8,11 @@ import pytest
 import torch
 from omegaconf import open_dict
 
-from ttp_lightning import callbacks as callbacks_module
-from ttp_lightning import proofs
-from ttp_lightning.checkpointing import LAST, RandomState, SignedCheckpointIO, resume_from
-from ttp_lightning.pipeline import run
+from ttp_lightning.core import proofs
+from ttp_lightning.fit import alg1_callbacks as alg1_callbacks_module
+from ttp_lightning.fit import callbacks as callbacks_module
+from ttp_lightning.fit.checkpointing import LAST, RandomState, SignedCheckpointIO, resume_from
+from ttp_lightning.run.pipeline import run
 
 TIMING = ("wall", "per_s", "elapsed")
 
@@ -70,7 +71,7 @@ def test_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, tmp_pat
 
 
 def _released_weights(results: dict, out) -> str:
-    from ttp_lightning.files import sha256_of
+    from ttp_lightning.core.files import sha256_of
 
     return sha256_of(out / results["weights_file"])
 
@@ -107,16 +108,16 @@ def test_pretraining_resumes_and_a_run_stopped_by_patience_stays_stopped(compose
             _job(compose_cfg, tmp_path, "stopped_pretraining", *overrides)
     with monkeypatch.context() as patch:  # resumes pretraining, then stops in Alg 1 after patience ran out
         _stop_at(patch, "method", stopped_at + 1)
-        fit_end = callbacks_module.ConstrainedBestModel.on_fit_end
+        fit_end = alg1_callbacks_module.ConstrainedBestModel.on_fit_end
 
         def end_then_stop(self, trainer, pl_module):  # a kill between the last checkpoint and the results
             raise Stopped
 
-        patch.setattr(callbacks_module.ConstrainedBestModel, "on_fit_end", end_then_stop)
-        with pytest.raises(Stopped), caplog.at_level(logging.INFO, logger="ttp_lightning.checkpointing"):
+        patch.setattr(alg1_callbacks_module.ConstrainedBestModel, "on_fit_end", end_then_stop)
+        with pytest.raises(Stopped), caplog.at_level(logging.INFO, logger="ttp_lightning.fit.checkpointing"):
             _job(compose_cfg, tmp_path, "stopped_finetuning", *overrides)
         assert "resuming pretraining A(D) from" in caplog.text and "(saved after epoch 3)" in caplog.text
-        patch.setattr(callbacks_module.ConstrainedBestModel, "on_fit_end", fit_end)
+        patch.setattr(alg1_callbacks_module.ConstrainedBestModel, "on_fit_end", fit_end)
     resumed = _job(compose_cfg, tmp_path, "resumed", *overrides)
     assert resumed["resumed"] == {"Alg 1 finetuning": stopped_at}
     assert resumed["metrics"]["pareto"]["epochs_run"] == stopped_at  # no epoch trained past the stop
@@ -218,7 +219,7 @@ def test_a_cache_key_others_can_read_or_change_is_named_in_one_warning(tmp_path,
         key.chmod(mode)
         proofs._key.cache_clear()
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="ttp_lightning.proofs"):
+        with caplog.at_level(logging.WARNING, logger="ttp_lightning.core.proofs"):
             proofs.mac_of(b"x")
         assert ("can be " in caplog.text and str(key) in caplog.text and "chmod 600" in caplog.text) == warned, mode
     proofs._key.cache_clear()

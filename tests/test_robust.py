@@ -11,9 +11,9 @@ from torch import nn
 
 from test_modules import OPTIM, tiny_net, tiny_sets
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
+from ttp_lightning.core.objectives import kl_to_uniform
 from ttp_lightning.models.pareto import ParetoFinetuneModule
-from ttp_lightning.objectives import kl_to_uniform
-from ttp_lightning.pipeline import run
+from ttp_lightning.run.pipeline import run
 
 SETTINGS = AdversarialSettings(gamma=32, steps=5, step_size=0.5, clean_weight=0.0)
 
@@ -208,8 +208,8 @@ def test_retain_batchnorm_eval_trains_the_released_function_of_the_retain_batch(
     before BatchNorm is invisible to the retain term and not to the released model)."""
     from torch import nn
 
+    from ttp_lightning.core.objectives import retain_loss
     from ttp_lightning.models.components.classifier import Classifier
-    from ttp_lightning.objectives import retain_loss
 
     torch.manual_seed(0)
     retain, forget = tiny_sets(n_forget=5)
@@ -271,8 +271,8 @@ def test_the_inner_attack_targets_the_starting_model_s_predictions_not_the_label
     """ce_pretrained in training raises the class A(D) predicted for each forget image, as the judge's attack
     does: where A(D) got an image wrong its label is a class no attacker wants back. Without that objective the
     forget batches keep their labels."""
+    from ttp_lightning.core.nn_modes import evaluating
     from ttp_lightning.methods import pareto
-    from ttp_lightning.nn_modes import evaluating
 
     seen = {}
     targets, targeted = pareto.attack_targets, pareto.attack_targeted_forget
@@ -300,7 +300,7 @@ def test_the_inner_attack_targets_the_starting_model_s_predictions_not_the_label
 
 
 def test_relabelled_keeps_the_images_and_refuses_a_label_count_that_does_not_match():
-    from ttp_lightning.batching import ImageBatchDataset
+    from ttp_lightning.core.batching import ImageBatchDataset
 
     own = ImageBatchDataset(torch.arange(12, dtype=torch.uint8).reshape(3, 1, 2, 2), torch.tensor([0, 1, 2]), seed=3)
     view = own.relabelled(torch.tensor([2, 2, 0]))
@@ -315,7 +315,7 @@ def test_an_epoch_lr_backoff_reverts_is_kept_with_the_weights_its_metrics_were_m
     weights, not the starting weights LrBackoff restores after it."""
     from types import SimpleNamespace
 
-    from ttp_lightning.callbacks import ConstrainedBestModel, LrBackoff
+    from ttp_lightning.fit.alg1_callbacks import ConstrainedBestModel, LrBackoff
     from ttp_lightning.methods.pareto import ordered_callbacks
 
     module = nn.Linear(2, 2)
@@ -343,7 +343,7 @@ def test_training_radius_follows_the_retain_rule():
     from types import SimpleNamespace
 
     from ttp_lightning.attacks.robust import RADIUS_RUNGS
-    from ttp_lightning.callbacks import RadiusFromRetainRule
+    from ttp_lightning.fit.alg1_callbacks import RadiusFromRetainRule
 
     rule, module = RadiusFromRetainRule(0.9, RADIUS_RUNGS), SimpleNamespace(radius_scale=None)
     rule.on_train_start(None, module)
@@ -373,7 +373,7 @@ def test_training_radius_follows_the_retain_rule():
 def test_evaluating_restores_each_module_s_own_mode():
     from torch import nn
 
-    from ttp_lightning.nn_modes import batchnorm_in_eval_mode, evaluating
+    from ttp_lightning.core.nn_modes import batchnorm_in_eval_mode, evaluating
 
     net = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2), nn.Dropout(0.5)).train()
     with batchnorm_in_eval_mode(net):
@@ -387,7 +387,7 @@ def test_interval_term_bounds_the_ball_and_leaves_the_state_dict_alone():
     """Certified training: the interval term is an upper bound on KL(u||p) over the whole ball, so it is at least
     the clean KL(u||p); tracing the network for it must not add the traced graph's copy of every weight to the
     module's state_dict (a state saved before the first training step, as LrBackoff keeps, must still load)."""
-    from ttp_lightning.objectives import PER_INSTANCE_LOSSES
+    from ttp_lightning.core.objectives import PER_INSTANCE_LOSSES
 
     torch.manual_seed(0)
     retain, forget = tiny_sets(n_forget=8)
@@ -447,7 +447,7 @@ def test_lr_warmup_ramps_each_optimizer_start_and_puts_the_scheduled_rate_back()
     starts the ramp again; `auto` is 2 / (1 - beta2) steps for Adam, at most a tenth of the fit, none for SGD."""
     import lightning as L
 
-    from ttp_lightning.callbacks import LrWarmup, warmup_steps
+    from ttp_lightning.fit.alg1_callbacks import LrWarmup, warmup_steps
 
     adam = torch.optim.Adam(nn.Linear(2, 2).parameters(), lr=0.1)
     assert warmup_steps("auto", adam, 100_000) == 2000 and warmup_steps("auto", adam, 500) == 50
@@ -482,6 +482,6 @@ def test_lr_warmup_ramps_each_optimizer_start_and_puts_the_scheduled_rate_back()
     assert module.used == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.025, 0.05, 0.075, 0.1])
     assert module.between == pytest.approx([0.1] * 9)
     with pytest.raises(Exception, match="method.lr_warmup=-1 is not allowed"):
-        from ttp_lightning.config_schema import ParetoSchema
+        from ttp_lightning.config.schema import ParetoSchema
 
         ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, lr_warmup=-1)

@@ -5,11 +5,11 @@ from collections import Counter
 
 import pytest
 
-from ttp_lightning import config_schema
+from ttp_lightning.config import schema as config_schema
 from ttp_lightning.data import build_datamodule
+from ttp_lightning.fit.training import RunContext
 from ttp_lightning.reporting.run_identity import swept_keys
-from ttp_lightning.training import RunContext
-from ttp_lightning.validation import build_method, validate_config
+from ttp_lightning.run.validation import build_method, validate_config
 
 CHECKED = ("MainSchema", "DataSchema", "ForgetSchema", "ParetoSchema", "EarlyStoppingSchema", "AttacksSchema",
            "RelearnSchema", "PretrainSchema", "PerformanceSchema", "ReleaseGateSchema")
@@ -46,7 +46,7 @@ def test_a_config_from_elsewhere_is_checked_by_the_same_schema(compose_cfg):
     """A data config that did not come through validate_config (a results.json's) still gets one line."""
     from omegaconf import OmegaConf
 
-    from ttp_lightning.errors import TTPUserError
+    from ttp_lightning.core.errors import TTPUserError
 
     data = OmegaConf.to_container(compose_cfg().data, resolve=True)
     data["forget"]["size"] = 0
@@ -63,7 +63,7 @@ def test_the_swept_keys_are_what_hydras_parser_calls_a_sweep():
 
 def test_a_robust_alg1_setting_that_does_not_exist_is_one_line_not_ignored():
     """A typo under method.adversarial in an experiment file was dropped silently by AdversarialSettings."""
-    from ttp_lightning.errors import TTPUserError
+    from ttp_lightning.core.errors import TTPUserError
     from ttp_lightning.methods.pareto import adversarial_settings
 
     assert adversarial_settings({"gamma": 4, "surrogate_betas": [10]}).surrogate_betas == (10,)

@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 from conftest import registered_loader
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.data.tinyimagenet import load_tinyimagenet
-from ttp_lightning.errors import TTPUserError
 
 
 def colour(k: int) -> tuple[int, int, int]:

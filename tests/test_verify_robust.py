@@ -22,9 +22,9 @@ from omegaconf import open_dict
 from safetensors.torch import load_file, save_file
 
 from conftest import CONF_DIR, TINY, registered_loader
-from ttp_lightning.cli_checks import normalize_overrides
-from ttp_lightning.errors import TTPUserError
-from ttp_lightning.files import sha256_of
+from ttp_lightning.config.choices import normalize_overrides
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.files import sha256_of
 from ttp_lightning.release import NotProtectedWarning, load_released
 from ttp_lightning.verify import main as verify
 
@@ -50,7 +50,7 @@ def _write_pngs(folder: Path, images) -> None:
 @pytest.fixture(scope="module")
 def genuine(tmp_path_factory) -> Genuine:
     from ttp_lightning.data.datamodule import TTPDataModule
-    from ttp_lightning.pipeline import run
+    from ttp_lightning.run.pipeline import run
 
     work = tmp_path_factory.mktemp("genuine")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -133,7 +133,7 @@ def test_a_std_that_float32_cannot_hold_is_refused_and_nan_never_passes(genuine,
     with pytest.raises(TTPUserError, match=r"std=\[1e-300\] is not allowed"):
         load_released(release)
 
-    from ttp_lightning import verify_robust
+    from ttp_lightning.release import verify_robust
 
     release = _copy(genuine, tmp_path / "nan")
     monkeypatch.setattr(verify_robust.Certifier, "conf_dist",
@@ -276,7 +276,7 @@ def _name(path: tuple) -> str:
 def _verdicts(folder: Path, images: Path) -> tuple[int, str]:
     """(verify robust's exit, what load_released did): load_released may refuse in one TTPUserError line or load
     a network whose outputs on the images are finite; anything else (a raw exception, NaN) fails the test."""
-    from ttp_lightning.verify_robust import image_files, read_images
+    from ttp_lightning.release.verify_robust import image_files, read_images
 
     code, _ = _check(folder, images, "--gamma", "0")
     try:
@@ -388,7 +388,7 @@ def test_a_release_of_the_earlier_format_loads_and_verifies_without_radius_claim
     """ttp_lightning.release/1 (before the certified radius): still loaded and verified; its claims were computed
     with interval bounds, and it claims no radius."""
     from ttp_lightning.ibp.uniformity import Certifier
-    from ttp_lightning.verify_robust import image_files, read_images
+    from ttp_lightning.release.verify_robust import image_files, read_images
 
     release = _copy(genuine, tmp_path / "release")
     config = _config(release)

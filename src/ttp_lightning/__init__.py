@@ -1,7 +1,7 @@
 """ttp_lightning: test-time privacy for open-weight image classifiers (Lightning + Hydra)."""
 
-from ttp_lightning.config_schema import register as _register_schemas
-from ttp_lightning.naming import register as _register_resolvers
+from ttp_lightning.config.naming import register as _register_resolvers
+from ttp_lightning.config.schema import register as _register_schemas
 from ttp_lightning.version import __version__ as __version__
 
 _register_schemas()  # the typed config schemas the YAML files name (group `schema`)

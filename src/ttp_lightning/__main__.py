@@ -9,8 +9,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from ttp_lightning import interrupts
-from ttp_lightning.cli_checks import (
+from ttp_lightning.config.choices import (
     check_composition,
     check_group_choices,
     check_launcher,
@@ -19,8 +18,9 @@ from ttp_lightning.cli_checks import (
     check_unknown_additions,
     normalize_overrides,
 )
-from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
-from ttp_lightning.files import run_folder_lock
+from ttp_lightning.core.errors import EXIT_NOT_PROTECTED, TTPUserError
+from ttp_lightning.core.files import run_folder_lock
+from ttp_lightning.fit import interrupts
 
 
 def _fail(exc: TTPUserError) -> None:
@@ -44,7 +44,7 @@ def _stopped_by(name: str, code: int, at_once: bool = False) -> None:
     `at_once` (a SIGTERM outside a fit, from the signal handler) exits without unwinding: an exception raised
     in a handler can land in library code that swallows it (an import's bare `except`), and the run would
     go on."""
-    checkpointing = sys.modules.get("ttp_lightning.checkpointing")  # not imported yet: no epoch has finished
+    checkpointing = sys.modules.get("ttp_lightning.fit.checkpointing")  # not imported yet: no epoch has finished
     latest = checkpointing.LATEST if checkpointing else {}
     where = (f"rerun the same command to resume from the checkpoint after epoch {latest['epoch']} in "
              f"{latest['folder']}") if latest else "no epoch had finished; rerun the same command to start again"
@@ -62,10 +62,11 @@ def _hydra_main(cfg: DictConfig) -> None:
     from lightning.pytorch.utilities import rank_zero_only
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    from ttp_lightning.assess.protection import gate_line
+
     # the entry point's one deferral: the pipeline (torch, Lightning: seconds) is imported only after the
     # pre-flight checks and Hydra's --help, so that bad input gets its one line in under a second
-    from ttp_lightning.pipeline import run
-    from ttp_lightning.protection import gate_line
+    from ttp_lightning.run.pipeline import run
 
     try:
         with run_folder_lock(HydraConfig.get().runtime.output_dir, rank_zero_only.rank):

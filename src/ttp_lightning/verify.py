@@ -27,6 +27,7 @@ import re
 import sys
 from pathlib import Path
 
+from ttp_lightning.assess.evaluation import evaluate
 from ttp_lightning.certificates.document import (
     CERTIFICATE_FILE,
     check_certificate,
@@ -35,11 +36,10 @@ from ttp_lightning.certificates.document import (
     vacuous_reasons,
 )
 from ttp_lightning.certificates.schema import check_audit_schema, check_certificate_schema
-from ttp_lightning.errors import TTPUserError
-from ttp_lightning.evaluation import evaluate
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.methods.certified.audit import Mismatch, audit_failures, rebuild_model
 from ttp_lightning.release import not_protected_line, read_release_config
-from ttp_lightning.verify_robust import main as verify_robust
+from ttp_lightning.release.verify_robust import main as verify_robust
 
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE, EXIT_VACUOUS = 0, 1, 2, 3
 FORGET_CD_TOLERANCE = 1e-4

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ttp_lightning.batching import ImageBatchDataset
-from ttp_lightning.evaluation import probabilities
-from ttp_lightning.metrics import conf_dist_of_probs
+from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.inference import probabilities
+from ttp_lightning.core.metrics import conf_dist_of_probs
 
 
 def _forget_scores(net: nn.Module, images: torch.Tensor, labels: torch.Tensor, device) -> dict:

@@ -28,8 +28,8 @@ from torch import nn
 from ttp_lightning.attacks.apgd import adaptive_attack
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
-from ttp_lightning.batching import ImageBatchDataset
-from ttp_lightning.nn_modes import evaluating
+from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.nn_modes import evaluating
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ from torch import nn
 from ttp_lightning.attacks.base import Attack
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
-from ttp_lightning.batching import ImageBatchDataset
-from ttp_lightning.config_schema import AttacksSchema
-from ttp_lightning.errors import build_part
-from ttp_lightning.evaluation import eval_device
+from ttp_lightning.config.build import build_part
+from ttp_lightning.config.schema import AttacksSchema
+from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.inference import eval_device
 
 WORST = "worst"
 UNBOUNDED = 255

@@ -42,7 +42,7 @@ from ttp_lightning.certify.residual import (
     strong_convexity,
 )
 from ttp_lightning.certify.residual import EXACT as CONVEX_LOSSES
-from ttp_lightning.files import atomic_tensors, atomic_text, sha256_of
+from ttp_lightning.core.files import atomic_tensors, atomic_text, sha256_of
 
 CERTIFICATE_FILE, AUDIT_FILE = "certificate.json", "audit.json"
 RELEASE_DIR, PRIVATE_DIR = "release", "private"

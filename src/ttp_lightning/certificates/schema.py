@@ -13,17 +13,23 @@ import math
 import re
 from collections.abc import Callable
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 from ttp_lightning.certify.residual import MU_RULES
-from ttp_lightning.cli_checks import CONF_DIR
-from ttp_lightning.config_schema import Algorithm, DataSchema, plain
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.config.build import (
+    ConfigError,
+    Node,
+    compose_main,
+    registered_file,
+    resolve,
+    set_value,
+    to_plain,
+)
+from ttp_lightning.config.choices import CONF_DIR
+from ttp_lightning.config.schema import Algorithm, DataSchema, plain
+from ttp_lightning.core.errors import TTPUserError
 
 CERTIFICATE_FORMAT = "ttp_lightning.certificate/4"
 AUDIT_FORMAT = "ttp_lightning.audit/1"
-ALGORITHMS = tuple(algorithm.value for algorithm in Algorithm)  # method.algorithm's choices (config_schema)
+ALGORITHMS = tuple(algorithm.value for algorithm in Algorithm)  # method.algorithm's choices (config.schema)
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 _FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\.safetensors$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -181,11 +187,11 @@ def _model_field(default) -> Check | None:
 MODEL_EXCLUDED = ("_target_", "pretrained", "pretrained_file", "checkpoint", "checkpoint_test_acc")  # no downloads, no user files
 
 
-def _registered_config(group: str, choice: str) -> DictConfig:
+def _registered_config(group: str, choice: str) -> Node:
     if choice not in registered(group):
         raise SchemaError(f"{group}.name={choice!r} is not a registered {group}; choose one of: "
                           f"{', '.join(registered(group))}")
-    return OmegaConf.load(CONF_DIR / group / f"{choice}.yaml")
+    return registered_file(group, choice)
 
 
 # A model setting called `name` (model=timm's architecture) is stored as `model_name`: a spec's `name` is the
@@ -198,7 +204,7 @@ def model_fields(choice: str) -> dict[str, Check]:
     """The spec's keys (SPEC_KEYS renamed) with their checks."""
     base = _registered_config("model", choice)
     fields = {}
-    for key, default in OmegaConf.to_container(base).items():
+    for key, default in to_plain(base).items():
         check = None if key in MODEL_EXCLUDED else _model_field(default)
         if check is not None:
             fields[SPEC_KEYS.get(key, key)] = check
@@ -241,11 +247,11 @@ def data_spec(data: DataSchema) -> dict:
     return check_data_spec(spec)
 
 
-def model_spec(model_cfg: DictConfig) -> dict:
+def model_spec(model_cfg: Node) -> dict:
     """The registered model config with this target and keys, and the values of its allowed settings."""
     container = plain(model_cfg)
     for choice in registered("model"):
-        base = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{choice}.yaml"))
+        base = to_plain(registered_file("model", choice))
         if base.get("_target_") == container.get("_target_") and set(base) == set(container):
             fields = model_fields(choice)
             return check_model_spec({"name": choice, **{k: container[CONFIG_KEYS.get(k, k)] for k in fields}})
@@ -253,18 +259,15 @@ def model_spec(model_cfg: DictConfig) -> dict:
                        f"release needs one of: {', '.join(registered('model'))}")
 
 
-def rebuild_configs(data: dict, model: dict, overrides: list[str]) -> tuple[DictConfig, DictConfig]:
+def rebuild_configs(data: dict, model: dict, overrides: list[str]) -> tuple[Node, Node]:
     """Data and model configs composed from this package's registered configs, the checked settings of
     the specs (typed values, set as values, never parsed) and the verifier's own data.* overrides."""
-    from hydra import compose, initialize_config_dir
-
     data, model = check_data_spec(data), check_model_spec(model)
     if data["forget"]["from_file"] and not any(o.startswith(("data.forget.indices_file=", "data.forget.requests="))
                                                for o in overrides):
         raise SchemaError("the certified forget set was given as index files; pass them as "
                           "data.forget.indices_file=FILE (or data.forget.requests=[...])")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="main", overrides=[f"data={data['name']}", f"model={model['name']}"])
+    cfg = compose_main([f"data={data['name']}", f"model={model['name']}"])
     for key, value in data.items():
         if key == "forget":
             for sub, sub_value in value.items():
@@ -281,12 +284,12 @@ def rebuild_configs(data: dict, model: dict, overrides: list[str]) -> tuple[Dict
         if not key.startswith("data.") or not value:
             raise SchemaError(f"override {override!r} is not allowed; use data.KEY=VALUE (e.g. data.root=DIR)")
         try:
-            OmegaConf.update(cfg, key, OmegaConf.from_dotlist([f"v={value}"]).v, force_add=False)
-        except OmegaConfBaseException as exc:  # unknown keys and bad values
+            set_value(cfg, key, value)
+        except ConfigError as exc:  # unknown keys and bad values
             raise SchemaError(f"override {override!r} is not allowed: {exc}".splitlines()[0]) from None
     data_cfg, model_cfg = cfg.data, cfg.model
-    OmegaConf.resolve(data_cfg)
-    OmegaConf.resolve(model_cfg)
+    resolve(data_cfg)
+    resolve(model_cfg)
     return data_cfg, model_cfg
 
 

@@ -10,7 +10,7 @@ measured ||H|| can refute the P's (`lipschitz_hessian_bound`).
 
 import math
 
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core.errors import TTPUserError
 
 
 def uniformity_bound(theta: float, retain_size: int, num_classes: int) -> float:

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import torch
 
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core.errors import TTPUserError
 
 # (part, V (k, d), keep (k,) bool) -> row i: a fresh Hessian sample times V[i] for the kept rows, zeros elsewhere;
 # the samples of every row are drawn, kept or not, so the random stream does not depend on the rank.

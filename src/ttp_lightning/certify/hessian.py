@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from ttp_lightning.certify.hvp import ParetoCurvature, all_reduce, flatten, unflatten
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core.errors import TTPUserError
 
 
 def exact_hessian(curv: ParetoCurvature, max_params: int, directions_per_pass: int = 512) -> torch.Tensor:

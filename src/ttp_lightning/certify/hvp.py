@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ttp_lightning.batching import ImageBatchDataset, iterate_shard
-from ttp_lightning.objectives import retain_loss
+from ttp_lightning.core.batching import ImageBatchDataset, iterate_shard
+from ttp_lightning.core.objectives import retain_loss
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> batch-mean loss
 

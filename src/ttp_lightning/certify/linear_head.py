@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ttp_lightning.certify.reductions import MEAN, Reduced, Reduction, reduce
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core.errors import TTPUserError
 
 InstanceLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [K], label []) -> loss []
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.certify.bounds import check_hypotheses, estimator_depth, estimator_scale_b
 from ttp_lightning.certify.estimator import stochastic_inverse_hvp
 from ttp_lightning.certify.hessian import exact_hessian
@@ -29,8 +28,9 @@ from ttp_lightning.certify.hvp import (
 )
 from ttp_lightning.certify.noise import gaussian_noise
 from ttp_lightning.certify.spectrum import Spectrum, exact_spectrum, lanczos_spectrum
-from ttp_lightning.errors import TTPUserError
-from ttp_lightning.objectives import UNIFORMITY_LOSSES
+from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.objectives import UNIFORMITY_LOSSES
 
 EXACT, ESTIMATED = "exact", "estimated"
 

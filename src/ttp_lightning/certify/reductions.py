@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ttp_lightning.objectives import smooth_maximum
+from ttp_lightning.core.objectives import smooth_maximum
 
 REDUCTIONS = ("mean", "smoothmax", "cvar")
 

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ttp_lightning.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.certify.hvp import trainable
 from ttp_lightning.certify.linear_head import HeadPart, LinearHeadObjective, SolverSettings, solve_on_ball
 from ttp_lightning.certify.reductions import Reduction
@@ -25,8 +24,9 @@ from ttp_lightning.certify.residual import (
     rounding_floor,
     strong_convexity,
 )
-from ttp_lightning.errors import TTPUserError
-from ttp_lightning.objectives import PER_INSTANCE_LOSSES
+from ttp_lightning.core.batching import ImageBatchDataset, iterate_shard
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.objectives import PER_INSTANCE_LOSSES
 
 
 def final_linear(net: nn.Module) -> nn.Linear:

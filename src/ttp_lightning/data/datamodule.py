@@ -8,8 +8,11 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.combined_loader import CombinedLoader
 
-from ttp_lightning.batching import ImageBatchDataset, batch_loader
-from ttp_lightning.config_schema import DataSchema, ForgetSchema, as_schema
+from ttp_lightning.config.build import build_class, instantiate
+from ttp_lightning.config.schema import DataSchema, ForgetSchema, as_schema
+from ttp_lightning.core.batching import ImageBatchDataset, batch_loader
+from ttp_lightning.core.dataset_info import DatasetInfo
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.data.forget import fingerprint, select_forget, select_forget_requests, set_digest
 from ttp_lightning.data.images import (
     NEAR_COPY,
@@ -18,8 +21,6 @@ from ttp_lightning.data.images import (
     read_forget_images,
 )
 from ttp_lightning.data.sources import Source
-from ttp_lightning.dataset_info import DatasetInfo
-from ttp_lightning.errors import TTPUserError, build_class, instantiate
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core.errors import TTPUserError
 
 
 def read_index_file(path: str | Path) -> torch.Tensor:

@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ttp_lightning import proofs
+from ttp_lightning.core import proofs
+from ttp_lightning.core.dataset_info import DatasetInfo
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.files import atomic_tensors
 from ttp_lightning.data.arrays import ImageArrays
 from ttp_lightning.data.forget import fingerprint
-from ttp_lightning.dataset_info import DatasetInfo
-from ttp_lightning.errors import TTPUserError
-from ttp_lightning.files import atomic_tensors
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 LABELS_FILE = "labels.csv"

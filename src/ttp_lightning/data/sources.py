@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ttp_lightning.core.dataset_info import DatasetInfo
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.data.arrays import ImageArrays
 from ttp_lightning.data.cifar import load_cifar
 from ttp_lightning.data.images import Preprocess, load_imagefolder
 from ttp_lightning.data.tinyimagenet import load_tinyimagenet
-from ttp_lightning.dataset_info import DatasetInfo
-from ttp_lightning.errors import TTPUserError
 
 
 class Source:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.data.images import (
     IMAGE_SUFFIXES,
     Preprocess,
     class_tree,
     read_file,
 )
-from ttp_lightning.errors import TTPUserError
 
 FOLDER = "tiny-imagenet-200"
 ANNOTATIONS = "val_annotations.txt"

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ttp_lightning.batching import ImageBatchDataset
 from ttp_lightning.certify.newton import (
     NewtonPath,
     curvature,
@@ -29,6 +28,7 @@ from ttp_lightning.certify.newton import (
 )
 from ttp_lightning.certify.noise import fresh_seed
 from ttp_lightning.certify.residual_step import residual_step
+from ttp_lightning.core.batching import ImageBatchDataset
 
 
 class CertifiedStepModule(L.LightningModule):

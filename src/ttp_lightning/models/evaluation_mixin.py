@@ -3,7 +3,7 @@
 import lightning as L
 from torch import nn
 
-from ttp_lightning.metrics import (
+from ttp_lightning.core.metrics import (
     Accuracy,
     ConfidenceDistance,
     CountAbove,

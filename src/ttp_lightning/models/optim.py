@@ -1,11 +1,11 @@
 """Optimizers and lr schedules (Hydra `_partial_` configs from conf/optimizer and conf/schedule) and the
 norm-ball projection shared by every training stage."""
 
-import hydra
 import torch
 from torch import nn
 
-from ttp_lightning.config_schema import TrainingSchema, plain
+from ttp_lightning.config.build import instantiate
+from ttp_lightning.config.schema import TrainingSchema, plain
 
 
 def optimizer_settings(section: TrainingSchema, fused: str = "auto") -> dict:
@@ -34,12 +34,12 @@ def configure_optimizer(params, max_epochs: int, optimizer: dict, schedule: dict
     as `fused`, performance.fused_optimizer, says), and the `_partial_` schedule (stepped once per epoch)
     applied to it; a schedule's T_max left null becomes the fit's epochs."""
     params = list(params)
-    partial = hydra.utils.instantiate(optimizer)
+    partial = instantiate(optimizer)
     opt = partial(params, fused=True) if use_fused(partial, params, str(fused).lower()) else partial(params)
     if schedule is None:
         return opt
     filled = {key: max(1, max_epochs) for key, value in schedule.items() if key == "T_max" and value is None}
-    sched = hydra.utils.instantiate({k: v for k, v in schedule.items() if k not in filled})(opt, **filled)
+    sched = instantiate({k: v for k, v in schedule.items() if k not in filled})(opt, **filled)
     return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "epoch"}}
 
 

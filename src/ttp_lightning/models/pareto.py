@@ -8,13 +8,13 @@ import torch.distributed as dist
 from torch import nn
 
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
-from ttp_lightning.batching import ImageBatchDataset, iterate_shard
+from ttp_lightning.core.batching import ImageBatchDataset, iterate_shard
+from ttp_lightning.core.nn_modes import batchnorm_in_eval_mode, evaluating
+from ttp_lightning.core.objectives import PER_INSTANCE_LOSSES, combine_gradients, reduce_forget, retain_loss
 from ttp_lightning.ibp.propagate import UnsupportedLayer, trace
 from ttp_lightning.ibp.uniformity import certified_conf_dist, reverse_kl_upper_bound
 from ttp_lightning.models.evaluation_mixin import PartsValidationMixin
 from ttp_lightning.models.optim import configure_optimizer
-from ttp_lightning.nn_modes import batchnorm_in_eval_mode, evaluating
-from ttp_lightning.objectives import PER_INSTANCE_LOSSES, combine_gradients, reduce_forget, retain_loss
 
 
 class ParetoFinetuneModule(PartsValidationMixin):

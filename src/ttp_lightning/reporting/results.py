@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
+from ttp_lightning.assess.protection import KINDS, masking_note, unrequired_note
 from ttp_lightning.attacks.suite import WORST
 from ttp_lightning.certificates.document import is_vacuous
-from ttp_lightning.errors import TTPUserError
-from ttp_lightning.files import atomic_text, atomic_write
-from ttp_lightning.protection import KINDS, masking_note, unrequired_note
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.files import atomic_text, atomic_write
 
 COLUMNS = [("retain_acc", "retain acc", "{:.2%}"), ("test_acc", "test acc", "{:.2%}"),
            ("forget_acc", "forget acc", "{:.2%}"), ("forget_conf_dist", "forget CD", "{:.4f}"),

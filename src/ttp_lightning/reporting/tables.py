@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ttp_lightning.files import SUPERSEDED
+from ttp_lightning.core.files import SUPERSEDED
 from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
 
 MAIN_TABLE_ORDER = ("retrain", "synthetic", "labeldp", "gaussian_uniform", "pareto", "pareto_robust", "certified_exact",

@@ -9,13 +9,13 @@ import math
 import torch
 from torch import nn
 
-from ttp_lightning.batching import ImageBatchDataset
+from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.inference import accuracy
 from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.evaluation import accuracy
+from ttp_lightning.fit.pretraining import train_erm
+from ttp_lightning.fit.training import RunContext
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
-from ttp_lightning.pretraining import train_erm
-from ttp_lightning.training import RunContext
 
 
 def noisy_copy(dataset: ImageBatchDataset, std: float, generator: torch.Generator) -> ImageBatchDataset:

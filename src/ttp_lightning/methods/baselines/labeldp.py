@@ -20,12 +20,12 @@ import math
 import torch
 from torch import nn
 
+from ttp_lightning.core.inference import eval_device
 from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.evaluation import eval_device
+from ttp_lightning.fit.pretraining import train_erm
+from ttp_lightning.fit.training import RunContext
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
-from ttp_lightning.pretraining import train_erm
-from ttp_lightning.training import RunContext
 
 
 def rr_with_prior(prior: torch.Tensor, labels: torch.Tensor, epsilon: float,

@@ -3,10 +3,10 @@
 from torch import nn
 
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.fit.pretraining import train_erm
+from ttp_lightning.fit.training import RunContext
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
-from ttp_lightning.pretraining import train_erm
-from ttp_lightning.training import RunContext
 
 
 class Retrain(Method):

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.fit.pretraining import train_erm
+from ttp_lightning.fit.training import RunContext
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.output import MethodOutput
-from ttp_lightning.pretraining import train_erm
-from ttp_lightning.training import RunContext
 
 
 def uniform_ball_points(centres: torch.Tensor, k: int, radius: float, generator: torch.Generator) -> torch.Tensor:

@@ -26,10 +26,10 @@ from ttp_lightning.certify.residual_step import (
     select_certified_layers,
     stationarity_record,
 )
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.files import sha256_of
+from ttp_lightning.core.inference import eval_device
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.errors import TTPUserError
-from ttp_lightning.evaluation import eval_device
-from ttp_lightning.files import sha256_of
 from ttp_lightning.methods.certified.common import KINDS, request_parts
 from ttp_lightning.models.components import build_classifier
 

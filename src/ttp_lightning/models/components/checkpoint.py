@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core.errors import TTPUserError
 
 SHOWN = 3  # keys named per kind in a mismatch error
 

@@ -1,11 +1,10 @@
 """Wraps a backbone with input normalisation, so algorithms and attacks work in [0, 1] pixel space."""
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from ttp_lightning.dataset_info import DatasetInfo
-from ttp_lightning.errors import instantiate
+from ttp_lightning.config.build import Node, instantiate, to_plain
+from ttp_lightning.core.dataset_info import DatasetInfo
 
 
 class Classifier(nn.Module):
@@ -24,10 +23,10 @@ class Classifier(nn.Module):
 NOT_ARGUMENTS = ("checkpoint", "checkpoint_test_acc")  # model settings the pipeline reads, not the network's constructor
 
 
-def build_classifier(model_cfg: DictConfig, info: DatasetInfo) -> Classifier:
+def build_classifier(model_cfg: Node, info: DatasetInfo) -> Classifier:
     """Instantiate the configured backbone for the data set's shape and classes, and wrap it. (The
     checkpoint, when one is set, is loaded by the pipeline in place of pretraining.)"""
-    settings = {k: v for k, v in OmegaConf.to_container(model_cfg, resolve=True).items() if k not in NOT_ARGUMENTS}
+    settings = {k: v for k, v in to_plain(model_cfg).items() if k not in NOT_ARGUMENTS}
     backbone = instantiate(
         settings, in_channels=info.channels, image_size=info.image_size, num_classes=info.num_classes
     )

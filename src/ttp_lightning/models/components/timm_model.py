@@ -11,7 +11,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core.errors import TTPUserError
 
 PRETRAINED_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ttp_lightning.errors import EXIT_NOT_PROTECTED, TTPUserError
-from ttp_lightning.evaluation import probabilities
+from ttp_lightning.core.errors import EXIT_NOT_PROTECTED, TTPUserError
+from ttp_lightning.core.inference import probabilities
+from ttp_lightning.core.metrics import conf_dist_of_probs
 from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
 from ttp_lightning.ibp.uniformity import MAX_RADIUS, Certifier
-from ttp_lightning.metrics import conf_dist_of_probs
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ class CertifiedBounds:
 def certified_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], device, bounds,
                      threshold: float) -> CertifiedBounds:
     """Every image's certified CD at each radius and its certified radius at `threshold`, by `bounds`
-    (config_schema.BoundsSchema; the certified column reads "-" when the network has a layer no bound supports)."""
+    (config.schema.BoundsSchema; the certified column reads "-" when the network has a layer no bound supports)."""
     certifier = Certifier(net, str(bounds.kind), device, intermediate=str(bounds.intermediate),
                           budget=int(bounds.intermediate_budget), slope_steps=int(bounds.slope_steps))
     try:

@@ -30,15 +30,15 @@ import statistics
 import sys
 from pathlib import Path
 
+from ttp_lightning.assess.protection import stage_summary
 from ttp_lightning.certificates.schema import SchemaError
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.metrics import conf_dist_of_probs
 from ttp_lightning.data.forget import fingerprint, set_digest
 from ttp_lightning.data.images import IMAGE_SUFFIXES, Preprocess, inside, read_file
-from ttp_lightning.errors import TTPUserError
 from ttp_lightning.ibp import UnsupportedLayer
 from ttp_lightning.ibp.linear import INTERMEDIATE, INTERMEDIATE_BUDGET, SLOPE_STEPS
 from ttp_lightning.ibp.uniformity import BOUNDS, MAX_RADIUS, RADIUS_STEP, Certifier
-from ttp_lightning.metrics import conf_dist_of_probs
-from ttp_lightning.protection import stage_summary
 from ttp_lightning.release import (
     CARD,
     MAX_SLOPE_STEPS,

@@ -5,16 +5,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import hydra
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
-from omegaconf import DictConfig
 
-from ttp_lightning.callbacks import FiniteGuard, Performance, StepTimer, extra_callbacks
-from ttp_lightning.checkpointing import LATEST, RandomState, SignedCheckpointIO, epoch_checkpoint, resume_from
-from ttp_lightning.config_schema import MainSchema, PerformanceSchema, PretrainSchema
-from ttp_lightning.interrupts import fitting
-from ttp_lightning.progress import progress_callbacks
+from ttp_lightning.config.build import Node, instantiate
+from ttp_lightning.config.schema import MainSchema, PerformanceSchema, PretrainSchema
+from ttp_lightning.fit.callbacks import FiniteGuard, Performance, StepTimer, extra_callbacks
+from ttp_lightning.fit.checkpointing import (
+    LATEST,
+    RandomState,
+    SignedCheckpointIO,
+    epoch_checkpoint,
+    resume_from,
+)
+from ttp_lightning.fit.interrupts import fitting
+from ttp_lightning.fit.progress import progress_callbacks
 
 
 @dataclass(frozen=True)
@@ -25,10 +30,10 @@ class FitSettings:
     count forget images against (`exposed_above`). A method's own settings are the method's (Method.settings).
     `trainer`, `model` and `callbacks` are what Hydra instantiates (configs); the rest is typed."""
 
-    trainer: DictConfig
+    trainer: Node
     pretrain: PretrainSchema
-    model: DictConfig | None = None
-    callbacks: DictConfig | None = None
+    model: Node | None = None
+    callbacks: Node | None = None
     seed: int = 0
     cache_dir: str = ".cache/ttp_lightning"
     checkpoint_every_n_epochs: int = 1
@@ -161,7 +166,7 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
     shown = progress_callbacks(phase, ctx.fit_settings.progress_bar_refresh_rate, bool(ctx.fit_settings.trainer.get("enable_progress_bar", True)))
     callbacks += shown
     bar = any(isinstance(c, TQDMProgressBar) for c in shown)  # a line per epoch is not Lightning's progress bar
-    return hydra.utils.instantiate(ctx.fit_settings.trainer, max_epochs=max_epochs, logger=ctx.logger,
+    return instantiate(ctx.fit_settings.trainer, max_epochs=max_epochs, logger=ctx.logger,
                                    callbacks=callbacks, enable_checkpointing=root_dir is not None,
                                    plugins=[SignedCheckpointIO()],
                                    default_root_dir=str(root_dir or ctx.output_dir), enable_progress_bar=bar)

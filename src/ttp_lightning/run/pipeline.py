@@ -7,26 +7,12 @@ import logging
 import shutil
 from pathlib import Path
 
-import hydra
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
 
-from ttp_lightning.attacks import WORST, build_suite, evaluate_attacks
-from ttp_lightning.attacks.relearn import relearn_worst, retain_subset
-from ttp_lightning.certificates.document import AUDIT_FILE, PRIVATE_DIR, write_release
-from ttp_lightning.certificates.schema import data_spec, model_spec
-from ttp_lightning.checkpointing import remove as remove_checkpoints
-from ttp_lightning.config_schema import AttacksSchema, BoundsSchema, MainSchema, plain
-from ttp_lightning.data import build_datamodule
-from ttp_lightning.errors import TTPUserError
-from ttp_lightning.evaluation import eval_device, evaluate, forget_softmax, predictions
-from ttp_lightning.files import supersede_outputs
-from ttp_lightning.models.components import build_classifier
-from ttp_lightning.pretraining import absorb_outside_forget, cache_key, pretrained_model, retrained_model
-from ttp_lightning.progress import quiet_lightning
-from ttp_lightning.protection import (
+from ttp_lightning.assess.evaluation import evaluate, forget_softmax
+from ttp_lightning.assess.protection import (
     GateSettings,
     certified_bounds,
     clean_conf_dist,
@@ -34,6 +20,21 @@ from ttp_lightning.protection import (
     per_image_rows,
     stage_summary,
 )
+from ttp_lightning.attacks import WORST, build_suite, evaluate_attacks
+from ttp_lightning.attacks.relearn import relearn_worst, retain_subset
+from ttp_lightning.certificates.document import AUDIT_FILE, PRIVATE_DIR, write_release
+from ttp_lightning.certificates.schema import data_spec, model_spec
+from ttp_lightning.config.build import Node, instantiate, to_plain
+from ttp_lightning.config.schema import AttacksSchema, BoundsSchema, MainSchema, plain
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.files import supersede_outputs
+from ttp_lightning.core.inference import eval_device, predictions
+from ttp_lightning.data import build_datamodule
+from ttp_lightning.fit.checkpointing import remove as remove_checkpoints
+from ttp_lightning.fit.pretraining import absorb_outside_forget, cache_key, pretrained_model, retrained_model
+from ttp_lightning.fit.progress import quiet_lightning
+from ttp_lightning.fit.training import RunContext, choose_threads, multiply_accumulates
+from ttp_lightning.models.components import build_classifier
 from ttp_lightning.release import (
     CARD,
     CONFIG,
@@ -57,8 +58,7 @@ from ttp_lightning.reporting.results import (
 from ttp_lightning.reporting.run_identity import flat_config, run_identity
 from ttp_lightning.reporting.tables import method_label
 from ttp_lightning.reporting.wandb_charts import log_run_charts
-from ttp_lightning.training import RunContext, choose_threads, multiply_accumulates
-from ttp_lightning.validation import build_method, setting, validate_config
+from ttp_lightning.run.validation import build_method, setting, validate_config
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +79,14 @@ def is_wandb(logger_cfg) -> bool:
     return str(logger_cfg.get("_target_", "")).endswith("WandbLogger")
 
 
-def build_logger(cfg: DictConfig, record: dict, identity: dict):
+def build_logger(cfg: Node, record: dict, identity: dict):
     """The configured Lightning logger (False for `logger=none`), holding the resolved config (`record`) as flat
     hyperparameters (wandb.config; the CSV logger's hparams.yaml). A wandb run is named after the swept
     values, grouped by sweep, with the method as job type."""
     if not cfg.get("logger"):
         return False
     extra = {k: identity[k] for k in ("name", "group", "job_type")} if is_wandb(cfg.logger) else {}
-    logger = hydra.utils.instantiate(cfg.logger, **extra)
+    logger = instantiate(cfg.logger, **extra)
     logger.log_hyperparams(flat_config(record))
     return logger
 
@@ -266,13 +266,13 @@ def publish(results: dict, net, settings: MainSchema, datamodule, attack_table, 
             "protected": results["release_gate"]["passed"]}
 
 
-def run(cfg: DictConfig, output_dir: str) -> dict | None:
+def run(cfg: Node, output_dir: str) -> dict | None:
     """Execute one job; returns the results dict on rank 0 (None on other DDP ranks). The composed `cfg` is
     checked once and becomes the typed settings the stages read; it is kept only as the record of the run
     (results.json's `config`, the logger's hyperparameters, the run's name)."""
     route_lightning_logs_to_hydra()
     quiet_lightning()
-    settings = validate_config(cfg)  # every value checked once, as typed objects (config_schema.MainSchema)
+    settings = validate_config(cfg)  # every value checked once, as typed objects (config.schema.MainSchema)
     method = build_method(settings)  # from method._target_, given its typed settings; checks its own
     attacks = build_suite(settings.attacks.suite) if settings.attacks.enabled else {}  # conf/attack, by _target_
     datamodule = build_datamodule(settings.data)
@@ -287,7 +287,7 @@ def run(cfg: DictConfig, output_dir: str) -> dict | None:
         return build_classifier(settings.model, datamodule.info)
 
     identity = run_identity(cfg)
-    record = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # results.json's `config`
+    record = to_plain(cfg, resolve=True, enum_to_str=True)  # results.json's `config`
     ctx = RunContext.of(settings, logger=build_logger(cfg, record, identity), output_dir=output_dir)
     ctx.identity = identity
     try:

@@ -16,9 +16,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ttp_lightning import checks
 from ttp_lightning.certify.theta_rule import check_ladder
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core import checks
+from ttp_lightning.core.errors import TTPUserError
 
 # Closed choices. Member names are the YAML words (OmegaConf matches by name); StrEnum members are also equal
 # to those strings, so code comparing with "fullbatch" and JSON dumps of the config are unchanged.
@@ -330,7 +330,7 @@ class ParetoSchema(MethodSchema, TrainingSchema):
     forget_batchnorm: BatchNormMode = BatchNormMode["train"]
     retain_batchnorm: BatchNormMode = BatchNormMode["train"]
     lr_backoffs: int = 2
-    lr_warmup: Any = 0      # linear warm-up steps after each optimizer start (int >= 0), or auto (callbacks.warmup_steps)
+    lr_warmup: Any = 0      # linear warm-up steps after each optimizer start (int >= 0), or auto (fit/alg1_callbacks.warmup_steps)
     early_stopping: EarlyStoppingSchema = field(default_factory=EarlyStoppingSchema)
     adversarial: Any = None
 

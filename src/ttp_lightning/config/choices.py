@@ -4,9 +4,9 @@ import os
 import re
 from pathlib import Path
 
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core.errors import TTPUserError
 
-CONF_DIR = Path(__file__).parent / "conf"
+CONF_DIR = Path(__file__).parents[1] / "conf"
 GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "attack", "experiment", "optimizer", "schedule",
           "callbacks", "workflow")
 _OVERRIDE = re.compile(r"^[+~]{0,2}(?P<group>" + "|".join(GROUPS) + r")(@[\w.]+)?=(?P<value>[^\s]*)$")

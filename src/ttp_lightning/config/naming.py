@@ -5,23 +5,22 @@ experiment file named it (an experiment file or workflow sets `experiment_name` 
 import re
 from functools import cache
 
-from omegaconf import OmegaConf
-
-from ttp_lightning.cli_checks import CONF_DIR
+from ttp_lightning.config.build import is_node, load_file, register_resolver, to_plain
+from ttp_lightning.config.choices import CONF_DIR
 
 NOT_ARCHITECTURE = {"checkpoint", "pretrained", "pretrained_file"}  # where weights come from, not what they are
 
 
 @cache
 def _registered_models() -> tuple[tuple[str, dict], ...]:
-    return tuple((path.stem, OmegaConf.to_container(OmegaConf.load(path)))
+    return tuple((path.stem, to_plain(load_file(path)))
                  for path in sorted((CONF_DIR / "model").glob("*.yaml")))
 
 
 def model_name(model) -> str:
     """The registered model config (conf/model) that `model` is, or is closest to (the same `_target_`, the
     most equal settings; `timm` adds its architecture's name); else the target's own name."""
-    config = OmegaConf.to_container(model, resolve=True) if OmegaConf.is_config(model) else dict(model or {})
+    config = to_plain(model) if is_node(model) else dict(model or {})
     target = config.get("_target_", "")
     scored = [(sum(config.get(k) == v for k, v in base.items() if k not in NOT_ARCHITECTURE), -order, choice)
               for order, (choice, base) in enumerate(_registered_models()) if base.get("_target_") == target]
@@ -35,5 +34,4 @@ def model_name(model) -> str:
 
 def register() -> None:
     """`${ttp.model_name:${model}}` (conf/main.yaml's experiment_name)."""
-    if not OmegaConf.has_resolver("ttp.model_name"):
-        OmegaConf.register_new_resolver("ttp.model_name", model_name)
+    register_resolver("ttp.model_name", model_name)

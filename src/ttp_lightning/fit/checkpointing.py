@@ -29,8 +29,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities import rank_zero_only
 
-from ttp_lightning import proofs
-from ttp_lightning.files import atomic_write
+from ttp_lightning.core import proofs
+from ttp_lightning.core.files import atomic_write
 
 log = logging.getLogger(__name__)
 

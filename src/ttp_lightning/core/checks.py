@@ -3,7 +3,7 @@ naming the key, the bad value and what is allowed (one line, before any work sta
 
 import math
 
-from ttp_lightning.errors import TTPUserError
+from ttp_lightning.core.errors import TTPUserError
 
 
 def number(value, key: str):

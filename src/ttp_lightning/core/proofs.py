@@ -20,8 +20,8 @@ import os
 import secrets
 from pathlib import Path
 
-from ttp_lightning.errors import TTPUserError
-from ttp_lightning.files import atomic_text
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.files import atomic_text
 
 log = logging.getLogger(__name__)
 

@@ -13,16 +13,16 @@ from filelock import FileLock
 from safetensors.torch import load as load_tensors
 from torch import nn
 
-from ttp_lightning import proofs
-from ttp_lightning.checkpointing import remove as remove_checkpoints
-from ttp_lightning.config_schema import plain
+from ttp_lightning.assess.evaluation import evaluate
+from ttp_lightning.config.schema import plain
+from ttp_lightning.core import proofs
+from ttp_lightning.core.files import atomic_tensors, atomic_text, sha256_of
 from ttp_lightning.data.datamodule import TTPDataModule
-from ttp_lightning.evaluation import evaluate
-from ttp_lightning.files import atomic_tensors, atomic_text, sha256_of
+from ttp_lightning.fit.checkpointing import remove as remove_checkpoints
+from ttp_lightning.fit.training import RunContext, checkpoint_folder, fit
 from ttp_lightning.models.components.checkpoint import load_checkpoint
 from ttp_lightning.models.erm import ERMModule
 from ttp_lightning.models.optim import optimizer_settings
-from ttp_lightning.training import RunContext, checkpoint_folder, fit
 
 CACHE_FORMAT = 3  # 3: augmentation reseeded per epoch (resumable); 2: safetensors + checksum; 1: pickled .pt
 

@@ -1,15 +1,16 @@
 """Checks config values before any work starts, so bad input fails in one line with nothing written: the
 accelerator and the trainer's keys, then the typed schemas' ranges, once, as the composed config becomes
-one MainSchema object (config_schema.settings_of; types and closed choices failed at composition already),
+one MainSchema object (config.schema.settings_of; types and closed choices failed at composition already),
 and what depends on more than one setting. build_method then builds the method from its typed settings,
 and the method checks what only it knows (Method.check)."""
 
 from omegaconf import DictConfig, OmegaConf
 
-from ttp_lightning.checks import positive_int as _positive_int
-from ttp_lightning.cli_checks import check_cache_dir, check_devices
-from ttp_lightning.config_schema import MainSchema, settings_of
-from ttp_lightning.errors import TTPUserError, build_class
+from ttp_lightning.config.build import build_class
+from ttp_lightning.config.choices import check_cache_dir, check_devices
+from ttp_lightning.config.schema import MainSchema, settings_of
+from ttp_lightning.core.checks import positive_int as _positive_int
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.methods.base import Method
 
 
@@ -76,7 +77,7 @@ def _required(cfg: DictConfig) -> None:
 
 
 def validate_config(cfg: DictConfig) -> MainSchema:
-    """The run's settings as one typed object (config_schema.settings_of: every section's schema object, each
+    """The run's settings as one typed object (config.schema.settings_of: every section's schema object, each
     range checked once), after the checks that need the machine or more than one setting; raises TTPUserError
     naming the first bad value and what is allowed."""
     _accelerator(cfg.trainer)

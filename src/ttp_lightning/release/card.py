@@ -1,0 +1,173 @@
+"""MODEL_CARD.md: what a release protects, how well (the per-image numbers and the attacks), what it assumes
+and how to load it."""
+
+
+
+from ttp_lightning.assess.protection import masking_note
+from ttp_lightning.release.format import WEIGHTS
+
+# ------------------------------------------------------------------------------------------- model card
+ATTACKS_TEXT = ("An adversary who holds these weights perturbs a protected image to recover a confident "
+                "prediction (the forget confidence distance it reaches; higher is worse). `certified` rows are "
+                "upper bounds no perturbation within that radius can exceed; `relearn` rows finetune the weights "
+                "on labelled images without the forget set (the test split, a sample of the retain data) for "
+                "that many steps at several learning rates, and show the worst of them:")
+CERTIFICATE_TEXT = ("The certificate and the hashes of the released weights are in the run's release/ folder "
+                    "(`python -m ttp_lightning.verify`).")
+LIMITATIONS = (
+    ("- Protection covers the listed forget images (matched by their pixels) and is measured on them; images "
+     "that differ from them (other photos of the same person, crops, recompression) are not covered unless "
+     "they were in the forget set."),
+    ("- The attack table is empirical: stronger attacks than those run here may do better. The certified bound is "
+     "a proof, but only for the L-inf ball of the stated radius around each forget image; beyond it nothing is "
+     "certified."),
+    ("- Open weights can be finetuned: the `relearn` rows show how far a short finetune on public images brings "
+     "the forget images' predictions back; no change to the weights alone can rule that out."),
+    "- Accuracy elsewhere was measured on the test set named above only.",
+    "- The forget images themselves are not in this release; only their fingerprint is.",
+)
+LOAD_LINE = 'model = ttp_lightning.load_released("release")  # [N, C, H, W] pixels in [0, 1] -> logits'
+PLAIN_LOADING = (f'or with safetensors alone: `load_file("release/{WEIGHTS}")` into the architecture (config.json '
+                 "`architecture`), inputs normalised by config.json `input.mean` / `input.std`.")
+
+def effect_rows(gamma: float, threshold: float) -> dict:
+    """The model card's Effect table: {key: (row label, how a stage's metrics give its cell)}, in order (verify
+    robust reads the cells back from a card with the same labels)."""
+    radius = f"{gamma:g}/255"
+    rows = [("retain accuracy", "retain_acc", True), ("test accuracy", "test_acc", True),
+            ("forget accuracy", "forget_acc", True),
+            ("forget confidence distance (0 = uniform softmax)", "forget_conf_dist", False),
+            ("forget confidence distance under attack", "forget_robust_conf_dist", False),
+            ("test confidence distance", "test_conf_dist", False),
+            ("worst forget image's confidence distance", "forget_worst_conf_dist", False),
+            (f"worst forget image under attack ({radius})", "forget_robust_worst_conf_dist", False),
+            (f"worst forget image, certified bound ({radius})", "forget_certified_worst_conf_dist", False),
+            (f"smallest certified radius (1/255, CD <= {threshold:g})", "forget_certified_radius_min", None),
+            (f"median certified radius (1/255, CD <= {threshold:g})", "forget_certified_radius_median", None)]
+    counts = [(f"forget images with confidence distance > {threshold:g}", "forget_exposed", False),
+              (f"forget images with confidence distance > {threshold:g} under attack ({radius})",
+               "forget_robust_exposed", False),
+              (f"forget images certified <= 0.05 within {radius}", "forget_certified_share_05", True),
+              (f"forget images certified <= 0.1 within {radius}", "forget_certified_share_10", True)]
+    table = {key: (label, lambda values, key=key, pct=pct: _metric(values, key, pct)) for label, key, pct in rows}
+    table.update({key: (label, lambda values, key=key, pct=pct: _count(values, key, pct)) for label, key, pct in counts})
+    return table
+
+
+def card_cells(card: str, gamma: float, threshold: float) -> dict[str, str]:
+    """{key: the "after" cell} of each Effect row a model card holds (rows are found by their labels)."""
+    labels = {f"| {label} |": key for key, (label, _) in effect_rows(gamma, threshold).items()}
+    cells = {}
+    for line in card.splitlines():
+        for start, key in labels.items():
+            if line.startswith(start):
+                parts = [part.strip() for part in line.strip().strip("|").split("|")]
+                cells[key] = parts[-1] if len(parts) == 3 else "?"
+    return cells
+
+
+def _metric(values: dict, key: str, percent: bool | None) -> str:
+    """A cell: a percentage, a CD to 4 places, or (percent None) a radius as it is."""
+    value = values.get(key)
+    if not isinstance(value, (int, float)):
+        return "-"
+    if percent is None:
+        return f"{value:g}"
+    return f"{100 * value:.2f} %" if percent else f"{value:.4f}"
+
+
+def _count(values: dict, key: str, percent: bool) -> str:
+    value = values.get(key)
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"{100 * value:.0f} %" if percent else f"{value:d}"
+
+
+def model_card(results: dict, method_label: str, attack_table: str | None, certificate_line: str | None) -> str:
+    """MODEL_CARD.md: whether the release gate passed, what was done and why, the settings, the measured
+    effect (per image too) and the limitations."""
+    config, data, metrics, gate = results["config"], results["data"], results["metrics"], results["release_gate"]
+    method = results["method"]
+    before, after = metrics.get("pretrain_original", metrics["pretrain"]), metrics[method]
+    theta = method_theta(results)
+    gamma = f"{gate['gamma']:g}/255"
+    table = "\n".join(f"| {label} | {cell(before)} | {cell(after)} |"
+                      for label, cell in effect_rows(gate["gamma"], gate["conf_dist_at_most"]).values())
+    source = config["model"].get("checkpoint")
+    start = "the provider's checkpoint (model.checkpoint)" if source else "a model pretrained by ttp_lightning"
+    what = (f"This model was rewritten with ttp_lightning ({method_label}) so that it is maximally uncertain (a "
+            f"uniform softmax) on a protected forget set of {data['forget_size']} images while keeping its "
+            f"accuracy elsewhere (test-time privacy). It starts from {start}. ")
+    what += ("Every forget image passed the release gate (" + _gate_rule(gate) + "): anyone who runs it on a "
+             "protected image gets no confident prediction for it." + _unrequired_sentence(gate, data["forget_size"])
+             + _radius_sentence(after, gate) if gate["passed"] else
+             "It did NOT pass the release gate (" + _gate_rule(gate) + "): do not publish it as protected.")
+    settings = [
+        f"- method: {method} ({method_label})" + (f", theta = {theta}{_theta_source(config)}" if theta is not None else ""),
+        (f"- data: {config['data']['name']}; training set {data['train_size']} images, test set "
+         f"{data['test_size']} images"),
+        (f"- forget set: {data['forget_size']} images ({data.get('forget_from_test', 0)} from outside the "
+         f"training data); SHA-256 fingerprint `{data['forget_fingerprint']}`"),
+    ]
+    title = f"# Model card: {results['experiment']} ({method_label})" + ("" if gate["passed"] else ": NOT PROTECTED")
+    lines = [title, ""]
+    if not gate["passed"]:
+        lines += ["## Not protected", "", *[f"- {reason}" for reason in gate["reasons"]], "",
+                  (f"{len(gate['failing_images'])} forget image(s) failed; the run's results.json lists them "
+                   "(`release_gate.failing_images`, `forget_per_image`)." if gate["failing_images"] else
+                   "Every forget image met the per-image bound; the reasons above concern how the model was "
+                   "obtained, so it is not released as protected either."), ""]
+    lines += ["## What was done and why", "", what,
+              "", "## Settings", "", *settings, "", "## Effect", "", "| measure | before | after |", "|---|---|---|",
+              table, "", PER_IMAGE_TEXT.format(gamma=gamma), ""]
+    if attack_table:
+        lines += ["## Attacks on the forget set", "", ATTACKS_TEXT, "", "```", attack_table, "```", ""]
+    if certificate_line:
+        lines += ["## Certificate", "", certificate_line, "", CERTIFICATE_TEXT, ""]
+    masking = masking_note((results.get("attack_checks") or {}).get(method), data["forget_size"])
+    lines += ["## Limitations", "", *LIMITATIONS, *([f"- The attacked CDs: {masking}."] if masking else []), "",
+              "## Loading", "", "```python", "import ttp_lightning", "",
+              LOAD_LINE, "```", "", PLAIN_LOADING, ""]
+    return "\n".join(lines)
+
+
+def _unrequired_sentence(gate: dict, forget_size: int) -> str:
+    """Passed at the images, not within the radius: say it where a publisher reads."""
+    above = gate.get("unrequired_above") or {}
+    if not above:
+        return ""
+    parts = " and ".join(f"{count} of {forget_size} images have {kind} confidence distance above "
+                         f"{gate['conf_dist_at_most']:g}" for kind, count in above.items())
+    return (f" It is NOT protected against an attacker who may change a protected image by up to "
+            f"{gate['gamma']:g}/255 per pixel: {parts} within that radius (the gate did not require it; "
+            f"`release_gate.require=[clean,{','.join(above)}]` would have refused this release).")
+
+
+def _radius_sentence(after: dict, gate: dict) -> str:
+    """What is proven within a radius, from the smallest certified radius (nothing when it is 0 or unknown)."""
+    least = after.get("forget_certified_radius_min")
+    if not least:
+        return ""
+    return (f" Provably, from these weights alone: no change of up to {least:g}/255 per pixel to any protected "
+            f"image brings its confidence distance above {gate['conf_dist_at_most']:g} (the smallest certified "
+            "radius below).")
+
+
+def _gate_rule(gate: dict) -> str:
+    return (f"every forget image's {' / '.join(gate['require'])} confidence distance at most "
+            f"{gate['conf_dist_at_most']:g}" + (f", within {gate['gamma']:g}/255" if len(gate["require"]) > 1 else ""))
+
+
+PER_IMAGE_TEXT = ("Per image: a release is judged by its worst protected image, not the mean. The certified bound is "
+                  "an upper bound on the confidence distance anywhere within {gamma} (L-inf, pixels in [0, 1]) of "
+                  "each forget image, computed from these weights alone (linear bound propagation, CROWN, never "
+                  "looser than interval bounds); an image's certified radius is the largest L-inf radius at which "
+                  "that bound is at most the gate's threshold. Anyone holding the weights and the images can "
+                  "recompute both: `python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR`.")
+def _theta_source(config: dict) -> str:
+    return " (chosen by the theta rule: method.theta=auto)" if config["method"].get("theta") == "auto" else ""
+
+
+def method_theta(results: dict):
+    """The theta the method used: the one its rule chose (`method.theta=auto`), else the configured one."""
+    return results["metrics"][results["method"]].get("theta", results["config"]["method"].get("theta"))

@@ -1,0 +1,163 @@
+"""config.json of a release, read as untrusted input: its allowlist (the same typed fields as a certificate),
+the file names, reading it and checking what a network is given against it."""
+
+import json
+from pathlib import Path
+
+from ttp_lightning.assess.protection import KINDS
+from ttp_lightning.certificates.schema import (
+    SchemaError,
+    boolean,
+    check_model_spec,
+    count,
+    finite,
+    fraction,
+    hex64,
+    list_of,
+    name,
+    one_of,
+    optional,
+    record,
+)
+from ttp_lightning.core.errors import TTPUserError
+
+RELEASE_FORMAT = "ttp_lightning.release/2"  # /2: the certified radius and the bound that gave the claims
+EARLIER_FORMATS = ("ttp_lightning.release/1",)  # read as well (loading, and verify robust without radius claims)
+CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
+WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "MODEL_CARD.md"
+MAX_CONFIG_BYTES = 1 << 20
+
+PIXEL_RANGE = [0.0, 1.0]  # what a release's network takes (before its own normalisation); nothing else is allowed
+MIN_STD = 1e-6  # a std below this is 0 to float32 arithmetic (1e-300 made every output NaN)
+MAX_NORMALISATION = 1e3  # |mean| and std above this are no normalisation of [0, 1] pixels
+
+
+def _text(value, key, longest: int = 200):
+    """A short string shown to people (a class name, a label), never used as a path or code."""
+    if isinstance(value, str) and len(value) <= longest:
+        return value
+    return name(value, key)  # fails with the usual message
+
+
+def _reason(value, key):
+    return _text(value, key, longest=4000)
+
+
+def _pixel_range(value, key):
+    if value != PIXEL_RANGE or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise SchemaError(f"{key}={str(value)[:80]} is not allowed; a release's network takes pixels in "
+                          f"{PIXEL_RANGE} (the only range this format has)")
+    return [float(v) for v in value]
+
+
+def _architecture(value, key):
+    return None if value is None else check_model_spec(value, key)
+
+
+INPUT_FIELDS = {"channels": count, "image_size": count, "num_classes": count, "mean": list_of(finite, 4),
+                "std": list_of(finite, 4), "pixel_range": _pixel_range, "layout": one_of("NCHW"),
+                "class_names": list_of(_text, 100_000)}
+# config.json `protection`: what the run measured and decided. Typed so that a checker reads numbers, never NaN
+# (a claim is compared with what verify recomputes; it never decides a pass)
+PER_IMAGE_FIELDS_1 = {"gamma": finite, "forget_worst_conf_dist": optional(finite), "forget_exposed": optional(count),
+                      "forget_robust_worst_conf_dist": optional(finite), "forget_robust_exposed": optional(count),
+                      "forget_certified_worst_conf_dist": optional(finite),
+                      "forget_certified_share_05": optional(fraction), "forget_certified_share_10": optional(fraction)}
+MAX_SLOPE_STEPS = 1000  # a checker recomputes the claims with the stated steps: a bounded amount of work
+
+
+def _slope_steps(value, key):
+    if count(value, key) > MAX_SLOPE_STEPS:
+        raise SchemaError(f"{key}={value} is not allowed; expected an integer in [0, {MAX_SLOPE_STEPS}]")
+    return value
+
+
+PER_IMAGE_FIELDS = {**PER_IMAGE_FIELDS_1,
+                    "forget_certified_radius_min": optional(finite), "forget_certified_radius_median": optional(finite),
+                    "bound": optional(one_of("linear", "interval")), "intermediate": optional(one_of("crown", "ibp")),
+                    "slope_steps": optional(_slope_steps), "radius_step": finite, "max_radius": finite}
+
+
+def _require(value, key):
+    kinds = list_of(one_of(*KINDS), len(KINDS))(value, key)  # the CDs a release gate can require
+    if len(set(kinds)) != len(kinds) or "clean" not in kinds:
+        raise SchemaError(f"{key}={kinds} is not allowed; a gate requires clean and each kind once")
+    return kinds
+
+
+GATE_FIELDS_1 = {"conf_dist_at_most": finite, "require": _require, "gamma": finite, "reasons": list_of(_reason, 100)}
+
+
+def _positive(value, key):
+    if not finite(value, key) > 0:
+        raise SchemaError(f"{key}={value} is not allowed; expected a number > 0")
+    return value
+
+
+GATE_FIELDS = {**GATE_FIELDS_1, "min_certified_radius": optional(_positive)}
+
+
+def _config_fields(gate: dict, per_image: dict, form: str) -> dict:
+    protection = {
+        "method": name, "label": _text, "theta": optional(fraction), "forget_size": count, "forget_fingerprint": hex64,
+        "forget_set_digest": optional(hex64), "forget_conf_dist": optional(finite), "test_acc": optional(fraction),
+        "certified": boolean, "experiment": _text, "protected": boolean, "release_gate": record(gate),
+        "per_image": record(per_image)}
+    return {"format": one_of(form), "architecture": _architecture, "input": record(INPUT_FIELDS),
+            "weights": record({"file": one_of(WEIGHTS), "sha256": hex64, "prefix": one_of("", "backbone.")}),
+            "protection": record(protection), "library": record({"name": one_of("ttp_lightning"), "version": _text})}
+
+
+CONFIG_FIELDS = _config_fields(GATE_FIELDS, PER_IMAGE_FIELDS, RELEASE_FORMAT)
+EARLIER_FIELDS = {form: _config_fields(GATE_FIELDS_1, PER_IMAGE_FIELDS_1, form) for form in EARLIER_FORMATS}
+
+
+def read_release_config(folder: str | Path) -> dict:
+    """config.json of a release, every field checked (SchemaError naming the first bad one)."""
+    path = Path(folder).expanduser() / CONFIG
+    if not path.is_file():
+        raise TTPUserError(f"{str(path)!r} does not exist; a release folder holds {WEIGHTS}, {CONFIG}, {CARD}")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise SchemaError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        document = json.loads(path.read_text())
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, an integer of thousands of digits
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
+        raise SchemaError(f"{str(path)!r} is not JSON this format can hold ({reason})") from None
+    form = document.get("format") if isinstance(document, dict) else None
+    try:
+        return record(EARLIER_FIELDS.get(form, CONFIG_FIELDS) if isinstance(form, str) else CONFIG_FIELDS)(document, "")
+    except SchemaError as exc:  # name the file, as every other line about it does
+        raise SchemaError(f"{str(path)!r} {exc}") from None
+
+
+def not_protected_line(folder: str | Path, config: dict) -> str | None:
+    """The sentence saying a release's own config.json calls it not protected (None when it says protected)."""
+    if config["protection"]["protected"]:
+        return None
+    return (f"{str(folder)!r} is NOT a protected release: its config.json says \"protected\": false (its release "
+            "gate failed; MODEL_CARD.md gives the reasons)")
+
+
+MAX_IMAGE_SIZE, MAX_CHANNELS = 4096, 4
+def check_input(given: dict, folder: Path) -> None:
+    """config.json `input` values the network can be built and run with: mean and std of one value per channel,
+    every std positive, a class name per class, sizes within MAX_*; one error line naming the bad value."""
+    where = f"{str(folder / CONFIG)!r} input"
+    if not 1 <= given["channels"] <= MAX_CHANNELS:
+        raise SchemaError(f"{where}.channels={given['channels']} is not allowed; choose 1..{MAX_CHANNELS}")
+    if not 1 <= given["image_size"] <= MAX_IMAGE_SIZE:
+        raise SchemaError(f"{where}.image_size={given['image_size']} is not allowed; choose 1..{MAX_IMAGE_SIZE}")
+    for key in ("mean", "std"):
+        if len(given[key]) != given["channels"]:
+            raise SchemaError(f"{where}.{key}={given[key]} is not allowed; give one value per channel "
+                              f"({given['channels']})")
+    if not all(MIN_STD <= value <= MAX_NORMALISATION for value in given["std"]):
+        raise SchemaError(f"{where}.std={given['std']} is not allowed; every value must be in [{MIN_STD:g}, "
+                          f"{MAX_NORMALISATION:g}]")
+    if not all(abs(value) <= MAX_NORMALISATION for value in given["mean"]):
+        raise SchemaError(f"{where}.mean={given['mean']} is not allowed; every value must be in "
+                          f"[-{MAX_NORMALISATION:g}, {MAX_NORMALISATION:g}]")
+    if given["num_classes"] < 2 or len(given["class_names"]) != given["num_classes"]:
+        raise SchemaError(f"{where}.num_classes={given['num_classes']} is not allowed; a classifier has at least "
+                          f"2 classes, one class name each ({len(given['class_names'])} given)")

@@ -22,7 +22,7 @@ import torch
 from bench_bounds import load_run  # this folder's: the release and the data of a finished run
 from ttp_lightning.attacks.relearn import relearn_worst
 from ttp_lightning.config.schema import RelearnSchema
-from ttp_lightning.run.pipeline import relearn_sources
+from ttp_lightning.run.assessment import relearn_sources
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -222,7 +222,7 @@ def test_threads_are_shared_by_the_processes_of_a_run(monkeypatch):
 
 
 def test_sigterm_outside_a_fit_is_handled_here_and_inside_one_left_to_lightning():
-    """interrupts.py: this process's handler stops the run on a SIGTERM outside a Lightning fit; inside one it
+    """fit/interrupts.py: this process's handler stops the run on a SIGTERM outside a Lightning fit; inside one it
     does nothing (Lightning's handler, which calls it after its own, stops the fit at the next batch)."""
     from ttp_lightning.fit import interrupts
 

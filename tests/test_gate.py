@@ -283,3 +283,27 @@ def test_zero_exact_gradients_at_forget_images_are_said_under_the_verdict():
     assert "note:" not in gate_summary(gate, 5, {"zero_gradient_share": 0.0})
     assert masking_note(None, 5) == "" and masking_note({"zero_gradient_share": 0.4}, 5).startswith(
         "the exact input gradient is zero at 2 of 5")
+
+
+def test_the_assessment_is_one_record_built_once():
+    """Issue 40: run/assessment.py returns the attacks, every image's row and the gate as one frozen record;
+    results.json's keys come from it in their order, and a stage's metrics gain its per-image summary."""
+    import dataclasses
+
+    from ttp_lightning.run.assessment import Assessment, Attacked, PerImage
+
+    per_image = PerImage(rows=_rows([0.05, 0.5]), certified={}, certified_bound={"pareto": {"bound": None}},
+                         summaries={"pareto": {"forget_worst_conf_dist": 0.5, "forget_exposed": 1}}, note="no bound")
+    attacked = Attacked(scores={"pareto": {}}, checks={"pareto": {}}, worst_per_image={"pareto": [0.05, 0.5]},
+                        robust_conf_dist={"pareto": 0.3}, relearn={"pareto": {}}, relearn_runs={"pareto": []})
+    gate = judge(per_image.rows, "pareto", {"weights_changed": True}, GateSettings(), 8.0)
+    assessment = Assessment(attacked, per_image, gate)
+    assert list(assessment.record()) == ["attacks", "attack_checks", "relearn", "relearn_runs", "certified",
+                                         "certified_bound", "certified_note", "forget_per_image", "release_gate"]
+    assert assessment.stage_metrics("pareto") == {"forget_robust_conf_dist": 0.3, "forget_worst_conf_dist": 0.5,
+                                                  "forget_exposed": 1}
+    assert not assessment.release_gate["passed"]
+    quiet = Assessment(None, dataclasses.replace(per_image, note=None), gate)  # attacks off: no attack keys
+    assert list(quiet.record()) == ["certified", "certified_bound", "forget_per_image", "release_gate"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        assessment.release_gate = {}

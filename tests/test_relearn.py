@@ -98,7 +98,8 @@ def test_no_floor_is_trained_when_there_is_nothing_to_relearn_on():
     import pytest
 
     from ttp_lightning.config.schema import RelearnSchema
-    from ttp_lightning.run.pipeline import relearn_sources, retrain_floor, run_relearn_sources
+    from ttp_lightning.run.assessment import relearn_sources, run_relearn_sources
+    from ttp_lightning.run.pipeline import retrain_floor
 
     datamodule = SimpleNamespace(test_labels=torch.zeros(0))
     never = (lambda: pytest.fail("A(D_r) was built"))

@@ -1,6 +1,6 @@
 """`python -m ttp_lightning.verify CERT [WEIGHTS ...] [--recompute] [--audit AUDIT] [data.KEY=VALUE ...]`:
 check a certified release. (`python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR --gamma 8` checks
-any release's certified uniformity around given images instead: verify_robust.py.)
+any release's certified uniformity around given images instead: release/verify_robust.py.)
 
 CERT is a release's certificate.json (or its folder); the weights are the files it names, next to it,
 unless given. The certificate is untrusted input: it is read as typed data against an allowlist (no

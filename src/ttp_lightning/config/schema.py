@@ -3,7 +3,7 @@ name first in their defaults lists. Composition then checks every value's type a
 (the enums: a wrong value fails with the allowed ones listed, in one `error:` line before any work); the
 ranges are checked in `__post_init__`, which runs when `validate_config` turns the composed sections into
 these objects (`OmegaConf.to_object`). Settings whose meaning depends on other settings stay in
-validation.py and the methods' `check`.
+run/validation.py and the methods' `check`.
 
 Values typed `Any` hold either a word or a number (`lam: auto | float`) or a `_partial_` config.
 """
@@ -118,10 +118,10 @@ class BoundsSchema:
 
 @dataclass
 class ReleaseGateSchema:
-    """conf/main.yaml `release_gate` (protection.py): the per-image threshold and the CDs that must meet it."""
+    """conf/main.yaml `release_gate` (assess/protection.py): the per-image threshold and the CDs that must meet it."""
 
     conf_dist_at_most: float = 0.1
-    require: list[GateKind] | None = None  # None: the method's default (protection.GateSettings.from_config)
+    require: list[GateKind] | None = None  # None: the method's default (assess.protection.GateSettings.from_config)
     min_certified_radius: float | None = None  # every forget image certified at least this far (1/255); None: off
 
     def __post_init__(self) -> None:

@@ -13,7 +13,7 @@ Checkpoints hold the weights, optimizer and scheduler states, the loop counters,
 (early-stopping record, history) and the global random generators' states, so that a resumed run takes the
 same steps as one that was never stopped. They are written by SignedCheckpointIO: into a temporary file
 beside the target, renamed over it (atomic on every file system: never a copy across file systems) and
-given a keyed MAC (proofs.py); they are read with `weights_only=True`, from the same bytes whose MAC was
+given a keyed MAC (core/proofs.py); they are read with `weights_only=True`, from the same bytes whose MAC was
 checked. One without a valid MAC (edited, swapped, or written without this user's key) or that cannot be
 read is reported in one warning line, deleted and the fit starts afresh."""
 

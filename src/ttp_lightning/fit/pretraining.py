@@ -148,7 +148,7 @@ def _cached_fit(ctx: RunContext, net: nn.Module, key: str, is_global_zero, fit, 
 
     An entry is `<key>.safetensors` (the weights, never pickled) and `<key>.json` (its SHA-256 and the
     training time), written in that order through temporary files, so the record marks a complete entry, each
-    with its keyed MAC (proofs.py). An entry without valid MACs, unreadable, or whose checksum does not match
+    with its keyed MAC (core/proofs.py). An entry without valid MACs, unreadable, or whose checksum does not match
     is reported in one warning naming the file, deleted and trained again. Single-process runs hold a file lock on the key from the check to the store,
     so two jobs started together on an empty cache (a sweep's parallel jobs, a shared filesystem) train
     once: the second waits and loads. Multi-process (DDP) runs train in every rank together and cannot

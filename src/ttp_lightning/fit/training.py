@@ -184,7 +184,7 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
         callbacks: list | None = None, trained_by: TrainedBy | None = None, guard: bool = True, **loaders) -> float:
     """trainer.fit of `module` for `max_epochs` and its wall-clock seconds. With a checkpoint `key`, the fit
     writes checkpoints every `checkpoint_every_n_epochs` epochs and resumes from the newest one a stopped
-    run of the same key left (see checkpointing.py); `stage` names it in the log. Its training speed (a
+    run of the same key left (see fit/checkpointing.py); `stage` names it in the log. Its training speed (a
     StepTimer's summary: the one among `callbacks`, or one added) goes into ctx.speed[stage]."""
     every = ctx.fit_settings.checkpoint_every_n_epochs
     folder = checkpoint_folder(ctx, key) if key is not None and every > 0 else None

@@ -243,7 +243,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
              epochs: int, stopping: EarlyStoppingSchema | None, label: str) -> MethodOutput:
     """Alg 1 on `net` in place with the Alg 1 settings in `cfg` (Alg 1's, or the certified learners' for
     their warm-up, which has neither `adversarial` nor Alg 1's refinements); `stopping=None` keeps the last epoch;
-    `label` names the fit's checkpoints (resumable, see checkpointing.py).
+    `label` names the fit's checkpoints (resumable, see fit/checkpointing.py).
     With `cfg.adversarial` (method=pareto_robust) the uniformity term is robust and early stopping watches
     the forget CD under attack."""
     adversarial = getattr(cfg, "adversarial", None)

@@ -1,5 +1,5 @@
 """The LightningModule behind the run's final metric tables for retain / test / forget (`trainer.validate`,
-run by evaluation.evaluate), with the same Metric objects as Alg 1's per-epoch validation."""
+run by assess.evaluation.evaluate), with the same Metric objects as Alg 1's per-epoch validation."""
 
 import torch
 from torch import nn

@@ -32,7 +32,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
     `forget_temperature` inside L_K in both modes.
 
     L_K is computed per forget image and reduced over the batch by `forget_reduction` (mean: the paper; max
-    or cvar: the hardest images weigh more, objectives.reduce_forget). `forget_batchnorm="eval"` runs the
+    or cvar: the hardest images weigh more, core.objectives.reduce_forget). `forget_batchnorm="eval"` runs the
     forget images through BatchNorm with its running statistics, the function the released model computes
     (in training mode a forget batch of a few images is normalised by its own statistics, so a model made
     uniform there need not be uniform at test time; the paper's two forward passes use "train").

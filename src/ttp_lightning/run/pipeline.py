@@ -1,4 +1,5 @@
-"""One run: data -> pretrain A(D) (cached) -> method -> evaluation -> results.json + table."""
+"""One run: data -> pretrain A(D) (cached) -> method -> evaluation -> assessment (run/assessment.py: attacks,
+every forget image, the release gate) -> results.json + table."""
 
 import copy
 import hashlib
@@ -14,21 +15,14 @@ from lightning.pytorch.utilities import rank_zero_only
 from ttp_lightning.assess.evaluation import evaluate, forget_softmax
 from ttp_lightning.assess.protection import (
     GateSettings,
-    certified_bounds,
-    clean_conf_dist,
-    judge,
-    per_image_rows,
-    stage_summary,
 )
-from ttp_lightning.attacks import WORST, build_suite, evaluate_attacks
-from ttp_lightning.attacks.relearn import relearn_worst, retain_subset
+from ttp_lightning.attacks import build_suite
 from ttp_lightning.certificates.document import AUDIT_FILE, PRIVATE_DIR, write_release
 from ttp_lightning.certificates.schema import data_spec, model_spec
 from ttp_lightning.config.build import Node, instantiate, to_plain
-from ttp_lightning.config.schema import AttacksSchema, BoundsSchema, MainSchema, plain
+from ttp_lightning.config.schema import MainSchema, plain
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import supersede_outputs
-from ttp_lightning.core.inference import eval_device, predictions
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.fit.checkpointing import remove as remove_checkpoints
 from ttp_lightning.fit.pretraining import absorb_outside_forget, cache_key, pretrained_model, retrained_model
@@ -58,6 +52,7 @@ from ttp_lightning.reporting.results import (
 from ttp_lightning.reporting.run_identity import flat_config, run_identity
 from ttp_lightning.reporting.tables import method_label
 from ttp_lightning.reporting.wandb_charts import log_run_charts
+from ttp_lightning.run.assessment import assess, run_relearn_sources
 from ttp_lightning.run.validation import build_method, setting, validate_config
 
 log = logging.getLogger(__name__)
@@ -139,40 +134,6 @@ def identity(settings: MainSchema, datamodule) -> dict:
     }
 
 
-def attack_models(results: dict, models: dict, datamodule, cfg: AttacksSchema, attacks: dict,
-                  sources: dict) -> dict:
-    """The attack evaluation of each stage's model on the forget set: results["attacks"] (scores),
-    results["attack_checks"] and, in each stage's metrics, forget_robust_conf_dist (the worst attack at
-    `robust_gamma`). Attackers aim for the pretrained model's predictions and must restore its forget CD.
-    Returns {stage: each forget image's CD at its most confident attacked point within `robust_gamma`}."""
-    forget = datamodule.dataset("forget")
-    targets = predictions(models["pretrain"], forget)
-    reference = results["metrics"]["pretrain"]["forget_conf_dist"]
-    results["attacks"], results["attack_checks"], per_image = {}, {}, {}
-    gamma = f"{float(cfg.robust_gamma):g}"  # validated: one of the gammas
-    for stage, net in models.items():
-        evaluation = evaluate_attacks(net, forget, cfg, attacks, targets=targets, reference_conf_dist=reference)
-        results["attacks"][stage], results["attack_checks"][stage] = evaluation["scores"], evaluation["checks"]
-        results["metrics"][stage]["forget_robust_conf_dist"] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
-        per_image[stage] = evaluation["worst_per_image"][gamma]
-    settings = cfg.relearn
-    if sources:
-        log.info("relearning attack: Adam at lr %s on %s, forget set measured after %s steps; the worst case is "
-                 "reported", ", ".join(f"{lr:g}" for lr in settings.lrs), " and ".join(sources),
-                 ", ".join(map(str, settings.steps)))
-        results["relearn"], results["relearn_runs"] = {}, {}
-        for stage, net in models.items():
-            results["relearn"][stage], results["relearn_runs"][stage] = relearn(net, sources, forget, cfg)
-    return per_image
-
-
-def relearn(net, sources: dict, forget, cfg: AttacksSchema) -> tuple[dict, dict]:
-    """attacks.relearn on `net` from `sources` (relearn_sources): (worst case, every run), relearn_worst's."""
-    settings = cfg.relearn
-    return relearn_worst(net, sources, forget, list(settings.steps), [float(lr) for lr in settings.lrs],
-                         int(settings.batch_size), int(cfg.seed), eval_device())
-
-
 def retrain_floor(settings: MainSchema, ctx: RunContext, datamodule, method, make_net, sources: dict
                   ) -> tuple | None:
     """(A(D_r), its cache record): a model retrained without the forget images (cached like A(D); every DDP rank
@@ -182,61 +143,6 @@ def retrain_floor(settings: MainSchema, ctx: RunContext, datamodule, method, mak
         return None
     net = make_net()
     return net, retrained_model(ctx, net, datamodule, is_global_zero)
-
-
-def relearn_floor(floor: tuple, sources: dict, forget, cfg: AttacksSchema) -> dict:
-    """The relearning attack's floor: the same finetuning of A(D_r), which never saw the forget images and was
-    never made uniform on them. {worst: {steps: worst-case scores}, retrain_wall_s, retrain_cached}."""
-    net, info = floor
-    worst, _ = relearn(net, sources, forget, cfg)
-    return {"worst": worst, "retrain_wall_s": info["wall_s"], "retrain_cached": info["cached"]}
-
-
-def run_relearn_sources(cfg: AttacksSchema, datamodule) -> dict:
-    """The run's relearning sources (relearn_sources), none when the attacks or the relearning attack are off."""
-    return relearn_sources(datamodule, cfg.relearn, int(cfg.seed)) if cfg.enabled and cfg.relearn.enabled else {}
-
-
-def relearn_sources(datamodule, relearn, seed: int) -> dict:
-    """The relearning attacker's labelled images by name (attacks.relearn.data): the test split (when the data
-    set has one), a `retain_size` subset of the retain data; built once per run and shared by every model."""
-    sources = {}
-    for name in relearn.data:
-        if name == "test" and len(datamodule.test_labels):
-            sources["test"] = datamodule.dataset("test")
-        elif name == "retain":
-            sources[f"retain {relearn.retain_size or 'all'}"] = retain_subset(datamodule.dataset("retain"),
-                                                                             relearn.retain_size, seed)
-    return sources
-
-
-def account_per_image(results: dict, models: dict, datamodule, attacks: AttacksSchema, attacked: dict,
-                      threshold: float, bounds: BoundsSchema) -> str | None:
-    """Every forget image, one by one: results["forget_per_image"] (clean, attacked and certified CD and the
-    certified radius per image and stage), results["certified"] (the certified bound at every attack radius),
-    results["certified_bound"] (which bound gave them) and each stage's per-image summary in its metrics. Returns
-    why no certified bound could be computed (None when it was)."""
-    forget_images, _ = datamodule.dataset("forget").everything()
-    gamma = float(attacks.robust_gamma)
-    gammas = sorted({float(g) for g in attacks.gammas} | {gamma})
-    device = eval_device()
-    columns, results["certified"], results["certified_bound"], note = {}, {}, {}, None
-    for stage, net in models.items():
-        certified = certified_bounds(net, forget_images, gammas, device, bounds, threshold)
-        note = None if certified.by_gamma is not None else certified.note
-        columns[stage] = {"clean": clean_conf_dist(net, forget_images, device).tolist(), "attacked": attacked.get(stage),
-                          "certified": None if certified.by_gamma is None else certified.by_gamma[f"{gamma:g}"],
-                          "certified_radius": certified.radius}
-        if certified.by_gamma is not None:
-            results["certified"][stage] = {g: stage_summary({"certified": values}, threshold)
-                                           for g, values in certified.by_gamma.items()}
-        results["certified_bound"][stage] = {"bound": certified.bound, "intermediate": certified.intermediate,
-                                             "slope_steps": certified.slope_steps, "note": certified.note}
-        results["metrics"][stage].update(stage_summary(columns[stage], threshold))
-    if note:
-        results["certified_note"] = note
-    results["forget_per_image"] = per_image_rows(datamodule.forget_ids(), columns)
-    return note
 
 
 def weights_changed(before, after) -> bool:
@@ -326,23 +232,18 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     floor = retrain_floor(settings, ctx, datamodule, method, make_net, sources)
     if not is_global_zero():
         return None
-    results = _results_record(settings.experiment_name, method.name, record, datamodule, metrics, output.history, ctx)
-    results["forget_softmax"] = {"pretrain": forget_softmax(pretrained, datamodule),
-                                 method.name: forget_softmax(output.net, datamodule)}
+    softmax = {"pretrain": forget_softmax(pretrained, datamodule), method.name: forget_softmax(output.net, datamodule)}
     models = {"pretrain": pretrained, method.name: output.net}
-    attacked = {}
-    if settings.attacks.enabled:
-        log.info("attacking the forget set: %s at gamma %s/255", ", ".join(attacks),
-                 ", ".join(f"{float(g):g}" for g in settings.attacks.gammas))
-        attacked = attack_models(results, models, datamodule, settings.attacks, attacks, sources)
-        if floor is not None:
-            results["relearn_floor"] = relearn_floor(floor, sources, datamodule.dataset("forget"), settings.attacks)
-    note = account_per_image(results, models, datamodule, settings.attacks, attacked, gate.conf_dist_at_most,
-                             settings.bounds)
-    results["release_gate"] = judge(results["forget_per_image"], method.name, metrics[method.name], gate,
-                                    float(settings.attacks.robust_gamma), note)
+    assessment = assess(models, method.name, metrics, datamodule, settings.attacks, attacks, sources, floor,
+                        settings.bounds, gate)
+    metrics = {stage: {**values, **(assessment.stage_metrics(stage) if stage in models else {})}
+               for stage, values in metrics.items()}
+    results = {**_results_record(settings.experiment_name, method.name, record, datamodule, metrics, output.history,
+                                 ctx),
+               "forget_softmax": softmax, **assessment.record()}
     try:  # a full disk or a lost mount while writing: one line, and no output of this run left half-made
-        path, attack_table, certificate_line = _write_outputs(results, output, settings, datamodule, metrics, output_dir)
+        results, path, attack_table, certificate_line = _write_outputs(results, output, settings, datamodule,
+                                                                       metrics, output_dir)
     except OSError as exc:
         _remove_outputs(Path(output_dir))
         where = f": {exc.filename}" if exc.filename else ""
@@ -430,26 +331,33 @@ def public_metrics(values: dict) -> dict:
 
 def _write_outputs(results: dict, output, settings: MainSchema, datamodule, metrics: dict, output_dir: str):
     """The certificate (certified methods), the weights, the release folder and results.json, in that order;
-    returns (results.json's path, the attack table, the certificate line)."""
-    folder = results["release_gate"]["folder"]
-    if output.release is not None:
-        certificate = {**output.release.certificate, "experiment": settings.experiment_name,
-                       **identity(settings, datamodule), "metrics": public_metrics(metrics[results["method"]])}
-        cert_path = write_release(certificate, output.release.states, output.release.audit, output_dir, folder)
-        results["certificate"] = json.loads(cert_path.read_text())
-        results["weights_file"] = f"{folder}/{results['certificate']['weights'][-1]['file']}"
-        results["audit_file"] = f"{PRIVATE_DIR}/{AUDIT_FILE}"
-        results["noise_free"] = output.release.noise_free
-    else:
-        results["weights_file"] = f"{folder}/{WEIGHTS}"  # publish() writes it
-        if settings.state_dict:  # asked for: the raw state_dict too
-            weights = write_weights(output.net, Path(output_dir) / ("" if results["release_gate"]["passed"] else folder))
-            results["state_dict_file"] = str(weights.relative_to(output_dir))
+    returns (the whole record, results.json's path, the attack table, the certificate line). Each step adds its
+    own keys to a new record; none edits what an earlier one built."""
+    results = {**results, **_weights_record(results, output, settings, datamodule, metrics, output_dir)}
     attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn"),
                                        results.get("relearn_floor")) \
         if "attacks" in results else None
     certificate_line = format_certificate_line(results["certificate"], settings.method.vacuous_above) \
         if "certificate" in results else None
-    results["release"] = publish(results, output.net, settings, datamodule, attack_table, certificate_line, output_dir)
+    results = {**results, "release": publish(results, output.net, settings, datamodule, attack_table, certificate_line,
+                                             output_dir)}
     path = write_results(results, output_dir)
-    return path, attack_table, certificate_line
+    return results, path, attack_table, certificate_line
+
+
+def _weights_record(results: dict, output, settings: MainSchema, datamodule, metrics: dict, output_dir: str) -> dict:
+    """A certified release's certificate (written, then read back as the verifier will), its weights and audit
+    files and noise-free scores; else where publish() writes the weights (and the raw state_dict if asked)."""
+    folder = results["release_gate"]["folder"]
+    if output.release is not None:
+        certificate = {**output.release.certificate, "experiment": settings.experiment_name,
+                       **identity(settings, datamodule), "metrics": public_metrics(metrics[results["method"]])}
+        cert_path = write_release(certificate, output.release.states, output.release.audit, output_dir, folder)
+        written = json.loads(cert_path.read_text())
+        return {"certificate": written, "weights_file": f"{folder}/{written['weights'][-1]['file']}",
+                "audit_file": f"{PRIVATE_DIR}/{AUDIT_FILE}", "noise_free": output.release.noise_free}
+    record = {"weights_file": f"{folder}/{WEIGHTS}"}  # publish() writes it
+    if settings.state_dict:  # asked for: the raw state_dict too
+        weights = write_weights(output.net, Path(output_dir) / ("" if results["release_gate"]["passed"] else folder))
+        record["state_dict_file"] = str(weights.relative_to(output_dir))
+    return record

@@ -1,0 +1,173 @@
+"""Assessing a run's models on the forget set, on rank 0: the attack suite, the relearning attack and its
+floor, every forget image one by one (clean, attacked and certified CD, certified radius) and the release gate.
+It takes the models, the data and the settings and returns its part of the run's record, built once
+(`Assessment`); the pipeline only orchestrates."""
+
+import logging
+from dataclasses import dataclass
+
+from ttp_lightning.assess.protection import (
+    GateSettings,
+    certified_bounds,
+    clean_conf_dist,
+    judge,
+    per_image_rows,
+    stage_summary,
+)
+from ttp_lightning.attacks import WORST, evaluate_attacks
+from ttp_lightning.attacks.relearn import relearn_worst, retain_subset
+from ttp_lightning.config.schema import AttacksSchema, BoundsSchema
+from ttp_lightning.core.inference import eval_device, predictions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Attacked:
+    """The attack suite's and the relearning attack's part: per stage, the scores, the sanity checks, each forget
+    image's CD at its most confident attacked point within robust_gamma, and the worst relearning case."""
+    scores: dict
+    checks: dict
+    worst_per_image: dict
+    robust_conf_dist: dict  # stage -> the worst attack's mean forget CD at robust_gamma
+    relearn: dict | None = None
+    relearn_runs: dict | None = None
+    relearn_floor: dict | None = None
+
+
+@dataclass(frozen=True)
+class PerImage:
+    """Every forget image by id and stage (clean, attacked, certified CD, certified radius), the certified
+    bound at every attack radius, which bound gave it, and each stage's per-image summary."""
+    rows: list[dict]
+    certified: dict
+    certified_bound: dict
+    summaries: dict  # stage -> stage_summary
+    note: str | None  # why no certified bound could be computed (None when it was)
+
+
+@dataclass(frozen=True)
+class Assessment:
+    attacked: Attacked | None  # None when attacks.enabled is false
+    per_image: PerImage
+    release_gate: dict
+
+    def stage_metrics(self, stage: str) -> dict:
+        """What the assessment adds to a stage's metrics, in results.json's order."""
+        robust = {} if self.attacked is None else {"forget_robust_conf_dist": self.attacked.robust_conf_dist[stage]}
+        return {**robust, **self.per_image.summaries[stage]}
+
+    def record(self) -> dict:
+        """results.json's keys of the assessment, in their order."""
+        attacked = {}
+        if self.attacked is not None:
+            attacked = {"attacks": self.attacked.scores, "attack_checks": self.attacked.checks}
+            if self.attacked.relearn is not None:
+                attacked |= {"relearn": self.attacked.relearn, "relearn_runs": self.attacked.relearn_runs}
+            if self.attacked.relearn_floor is not None:
+                attacked["relearn_floor"] = self.attacked.relearn_floor
+        note = {"certified_note": self.per_image.note} if self.per_image.note else {}
+        return {**attacked, "certified": self.per_image.certified, "certified_bound": self.per_image.certified_bound,
+                **note, "forget_per_image": self.per_image.rows, "release_gate": self.release_gate}
+
+
+def assess(models: dict, method: str, metrics: dict, datamodule, attacks: AttacksSchema, suite: dict,
+           sources: dict, floor: tuple | None, bounds: BoundsSchema, gate: GateSettings) -> Assessment:
+    """The whole assessment of `models` ({stage: network}, the method's `method`), whose evaluated `metrics`
+    ({stage: values}) the gate reads with the per-image summaries added."""
+    attacked = None
+    if attacks.enabled:
+        log.info("attacking the forget set: %s at gamma %s/255", ", ".join(suite),
+                 ", ".join(f"{float(g):g}" for g in attacks.gammas))
+        attacked = attack_models(models, metrics["pretrain"]["forget_conf_dist"], datamodule, attacks, suite, sources,
+                                 floor)
+    per_image = account_per_image(models, datamodule, attacks, attacked, gate.conf_dist_at_most, bounds)
+    partial = Assessment(attacked, per_image, {})
+    verdict = judge(per_image.rows, method, {**metrics[method], **partial.stage_metrics(method)}, gate,
+                    float(attacks.robust_gamma), per_image.note)
+    return Assessment(attacked, per_image, verdict)
+
+
+def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema, suite: dict, sources: dict,
+                  floor: tuple | None) -> Attacked:
+    """The attack evaluation of each stage's model on the forget set. Attackers aim for the pretrained model's
+    predictions and must restore its forget CD (`reference`)."""
+    forget = datamodule.dataset("forget")
+    targets = predictions(models["pretrain"], forget)
+    scores, checks, per_image, robust = {}, {}, {}, {}
+    gamma = f"{float(cfg.robust_gamma):g}"  # validated: one of the gammas
+    for stage, net in models.items():
+        evaluation = evaluate_attacks(net, forget, cfg, suite, targets=targets, reference_conf_dist=reference)
+        scores[stage], checks[stage] = evaluation["scores"], evaluation["checks"]
+        robust[stage] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
+        per_image[stage] = evaluation["worst_per_image"][gamma]
+    if not sources:
+        return Attacked(scores, checks, per_image, robust)
+    settings = cfg.relearn
+    log.info("relearning attack: Adam at lr %s on %s, forget set measured after %s steps; the worst case is "
+             "reported", ", ".join(f"{lr:g}" for lr in settings.lrs), " and ".join(sources),
+             ", ".join(map(str, settings.steps)))
+    worst, runs = {}, {}
+    for stage, net in models.items():
+        worst[stage], runs[stage] = relearn(net, sources, forget, cfg)
+    floor_record = None if floor is None else relearn_floor(floor, sources, forget, cfg)
+    return Attacked(scores, checks, per_image, robust, worst, runs, floor_record)
+
+
+def relearn(net, sources: dict, forget, cfg: AttacksSchema) -> tuple[dict, dict]:
+    """attacks.relearn on `net` from `sources` (relearn_sources): (worst case, every run), relearn_worst's."""
+    settings = cfg.relearn
+    return relearn_worst(net, sources, forget, list(settings.steps), [float(lr) for lr in settings.lrs],
+                         int(settings.batch_size), int(cfg.seed), eval_device())
+
+
+def relearn_floor(floor: tuple, sources: dict, forget, cfg: AttacksSchema) -> dict:
+    """The relearning attack's floor: the same finetuning of A(D_r), which never saw the forget images and was
+    never made uniform on them. {worst: {steps: worst-case scores}, retrain_wall_s, retrain_cached}."""
+    net, info = floor
+    worst, _ = relearn(net, sources, forget, cfg)
+    return {"worst": worst, "retrain_wall_s": info["wall_s"], "retrain_cached": info["cached"]}
+
+
+def run_relearn_sources(cfg: AttacksSchema, datamodule) -> dict:
+    """The run's relearning sources (relearn_sources), none when the attacks or the relearning attack are off."""
+    return relearn_sources(datamodule, cfg.relearn, int(cfg.seed)) if cfg.enabled and cfg.relearn.enabled else {}
+
+
+def relearn_sources(datamodule, relearn, seed: int) -> dict:
+    """The relearning attacker's labelled images by name (attacks.relearn.data): the test split (when the data
+    set has one), a `retain_size` subset of the retain data; built once per run and shared by every model."""
+    sources = {}
+    for name in relearn.data:
+        if name == "test" and len(datamodule.test_labels):
+            sources["test"] = datamodule.dataset("test")
+        elif name == "retain":
+            sources[f"retain {relearn.retain_size or 'all'}"] = retain_subset(datamodule.dataset("retain"),
+                                                                             relearn.retain_size, seed)
+    return sources
+
+
+def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked: Attacked | None,
+                      threshold: float, bounds: BoundsSchema) -> PerImage:
+    """Every forget image, one by one: clean, attacked and certified CD and the certified radius per image and
+    stage, the certified bound at every attack radius and which bound gave them, each stage's summary."""
+    forget_images, _ = datamodule.dataset("forget").everything()
+    gamma = float(attacks.robust_gamma)
+    gammas = sorted({float(g) for g in attacks.gammas} | {gamma})
+    device = eval_device()
+    columns, certified_by_stage, bound_by_stage, summaries, note = {}, {}, {}, {}, None
+    for stage, net in models.items():
+        certified = certified_bounds(net, forget_images, gammas, device, bounds, threshold)
+        note = None if certified.by_gamma is not None else certified.note
+        columns[stage] = {"clean": clean_conf_dist(net, forget_images, device).tolist(),
+                          "attacked": None if attacked is None else attacked.worst_per_image.get(stage),
+                          "certified": None if certified.by_gamma is None else certified.by_gamma[f"{gamma:g}"],
+                          "certified_radius": certified.radius}
+        if certified.by_gamma is not None:
+            certified_by_stage[stage] = {g: stage_summary({"certified": values}, threshold)
+                                         for g, values in certified.by_gamma.items()}
+        bound_by_stage[stage] = {"bound": certified.bound, "intermediate": certified.intermediate,
+                                 "slope_steps": certified.slope_steps, "note": certified.note}
+        summaries[stage] = stage_summary(columns[stage], threshold)
+    return PerImage(per_image_rows(datamodule.forget_ids(), columns), certified_by_stage, bound_by_stage, summaries,
+                    note)

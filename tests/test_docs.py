@@ -76,7 +76,7 @@ def test_the_site_builds_strictly_with_the_readme_as_home_and_api_pages_from_doc
     api = text_of(site / "api" / "release" / "index.html")
     assert "load_released ( folder , device = 'cpu' )" in api and "It is no signature" in api
     extension = text_of(site / "api" / "extension" / "index.html")
-    for name in ("methods.Method", "methods.MethodOutput", "attacks.base.Attack", "data.sources.Source",
+    for name in ("methods.base.Method", "methods.output.MethodOutput", "attacks.base.Attack", "data.sources.Source",
                  "data.arrays.ImageArrays"):
         assert f"ttp_lightning.{name}" in extension.replace(" . ", "."), name
     assert "Sweeps on a SLURM cluster" in text_of(site / "cluster-and-gpu" / "index.html")

@@ -482,6 +482,6 @@ def test_lr_warmup_ramps_each_optimizer_start_and_puts_the_scheduled_rate_back()
     assert module.used == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.025, 0.05, 0.075, 0.1])
     assert module.between == pytest.approx([0.1] * 9)
     with pytest.raises(Exception, match="method.lr_warmup=-1 is not allowed"):
-        from ttp_lightning.config.schema import ParetoSchema
+        from ttp_lightning.methods.pareto_schema import ParetoSchema
 
         ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, lr_warmup=-1)

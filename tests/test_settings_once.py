@@ -8,6 +8,7 @@ import pytest
 from ttp_lightning.config import schema as config_schema
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.fit.training import RunContext
+from ttp_lightning.methods import pareto_schema
 from ttp_lightning.reporting.run_identity import swept_keys
 from ttp_lightning.run.validation import build_method, validate_config
 
@@ -20,7 +21,7 @@ def checks_run(monkeypatch):
     """How often each schema's __post_init__ (its range checks) runs."""
     calls: Counter = Counter()
     for name in CHECKED:
-        schema = getattr(config_schema, name)
+        schema = getattr(config_schema, name, None) or getattr(pareto_schema, name)
         original = schema.__dict__["__post_init__"]
 
         def counted(self, _original=original, _name=name):
@@ -37,7 +38,7 @@ def test_each_section_is_checked_once_and_its_object_is_what_the_parts_read(comp
     datamodule = build_datamodule(settings.data)
     ctx = RunContext.of(settings)
     assert checks_run == Counter(dict.fromkeys(CHECKED, 1))
-    assert method.settings is settings.method and isinstance(method.settings, config_schema.ParetoSchema)
+    assert method.settings is settings.method and isinstance(method.settings, pareto_schema.ParetoSchema)
     assert datamodule.forget_cfg is settings.data.forget  # not checked again by the data module
     assert ctx.fit_settings.pretrain is settings.pretrain and ctx.fit_settings.performance is settings.performance
 

@@ -2,9 +2,13 @@
 
 from ttp_lightning.config.naming import register as _register_resolvers
 from ttp_lightning.config.schema import register as _register_schemas
+from ttp_lightning.methods.baselines.schemas import SCHEMAS as _BASELINE_SCHEMAS
+from ttp_lightning.methods.certified.schema import CertifiedSchema as _CertifiedSchema
+from ttp_lightning.methods.pareto_schema import ParetoSchema as _ParetoSchema
 from ttp_lightning.version import __version__ as __version__
 
-_register_schemas()  # the typed config schemas the YAML files name (group `schema`)
+# the typed config schemas the YAML files name (group `schema`); the methods' own live beside them
+_register_schemas({"pareto": _ParetoSchema, "certified": _CertifiedSchema, **_BASELINE_SCHEMAS})
 _register_resolvers()  # ${ttp.model_name:...}: the default experiment name
 
 

@@ -16,7 +16,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ttp_lightning.certify.theta_rule import check_ladder
 from ttp_lightning.core import checks
 from ttp_lightning.core.errors import TTPUserError
 
@@ -284,210 +283,6 @@ def check_cvar_fraction(fraction) -> None:
 
 
 @dataclass
-class EarlyStoppingSchema:
-    enabled: bool = True
-    conf_dist_below: float | None = 0.1
-    criterion: Criterion = Criterion["worst"]
-    select: Select = Select["conf_dist"]
-    retain_acc_at_least: float = 0.0
-    retain_acc_drop_at_most: float | None = 0.01
-    patience: int | None = 20
-    fallback: Fallback = Fallback["pareto"]
-    retain_holdout: float = 0.0
-
-    def __post_init__(self) -> None:
-        key = "method.early_stopping"
-        holdout = checks.number(self.retain_holdout, f"{key}.retain_holdout")
-        if not 0.0 <= holdout <= 0.5:
-            raise TTPUserError(f"{key}.retain_holdout={self.retain_holdout} is not allowed; choose a fraction of the "
-                               "retain set in [0, 0.5] (0: the retain rule on the images finetuning trains on)")
-        if self.conf_dist_below is not None:
-            checks.positive(self.conf_dist_below, f"{key}.conf_dist_below")
-        checks.unit_interval(checks.number(self.retain_acc_at_least, f"{key}.retain_acc_at_least"),
-                          f"{key}.retain_acc_at_least")
-        if self.retain_acc_drop_at_most is not None:
-            checks.unit_interval(checks.number(self.retain_acc_drop_at_most, f"{key}.retain_acc_drop_at_most"),
-                              f"{key}.retain_acc_drop_at_most")
-        if self.patience is not None:
-            checks.positive_int(self.patience, f"{key}.patience")
-
-
-@dataclass
-class ParetoSchema(MethodSchema, TrainingSchema):
-    """Alg 1 (method=pareto); `adversarial` is robust Alg 1's (method=pareto_robust, checked by its method)."""
-
-    theta: float = 0.75
-    mode: Mode = Mode["minibatch"]
-    gradient_surgery: bool = False
-    uniformity: Uniformity = Uniformity["kl"]
-    forget_temperature: float = 1.0
-    epochs: int = 100
-    chunk_size: int = 8192
-    joint_forward: bool = False
-    forget_reduction: Reduction = Reduction["mean"]
-    forget_cvar_fraction: float = 0.2
-    forget_reduction_temperature: float | None = None
-    forget_batchnorm: BatchNormMode = BatchNormMode["train"]
-    retain_batchnorm: BatchNormMode = BatchNormMode["train"]
-    lr_backoffs: int = 2
-    lr_warmup: Any = 0      # linear warm-up steps after each optimizer start (int >= 0), or auto (fit/alg1_callbacks.warmup_steps)
-    early_stopping: EarlyStoppingSchema = field(default_factory=EarlyStoppingSchema)
-    adversarial: Any = None
-
-    def __post_init__(self) -> None:
-        TrainingSchema.__post_init__(self)
-        checks.unit_interval(checks.number(self.theta, "method.theta"), "method.theta")
-        checks.at_least_zero(self.lr_backoffs, "method.lr_backoffs")
-        checks.auto_or(self.lr_warmup, "method.lr_warmup", checks.whole_number)
-        check_cvar_fraction(self.forget_cvar_fraction)
-        check_reduction_temperature(self.forget_reduction, self.forget_reduction_temperature)
-        checks.positive(self.forget_temperature, "method.forget_temperature")
-        checks.positive_int(self.epochs, "method.epochs")
-        checks.positive_int(self.chunk_size, "method.chunk_size")
-
-
-@dataclass
-class CertifiedSchema(MethodSchema, TrainingSchema):
-    """Algs 2-4 (conf/certified_defaults.yaml and certified_*.yaml); the estimator's settings for Algs 3-4."""
-
-    algorithm: Algorithm = Algorithm["alg2_exact_newton"]
-    bound: Bound = Bound["residual"]
-    layers: Layers = Layers["all"]
-    solver_tolerance: float = 1.0e-10
-    max_newton: int = 100
-    max_cg: int = 2000
-    theta: Any = 0.75  # in (0, 1), or auto (bound=residual: certify.theta_rule over theta_ladder)
-    theta_ladder: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875])
-    theta_refine_steps: int = 3
-    theta_retain_drop_at_most: float = 0.01
-    uniformity: Uniformity = Uniformity["reverse_kl"]
-    forget_temperature: float = 1.0
-    lam: Any = 1.0e-4
-    lam_min: float = 0.0
-    lanczos_iterations: int = 30
-    spectrum_margin: float = 0.1
-    hessian_lipschitz_forget: float = 1.0
-    hessian_lipschitz_retain: float = 1.0
-    grad_lipschitz_forget: float = 1.0
-    grad_lipschitz_retain: float = 1.0
-    epsilon: float = 1.0
-    delta: float = 1.0e-5
-    sigma: float | None = None
-    vacuous_above: float = 10.0
-    max_exact_params: int = 20000
-    warmup_epochs: int = 0
-    mode: Mode = Mode["fullbatch"]
-    gradient_surgery: bool = False
-    chunk_size: int = 8192
-    scale: float | None = None
-    scale_margin: float = 1.2
-    depth: Any = "auto"
-    repeats: int = 1
-    sample_size: int = 1
-    estimator_seed: int = 0
-    max_residual: float = 0.5
-    compare_exact: bool = False
-    release: Release = Release["each"]
-    forget_reduction_temperature: Any = None  # a number > 0, or auto (certify.reductions.temperature_rule)
-
-    def __post_init__(self) -> None:
-        TrainingSchema.__post_init__(self)
-        checks.auto_or(self.theta, "method.theta",
-                       lambda value, key: checks.unit_interval(checks.number(value, key), key, closed=False))
-        self._check_theta_rule()
-        for key in ("epsilon", "hessian_lipschitz_forget", "hessian_lipschitz_retain", "grad_lipschitz_forget",
-                    "grad_lipschitz_retain", "vacuous_above", "forget_temperature", "scale_margin", "max_residual",
-                    "solver_tolerance"):
-            checks.positive(getattr(self, key), f"method.{key}")
-        checks.auto_or(self.lam, "method.lam", checks.positive)
-        checks.fraction(self.delta, "method.delta")
-        if self.sigma is not None:
-            checks.positive(self.sigma, "method.sigma")
-        if self.scale is not None:
-            checks.positive(self.scale, "method.scale")
-        for key in ("lanczos_iterations", "max_exact_params", "chunk_size", "repeats", "sample_size", "max_newton",
-                    "max_cg"):
-            checks.positive_int(getattr(self, key), f"method.{key}")
-        checks.at_least_zero(self.spectrum_margin, "method.spectrum_margin")
-        checks.at_least_zero(self.warmup_epochs, "method.warmup_epochs")
-        checks.auto_or(self.depth, "method.depth", checks.positive_int)
-        self._check_reduction()
-
-    def _check_theta_rule(self) -> None:
-        """theta=auto solves M_theta(D) at each theta it probes: the residual bound's solver."""
-        problems = check_ladder(list(self.theta_ladder), self.theta_refine_steps)
-        if problems:
-            raise TTPUserError(f"method.theta_ladder={list(self.theta_ladder)}, method.theta_refine_steps="
-                               f"{self.theta_refine_steps} are not allowed: {'; '.join(problems)}")
-        checks.unit_interval(checks.number(self.theta_retain_drop_at_most, "method.theta_retain_drop_at_most"),
-                             "method.theta_retain_drop_at_most")
-        if self.theta == "auto" and self.bound != "residual":
-            raise TTPUserError(f"method.theta=auto is not allowed with method.bound={self.bound} (the rule solves the "
-                               "exact optimum at each theta it probes); choose a theta in (0, 1), or "
-                               "method.bound=residual")
-        if self.theta == "auto" and self.warmup_epochs:
-            raise TTPUserError(f"method.warmup_epochs={self.warmup_epochs} is not allowed with method.theta=auto (the "
-                               "Alg 1 warm-up's objective needs theta before the rule chooses it); use 0, or a theta "
-                               "in (0, 1)")
-
-    def _check_reduction(self) -> None:
-        """The residual bound takes a convex, smooth reduction of the forget losses; the paper's bound the mean."""
-        reduction = str(self.forget_reduction or "mean")
-        if self.bound == "paper" and reduction != "mean":
-            raise TTPUserError(f"method.forget_reduction={reduction} is not allowed with method.bound=paper (its Delta "
-                               "is for the mean forget loss); choose mean, or method.bound=residual")
-        if reduction == "max":
-            raise TTPUserError("method.forget_reduction=max is not allowed with the residual bound (not differentiable "
-                               "where two images tie, so its gradient does not vanish at the optimum); choose one of: "
-                               "mean, smoothmax, cvar (smoothed)")
-        check_reduction_temperature(reduction, self.forget_reduction_temperature, ("smoothmax", "cvar"), auto=True)
-        if reduction == "cvar":
-            check_cvar_fraction(self.forget_cvar_fraction)
-
-
-@dataclass
-class RetrainSchema(MethodSchema):
-    pass
-
-
-@dataclass
-class SyntheticSchema(MethodSchema):
-    k: int = 500
-    radius: float = 8.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        checks.positive_int(self.k, "method.k")
-        checks.positive(self.radius, "method.radius")
-
-
-@dataclass
-class LabelDPSchema(MethodSchema):
-    epsilon: float = 2.0
-    stage_fraction: float = 0.5
-    temperature: float = 1.0
-    mixup_alpha: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        checks.positive(self.epsilon, "method.epsilon")
-        fraction = checks.number(self.stage_fraction, "method.stage_fraction")
-        if not 0.0 < fraction < 1.0:
-            raise TTPUserError(f"method.stage_fraction={fraction} is not allowed; choose a value in (0, 1)")
-        checks.positive(self.temperature, "method.temperature")
-        checks.at_least_zero(self.mixup_alpha, "method.mixup_alpha")
-
-
-@dataclass
-class GaussianUniformSchema(MethodSchema):
-    noise_variance: float = 0.1
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        checks.positive(self.noise_variance, "method.noise_variance")
-
-
-@dataclass
 class RelearnSchema:
     """attacks.relearn: finetuning the released model on public data to restore its forget predictions, from
     each source in `data` at each learning rate in `lrs`; the worst case over them is reported."""
@@ -571,15 +366,15 @@ class AttacksSchema:
                                f"attacks.gammas: {', '.join(f'{float(g):g}' for g in self.gammas)}")
 
 
-SCHEMAS = {"main": MainSchema, "attacks": AttacksSchema, "data": DataSchema, "pareto": ParetoSchema, "certified": CertifiedSchema,
-           "retrain": RetrainSchema, "synthetic": SyntheticSchema, "labeldp": LabelDPSchema,
-           "gaussian_uniform": GaussianUniformSchema, "method": MethodSchema}
+SCHEMAS = {"main": MainSchema, "attacks": AttacksSchema, "data": DataSchema, "method": MethodSchema}  # the methods'
+# own schemas live beside them (methods/pareto_schema.py, methods/certified/schema.py, methods/baselines/schemas.py)
 
 
-def register() -> None:
-    """Store the schemas as group `schema` (YAML files name them: `- /schema@_here_: pareto`)."""
+def register(method_schemas: dict[str, type]) -> None:
+    """Store these schemas and `method_schemas` (a method's name -> its schema) as group `schema` (YAML files
+    name them: `- /schema@_here_: pareto`)."""
     store = ConfigStore.instance()
-    for name, node in SCHEMAS.items():
+    for name, node in {**SCHEMAS, **method_schemas}.items():
         store.store(group="schema", name=name, node=node)
 
 

@@ -12,7 +12,7 @@ from torch import nn
 from ttp_lightning.assess.evaluation import evaluate
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.robust import RADIUS_RUNGS, AdversarialSettings
-from ttp_lightning.config.schema import CertifiedSchema, EarlyStoppingSchema, MainSchema, ParetoSchema
+from ttp_lightning.config.schema import MainSchema
 from ttp_lightning.core import checks
 from ttp_lightning.core.batching import ImageBatchDataset
 from ttp_lightning.core.errors import TTPUserError
@@ -28,7 +28,9 @@ from ttp_lightning.fit.alg1_callbacks import (
 from ttp_lightning.fit.training import RunContext, TrainedBy, fit
 from ttp_lightning.ibp.uniformity import BOUNDS
 from ttp_lightning.methods.base import Method
+from ttp_lightning.methods.certified.schema import CertifiedSchema
 from ttp_lightning.methods.output import MethodOutput
+from ttp_lightning.methods.pareto_schema import EarlyStoppingSchema, ParetoSchema
 from ttp_lightning.models.optim import optimizer_settings
 from ttp_lightning.models.pareto import ParetoFinetuneModule
 
@@ -39,7 +41,7 @@ class Pareto(Method):
     """Alg 1 (method=pareto), and robust Alg 1 (method=pareto_robust: the same class with `adversarial`)."""
 
     def check(self, settings: MainSchema) -> None:
-        """What the typed schema (config.schema.ParetoSchema: types, choices, ranges) cannot say: the callbacks
+        """What the typed schema (pareto_schema.ParetoSchema: types, choices, ranges) cannot say: the callbacks
         Alg 1 reads back, and robust Alg 1's attack settings."""
         check_method_callbacks(settings.callbacks)
         own = self.settings

@@ -25,11 +25,11 @@ from ttp_lightning.certify.mechanism import implied_epsilon, noise_sigma
 from ttp_lightning.certify.newton import ESTIMATED, NewtonPath, noised_states, resolve_lam
 from ttp_lightning.certify.reductions import temperature_rule
 from ttp_lightning.certify.residual_step import forget_reduction, mu_of, select_certified_layers
-from ttp_lightning.config.schema import CertifiedSchema
 from ttp_lightning.core.inference import eval_device
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.fit.training import RunContext, fit
 from ttp_lightning.methods.certified import theta
+from ttp_lightning.methods.certified.schema import CertifiedSchema
 from ttp_lightning.methods.output import CertifiedRelease, MethodOutput
 from ttp_lightning.methods.pareto import finetune
 from ttp_lightning.models.certified import CertifiedStepModule, quiet_no_optimizer

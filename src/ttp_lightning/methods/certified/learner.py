@@ -19,11 +19,12 @@ from torch import nn
 
 from ttp_lightning.certificates.document import ONLINE, delta_allowed
 from ttp_lightning.certify.newton import resolve_lam
-from ttp_lightning.config.schema import CertifiedSchema, MainSchema
+from ttp_lightning.config.schema import MainSchema
 from ttp_lightning.core import checks
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.certified.common import run_certified
+from ttp_lightning.methods.certified.schema import CertifiedSchema
 from ttp_lightning.methods.output import MethodOutput
 
 
@@ -56,7 +57,7 @@ IMAGEFOLDER_WHY = "a verifier rebuilds the data from a registered data set and i
 
 
 def check_certified(cfg: MainSchema, online: bool) -> None:
-    """What the typed schema (config.schema.CertifiedSchema: types, choices, ranges) cannot say: the settings
+    """What the typed schema (certified/schema.CertifiedSchema: types, choices, ranges) cannot say: the settings
     of Algs 2-4 that depend on other settings (`online`: Alg 4)."""
     method = cfg.method
     unsupported = (

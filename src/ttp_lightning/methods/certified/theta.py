@@ -18,9 +18,9 @@ from ttp_lightning.certify.residual_step import (
     objective_at,
 )
 from ttp_lightning.certify.theta_rule import Probe, ThetaChoice, choose_theta
-from ttp_lightning.config.schema import CertifiedSchema
 from ttp_lightning.core.metrics import conf_dist_of_probs
 from ttp_lightning.data.datamodule import TTPDataModule
+from ttp_lightning.methods.certified.schema import CertifiedSchema
 
 log = logging.getLogger(__name__)
 

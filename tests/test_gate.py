@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from conftest import registered_loader
+from conftest import finished, registered_loader
 from ttp_lightning.assess.protection import (
     NOT_PROTECTED_DIR,
     PROTECTED_DIR,
@@ -307,3 +307,15 @@ def test_the_assessment_is_one_record_built_once():
     assert list(quiet.record()) == ["certified", "certified_bound", "forget_per_image", "release_gate"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         assessment.release_gate = {}
+
+
+def test_results_json_keys_are_the_run_records(run_job):
+    """results.json is written from the run record: its top-level keys are the documented ones, in order."""
+    from ttp_lightning.run.record import schema_keys
+
+    proc, results = run_job("method.epochs=1")
+    finished(proc.returncode, results, proc.stderr)
+    order = schema_keys()
+    assert set(results) <= set(order), set(results) - set(order)
+    assert list(results) == sorted(results, key=order.index)
+    assert {"attacks", "forget_per_image", "release_gate", "weights_file", "release"} <= set(results)

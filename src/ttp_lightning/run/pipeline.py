@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -13,9 +14,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from ttp_lightning.assess.evaluation import evaluate, forget_softmax
-from ttp_lightning.assess.protection import (
-    GateSettings,
-)
+from ttp_lightning.assess.protection import GateSettings
 from ttp_lightning.attacks import build_suite
 from ttp_lightning.certificates.document import AUDIT_FILE, PRIVATE_DIR, write_release
 from ttp_lightning.certificates.schema import data_spec, model_spec
@@ -52,7 +51,8 @@ from ttp_lightning.reporting.results import (
 from ttp_lightning.reporting.run_identity import flat_config, run_identity
 from ttp_lightning.reporting.tables import method_label
 from ttp_lightning.reporting.wandb_charts import log_run_charts
-from ttp_lightning.run.assessment import assess, run_relearn_sources
+from ttp_lightning.run.assessment import Assessment, assess, run_relearn_sources
+from ttp_lightning.run.record import RunRecord
 from ttp_lightning.run.validation import build_method, setting, validate_config
 
 log = logging.getLogger(__name__)
@@ -238,11 +238,10 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
                         settings.bounds, gate)
     metrics = {stage: {**values, **(assessment.stage_metrics(stage) if stage in models else {})}
                for stage, values in metrics.items()}
-    results = {**_results_record(settings.experiment_name, method.name, record, datamodule, metrics, output.history,
-                                 ctx),
-               "forget_softmax": softmax, **assessment.record()}
+    partial = _run_record(settings.experiment_name, method.name, record, datamodule, metrics, output.history, ctx,
+                          softmax, assessment)
     try:  # a full disk or a lost mount while writing: one line, and no output of this run left half-made
-        results, path, attack_table, certificate_line = _write_outputs(results, output, settings, datamodule,
+        results, path, attack_table, certificate_line = _write_outputs(partial, output, settings, datamodule,
                                                                        metrics, output_dir)
     except OSError as exc:
         _remove_outputs(Path(output_dir))
@@ -255,22 +254,19 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     return results
 
 
-def _results_record(experiment: str, method: str, record: dict, datamodule, metrics: dict, history: list,
-                    ctx: RunContext) -> dict:
-    """results.json's first keys: what ran, on which data and forget set, and each stage's metrics."""
-    return {
-        "experiment": experiment,
-        "method": method,
-        "config": record,
-        "data": {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
-                 "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
-                 "forget_fingerprint": datamodule.forget_fingerprint(),
-                 "forget_set_digest": datamodule.forget_set_digest(), **datamodule.forget_record()},
-        "metrics": metrics,
-        "history": {method: history},
-        "resumed": dict(ctx.resumed),  # stage -> the epoch a rerun resumed after (wall times cover this process)
-        "run": ctx.identity,  # name, wandb group (the sweep), job type, this job's swept values
-    }
+def _run_record(experiment: str, method: str, record: dict, datamodule, metrics: dict, history: list,
+                ctx: RunContext, softmax: dict, assessment: Assessment) -> RunRecord:
+    """The run's record before its weights are written: what ran, on which data and forget set, each stage's
+    metrics and the assessment."""
+    data = {"train_size": len(datamodule.train_labels), "test_size": len(datamodule.test_labels),
+            "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
+            "forget_fingerprint": datamodule.forget_fingerprint(), "forget_set_digest": datamodule.forget_set_digest(),
+            **datamodule.forget_record()}
+    # resumed: stage -> the epoch a rerun resumed after (wall times cover this process); run: name, wandb group
+    # (the sweep), job type, this job's swept values
+    return RunRecord(experiment=experiment, method=method, config=record, data=data, metrics=metrics,
+                     history={method: history}, resumed=dict(ctx.resumed), run=ctx.identity, forget_softmax=softmax,
+                     assessment=assessment, weights={})
 
 
 def _starting_models(settings: MainSchema, ctx: RunContext, datamodule, make_net, gate: GateSettings):
@@ -329,18 +325,20 @@ def public_metrics(values: dict) -> dict:
     return {key: value for key, value in values.items() if key not in PRIVATE_METRICS}
 
 
-def _write_outputs(results: dict, output, settings: MainSchema, datamodule, metrics: dict, output_dir: str):
+def _write_outputs(partial: RunRecord, output, settings: MainSchema, datamodule, metrics: dict, output_dir: str):
     """The certificate (certified methods), the weights, the release folder and results.json, in that order;
-    returns (the whole record, results.json's path, the attack table, the certificate line). Each step adds its
-    own keys to a new record; none edits what an earlier one built."""
-    results = {**results, **_weights_record(results, output, settings, datamodule, metrics, output_dir)}
+    returns (results.json's content, its path, the attack table, the certificate line). Each step adds its part
+    to a new record; none edits what an earlier one built."""
+    run_record = replace(partial, weights=_weights_record(partial.to_json(), output, settings, datamodule, metrics,
+                                                          output_dir))
+    results = run_record.to_json()
     attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn"),
                                        results.get("relearn_floor")) \
         if "attacks" in results else None
     certificate_line = format_certificate_line(results["certificate"], settings.method.vacuous_above) \
         if "certificate" in results else None
-    results = {**results, "release": publish(results, output.net, settings, datamodule, attack_table, certificate_line,
-                                             output_dir)}
+    release = publish(results, output.net, settings, datamodule, attack_table, certificate_line, output_dir)
+    results = run_record.published(release).to_json()
     path = write_results(results, output_dir)
     return results, path, attack_table, certificate_line
 

@@ -3,9 +3,10 @@ model, the trainer, the logger, callbacks, optimizers, attacks, the data loader,
 the config files this package registers are read here; every other module takes the typed settings
 (config/schema.py) or hands a part's node to these functions without reading it.
 
-A `Node` is a part of a composed config (an OmegaConf DictConfig); outside this module, config/schema.py,
-run/validation.py, the entry point and the run's identity (reporting/run_identity.py), nothing imports Hydra
-or OmegaConf (tests/test_architecture.py).
+A `Node` is a part of a composed config (an OmegaConf DictConfig). Outside this module only the entry point,
+the schemas (config/schema.py), the pre-flight checks (config/choices.py), the composed config's checking
+(run/validation.py) and the run's identity (reporting/run_identity.py) import Hydra or OmegaConf
+(tests/test_architecture.py).
 """
 
 from collections.abc import Callable

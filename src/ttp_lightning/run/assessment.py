@@ -54,8 +54,7 @@ class Assessment:
 
     def stage_metrics(self, stage: str) -> dict:
         """What the assessment adds to a stage's metrics, in results.json's order."""
-        robust = {} if self.attacked is None else {"forget_robust_conf_dist": self.attacked.robust_conf_dist[stage]}
-        return {**robust, **self.per_image.summaries[stage]}
+        return added_metrics(self.attacked, self.per_image, stage)
 
     def record(self) -> dict:
         """results.json's keys of the assessment, in their order."""
@@ -82,10 +81,15 @@ def assess(models: dict, method: str, metrics: dict, datamodule, attacks: Attack
         attacked = attack_models(models, metrics["pretrain"]["forget_conf_dist"], datamodule, attacks, suite, sources,
                                  floor)
     per_image = account_per_image(models, datamodule, attacks, attacked, gate.conf_dist_at_most, bounds)
-    partial = Assessment(attacked, per_image, {})
-    verdict = judge(per_image.rows, method, {**metrics[method], **partial.stage_metrics(method)}, gate,
+    verdict = judge(per_image.rows, method, {**metrics[method], **added_metrics(attacked, per_image, method)}, gate,
                     float(attacks.robust_gamma), per_image.note)
     return Assessment(attacked, per_image, verdict)
+
+
+def added_metrics(attacked: Attacked | None, per_image: PerImage, stage: str) -> dict:
+    """A stage's metrics from the assessment: the worst attack's mean CD at robust_gamma and the per-image summary."""
+    robust = {} if attacked is None else {"forget_robust_conf_dist": attacked.robust_conf_dist[stage]}
+    return {**robust, **per_image.summaries[stage]}
 
 
 def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema, suite: dict, sources: dict,

@@ -242,7 +242,7 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
                           softmax, assessment)
     try:  # a full disk or a lost mount while writing: one line, and no output of this run left half-made
         results, path, attack_table, certificate_line = _write_outputs(partial, output, settings, datamodule,
-                                                                       metrics, output_dir)
+                                                                       output_dir)
     except OSError as exc:
         _remove_outputs(Path(output_dir))
         where = f": {exc.filename}" if exc.filename else ""
@@ -325,12 +325,11 @@ def public_metrics(values: dict) -> dict:
     return {key: value for key, value in values.items() if key not in PRIVATE_METRICS}
 
 
-def _write_outputs(partial: RunRecord, output, settings: MainSchema, datamodule, metrics: dict, output_dir: str):
+def _write_outputs(partial: RunRecord, output, settings: MainSchema, datamodule, output_dir: str):
     """The certificate (certified methods), the weights, the release folder and results.json, in that order;
     returns (results.json's content, its path, the attack table, the certificate line). Each step adds its part
     to a new record; none edits what an earlier one built."""
-    run_record = replace(partial, weights=_weights_record(partial.to_json(), output, settings, datamodule, metrics,
-                                                          output_dir))
+    run_record = replace(partial, weights=_weights_record(partial, output, settings, datamodule, output_dir))
     results = run_record.to_json()
     attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn"),
                                        results.get("relearn_floor")) \
@@ -343,19 +342,20 @@ def _write_outputs(partial: RunRecord, output, settings: MainSchema, datamodule,
     return results, path, attack_table, certificate_line
 
 
-def _weights_record(results: dict, output, settings: MainSchema, datamodule, metrics: dict, output_dir: str) -> dict:
+def _weights_record(partial: RunRecord, output, settings: MainSchema, datamodule, output_dir: str) -> dict:
     """A certified release's certificate (written, then read back as the verifier will), its weights and audit
     files and noise-free scores; else where publish() writes the weights (and the raw state_dict if asked)."""
-    folder = results["release_gate"]["folder"]
+    gate = partial.assessment.release_gate
+    folder = gate["folder"]
     if output.release is not None:
         certificate = {**output.release.certificate, "experiment": settings.experiment_name,
-                       **identity(settings, datamodule), "metrics": public_metrics(metrics[results["method"]])}
+                       **identity(settings, datamodule), "metrics": public_metrics(partial.metrics[partial.method])}
         cert_path = write_release(certificate, output.release.states, output.release.audit, output_dir, folder)
         written = json.loads(cert_path.read_text())
         return {"certificate": written, "weights_file": f"{folder}/{written['weights'][-1]['file']}",
                 "audit_file": f"{PRIVATE_DIR}/{AUDIT_FILE}", "noise_free": output.release.noise_free}
     record = {"weights_file": f"{folder}/{WEIGHTS}"}  # publish() writes it
     if settings.state_dict:  # asked for: the raw state_dict too
-        weights = write_weights(output.net, Path(output_dir) / ("" if results["release_gate"]["passed"] else folder))
+        weights = write_weights(output.net, Path(output_dir) / ("" if gate["passed"] else folder))
         record["state_dict_file"] = str(weights.relative_to(output_dir))
     return record

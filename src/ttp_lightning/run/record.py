@@ -77,20 +77,25 @@ SPREAD = {
 }
 
 
-def schema_table() -> str:
-    """docs/results-json.md's reference table of results.json's top level, in order, from RunRecord's fields
-    (the assessment's and the weights' keys spread as to_json spreads them)."""
-    rows = ["| key | type | present | what |", "|---|---|---|---|"]
+def _schema_rows() -> list[tuple[str, str, str, str]]:
+    """(key, type, when present, what) of every top-level key, in the order to_json writes them (the
+    assessment's and the weights' keys spread as to_json spreads them)."""
+    rows = []
     for item in fields(RunRecord):
         if item.name in SPREAD:
-            rows += [f"| `{key}` | {kind} | {when} | {doc} |" for key, kind, when, doc in SPREAD[item.name]]
+            rows += SPREAD[item.name]
             continue
         kind = getattr(item.type, "__name__", str(item.type)).replace(" | None", "")
-        rows.append(f"| `{item.name}` | {kind} | {item.metadata['when']} | {item.metadata['doc']} |")
-    return "\n".join(rows)
+        rows.append((item.name, kind, item.metadata["when"], item.metadata["doc"]))
+    return rows
+
+
+def schema_table() -> str:
+    """docs/results-json.md's reference table of results.json's top level, from RunRecord's fields."""
+    return "\n".join(["| key | type | present | what |", "|---|---|---|---|",
+                      *(f"| `{key}` | {kind} | {when} | {doc} |" for key, kind, when, doc in _schema_rows())])
 
 
 def schema_keys() -> list[str]:
     """results.json's top-level keys in the order to_json writes them."""
-    return [key for item in fields(RunRecord)
-            for key in ([entry[0] for entry in SPREAD[item.name]] if item.name in SPREAD else [item.name])]
+    return [row[0] for row in _schema_rows()]

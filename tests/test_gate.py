@@ -33,15 +33,15 @@ def _rows(clean, attacked=None, certified=None):
 def test_the_gate_judges_every_image_and_names_the_failing_ones():
     rows = _rows([0.01, 0.5, 0.02], attacked=[0.05, 0.9, 0.2], certified=[0.03, 0.9, 0.9])
     passed = judge(_rows([0.01, 0.09]), "pareto", {"train_steps": 5, "constraint_met": True}, GateSettings(), 8)
-    assert passed["passed"] and passed["folder"] == PROTECTED_DIR and passed["reasons"] == []
+    assert passed.passed and passed.folder == PROTECTED_DIR and passed.reasons == ()
     clean_only = judge(rows, "pareto", {"train_steps": 5}, GateSettings(), 8)
-    assert not clean_only["passed"] and clean_only["folder"] == NOT_PROTECTED_DIR
-    assert clean_only["failing_images"] == ["train:1"] and clean_only["reasons"] == [
-        "1 of 3 forget images keep clean CD > 0.1"]
+    assert not clean_only.passed and clean_only.folder == NOT_PROTECTED_DIR
+    assert clean_only.failing_images == ("train:1",) and clean_only.reasons == (
+        "1 of 3 forget images keep clean CD > 0.1",)
     strict = judge(rows, "pareto", {}, GateSettings(0.1, ("clean", "attacked", "certified")), 8)
-    assert strict["failing_images"] == ["train:1", "train:2"]
-    assert "2 of 3 forget images keep attacked CD > 0.1 at 8/255" in strict["reasons"]
-    assert "2 of 3 forget images keep certified CD > 0.1 at 8/255" in strict["reasons"]
+    assert strict.failing_images == ("train:1", "train:2")
+    assert "2 of 3 forget images keep attacked CD > 0.1 at 8/255" in strict.reasons
+    assert "2 of 3 forget images keep certified CD > 0.1 at 8/255" in strict.reasons
 
 
 def test_an_unset_require_is_the_methods_promise_and_a_passed_gate_names_what_it_did_not_require():
@@ -52,12 +52,12 @@ def test_an_unset_require_is_the_methods_promise_and_a_passed_gate_names_what_it
     assert GateSettings.from_config(given, robust_method=True).require == ("clean",)  # a stated list wins
     rows = _rows([0.01, 0.02], attacked=[0.5, 0.05], certified=[0.9, 0.9])
     passed = judge(rows, "pareto", {"train_steps": 5}, GateSettings(), 8)
-    assert passed["passed"] and passed["unrequired_above"] == {"attacked": 1, "certified": 2}
-    note = unrequired_note(passed, 2)
+    assert passed.passed and passed.unrequired_above == {"attacked": 1, "certified": 2}
+    note = unrequired_note(passed.to_json(), 2)
     assert "attacked CD > 0.1 for 1 of 2 images" in note and "within 8/255" in note
     assert "release_gate.require=[clean,attacked,certified]" in note
     robust = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean", "attacked")), 8)
-    assert not robust["passed"] and robust["failing_images"] == ["train:0"]
+    assert not robust.passed and robust.failing_images == ("train:0",)
 
 
 def test_a_required_certified_radius_is_judged_per_image():
@@ -65,14 +65,14 @@ def test_a_required_certified_radius_is_judged_per_image():
     rows = per_image_rows(["train:0", "train:1", "train:2"],
                           {"pareto": {"clean": [0.01, 0.02, 0.01], "certified_radius": [2.0, 0.5, 3.25]}})
     passed = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), min_certified_radius=0.5), 8)
-    assert passed["passed"] and passed["min_certified_radius"] == 0.5
+    assert passed.passed and passed.min_certified_radius == 0.5
     refused = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), min_certified_radius=1.0), 8)
-    assert not refused["passed"] and refused["failing_images"] == ["train:1"]
-    assert refused["reasons"] == ["1 of 3 forget images are certified within less than 1/255 (min 0.5/255)"]
+    assert not refused.passed and refused.failing_images == ("train:1",)
+    assert refused.reasons == ("1 of 3 forget images are certified within less than 1/255 (min 0.5/255)",)
     unmeasured = per_image_rows(["train:0"], {"pareto": {"clean": [0.01]}})
     missing = judge(unmeasured, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), 1.0), 8, "GELU")
-    assert not missing["passed"] and "certified radius of the forget images could not be computed (GELU)" in \
-        missing["reasons"][0]
+    assert not missing.passed and "certified radius of the forget images could not be computed (GELU)" in \
+        missing.reasons[0]
     with pytest.raises(TTPUserError, match="the radius search stops at bounds.max_radius=16"):
         GateSettings(0.1, ("clean",), 20.0).check_network(torch.nn.Linear(4, 2), 1, 2, 16.0)
 
@@ -83,7 +83,7 @@ def test_no_step_an_unchanged_model_or_an_unmet_rule_is_never_protected_even_whe
                             ({"train_steps": 3, "weights_changed": False}, "left every weight unchanged"),
                             ({"constraint_met": False, "stopping_rule": "rule X"}, "early-stopping rule (rule X)")):
         record = judge(uniform, "pareto", metrics, GateSettings(), 8)
-        assert not record["passed"] and any(reason in r for r in record["reasons"]), record
+        assert not record.passed and any(reason in r for r in record.reasons), record
 
 
 def test_a_radius_rule_that_fell_back_below_the_judged_radius_fails_a_gate_that_judges_the_ball():
@@ -92,21 +92,21 @@ def test_a_radius_rule_that_fell_back_below_the_judged_radius_fails_a_gate_that_
     about the ball) it is not; NaN never passes; a radius the user chose below gamma is their promise."""
     rows, robust = _rows([0.01, 0.02], attacked=[0.05, 0.05]), GateSettings(0.1, ("clean", "attacked"))
     full = {"train_steps": 5, "train_gamma_kept": 10.0, "train_gamma_target": 10.0}
-    assert judge(rows, "pareto", full, robust, 8)["passed"]
+    assert judge(rows, "pareto", full, robust, 8).passed
     fell = judge(rows, "pareto", full | {"train_gamma_kept": 5.0}, robust, 8)
-    assert not fell["passed"] and fell["reasons"] == [
+    assert not fell.passed and fell.reasons == (
         ("the kept epoch trained at radius 5/255: the radius rule fell back from 10/255 to keep the retain rule, "
-         "below the 8/255 the release is judged at")]
-    assert not judge(rows, "pareto", full | {"train_gamma_kept": float("nan")}, robust, 8)["passed"]
-    assert judge(rows, "pareto", full | {"train_gamma_kept": 5.0}, GateSettings(), 8)["passed"]
+         "below the 8/255 the release is judged at"),)
+    assert not judge(rows, "pareto", full | {"train_gamma_kept": float("nan")}, robust, 8).passed
+    assert judge(rows, "pareto", full | {"train_gamma_kept": 5.0}, GateSettings(), 8).passed
     chosen = {"train_steps": 5, "train_gamma_kept": 5.0, "train_gamma_target": 5.0}
-    assert judge(rows, "pareto", chosen, robust, 8)["passed"]
-    assert not judge(rows, "pareto", chosen | {"train_gamma_kept": 2.5}, robust, 8)["passed"]
+    assert judge(rows, "pareto", chosen, robust, 8).passed
+    assert not judge(rows, "pareto", chosen | {"train_gamma_kept": 2.5}, robust, 8).passed
 
 
 def test_a_required_bound_that_cannot_be_computed_fails_the_gate():
     record = judge(_rows([0.0]), "pareto", {}, GateSettings(0.1, ("clean", "certified")), 8, "LayerNorm")
-    assert not record["passed"] and "could not be computed (LayerNorm)" in record["reasons"][0]
+    assert not record.passed and "could not be computed (LayerNorm)" in record.reasons[0]
 
 
 @pytest.mark.parametrize("threshold", [0.9, 0.95])
@@ -251,13 +251,13 @@ def test_a_nan_cd_never_passes_the_gate():
     """A model whose output is NaN on a forget image has no CD at most the threshold: the gate names that image."""
     nan = float("nan")
     clean = judge(_rows([0.01, nan]), "pareto", {"train_steps": 5}, GateSettings(), 8)
-    assert not clean["passed"] and clean["failing_images"] == ["train:1"]
+    assert not clean.passed and clean.failing_images == ("train:1",)
     attacked = judge(_rows([0.01, 0.02], attacked=[0.05, nan], certified=[0.0, 0.0]), "pareto", {"train_steps": 5},
                      GateSettings(0.1, ("clean", "attacked")), 8)
-    assert not attacked["passed"] and attacked["failing_images"] == ["train:1"]
+    assert not attacked.passed and attacked.failing_images == ("train:1",)
     unrequired = judge(_rows([0.01, 0.02], attacked=[0.05, nan], certified=[0.0, 0.0]), "pareto",
                        {"train_steps": 5}, GateSettings(), 8)
-    assert unrequired["passed"] and unrequired["unrequired_above"] == {"attacked": 1}
+    assert unrequired.passed and unrequired.unrequired_above == {"attacked": 1}
 
 
 def test_a_nan_attacked_or_certified_cd_is_the_worst_and_counts_as_exposed():
@@ -278,9 +278,9 @@ def test_zero_exact_gradients_at_forget_images_are_said_under_the_verdict():
 
     gate = judge(_rows([0.02] * 5, attacked=[0.02] * 5, certified=[0.9] * 5), "pareto", {"train_steps": 5},
                  GateSettings(0.1, ("clean", "attacked")), 8)
-    masked = gate_summary(gate, 5, {"zero_gradient_share": 1.0})
+    masked = gate_summary(gate.to_json(), 5, {"zero_gradient_share": 1.0})
     assert masked.startswith("release gate: passed") and "note: the exact input gradient is zero at 5 of 5" in masked
-    assert "note:" not in gate_summary(gate, 5, {"zero_gradient_share": 0.0})
+    assert "note:" not in gate_summary(gate.to_json(), 5, {"zero_gradient_share": 0.0})
     assert masking_note(None, 5) == "" and masking_note({"zero_gradient_share": 0.4}, 5).startswith(
         "the exact input gradient is zero at 2 of 5")
 
@@ -298,15 +298,15 @@ def test_the_assessment_is_one_record_built_once():
                         robust_conf_dist={"pareto": 0.3}, relearn={"pareto": {}}, relearn_runs={"pareto": []})
     gate = judge(per_image.rows, "pareto", {"weights_changed": True}, GateSettings(), 8.0)
     assessment = Assessment(attacked, per_image, gate)
-    assert list(assessment.record()) == ["attacks", "attack_checks", "relearn", "relearn_runs", "certified",
+    assert list(assessment.to_json()) == ["attacks", "attack_checks", "relearn", "relearn_runs", "certified",
                                          "certified_bound", "certified_note", "forget_per_image", "release_gate"]
     assert assessment.stage_metrics("pareto") == {"forget_robust_conf_dist": 0.3, "forget_worst_conf_dist": 0.5,
                                                   "forget_exposed": 1}
-    assert not assessment.release_gate["passed"]
+    assert not assessment.release_gate.passed and assessment.to_json()["release_gate"]["folder"] == NOT_PROTECTED_DIR
     quiet = Assessment(None, dataclasses.replace(per_image, note=None), gate)  # attacks off: no attack keys
-    assert list(quiet.record()) == ["certified", "certified_bound", "forget_per_image", "release_gate"]
+    assert list(quiet.to_json()) == ["certified", "certified_bound", "forget_per_image", "release_gate"]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        assessment.release_gate = {}
+        assessment.release_gate = None
 
 
 def test_results_json_keys_are_the_run_records(run_job):

@@ -32,7 +32,7 @@ def _job(compose_cfg, tmp_path, name: str, *overrides: str) -> dict:
                       *overrides)
     with open_dict(cfg):
         del cfg["hydra"]
-    return run(cfg, str(out))
+    return run(cfg, str(out)).to_json()
 
 
 def _stop_at(monkeypatch, stage_word: str, epoch: int) -> None:
@@ -184,9 +184,9 @@ def test_the_newest_of_last_and_a_slurm_requeue_checkpoint_is_resumed_and_resume
     io = SignedCheckpointIO()  # how Lightning writes both
     io.save_checkpoint({"global_step": 40, "epoch": 3}, folder / LAST)
     io.save_checkpoint({"global_step": 47, "epoch": 4}, folder / "hpc_ckpt_1.ckpt")  # SLURM's signal, mid-epoch 5
-    assert resume_from(folder, resume=True, stage="test") == str(folder / "hpc_ckpt_1.ckpt")
+    assert resume_from(folder, resume=True, stage="test").path == str(folder / "hpc_ckpt_1.ckpt")
     io.save_checkpoint({"global_step": 50, "epoch": 4}, folder / LAST)
-    assert resume_from(folder, resume=True, stage="test") == str(folder / LAST)
+    assert resume_from(folder, resume=True, stage="test").path == str(folder / LAST)
     assert resume_from(folder, resume=False, stage="test") is None
     assert not list(folder.iterdir())
 

@@ -122,7 +122,7 @@ def _run(compose_cfg, tmp_path, monkeypatch, method: str, *overrides: str) -> di
                       "attacks.restarts=1", "data.forget.size=20", "pretrain.epochs=8", *overrides)
     with open_dict(cfg):
         del cfg["hydra"]  # what Hydra's main hands a job
-    return run(cfg, str(out))
+    return run(cfg, str(out)).to_json()
 
 
 def _rank(row: dict) -> tuple:

@@ -58,7 +58,7 @@ def genuine(tmp_path_factory) -> Genuine:
             [*TINY, *RUN, f"paths.output_dir={work}", f"paths.cache_dir={work / 'cache'}"]), return_hydra_config=True)
     with open_dict(cfg):
         del cfg["hydra"]
-    results = run(cfg, str(work))
+    results = run(cfg, str(work)).to_json()
     assert results["release_gate"]["passed"], results["release_gate"]
     datamodule = TTPDataModule("digits", registered_loader("digits"), split="paper", forget={"size": 20})
     datamodule.setup()

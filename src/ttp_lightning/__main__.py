@@ -44,12 +44,8 @@ def _stopped_by(name: str, code: int, at_once: bool = False) -> None:
     `at_once` (a SIGTERM outside a fit, from the signal handler) exits without unwinding: an exception raised
     in a handler can land in library code that swallows it (an import's bare `except`), and the run would
     go on."""
-    checkpointing = sys.modules.get("ttp_lightning.fit.checkpointing")  # not imported yet: no epoch has finished
-    latest = checkpointing.LATEST if checkpointing else {}
-    where = (f"rerun the same command to resume from the checkpoint after epoch {latest['epoch']} in "
-             f"{latest['folder']}") if latest else "no epoch had finished; rerun the same command to start again"
-    print(f"error: received {name}; the run stopped before writing its results ({where})", file=sys.stderr,
-          flush=True)
+    print(f"error: received {name}; the run stopped before writing its results ({interrupts.resume_hint()})",
+          file=sys.stderr, flush=True)
     if at_once:
         sys.stdout.flush()
         os._exit(code)
@@ -70,9 +66,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
     try:
         with run_folder_lock(HydraConfig.get().runtime.output_dir, rank_zero_only.rank):
-            results = run(cfg, HydraConfig.get().runtime.output_dir)
-        if results is not None and not results["release_gate"]["passed"]:
-            print(f"error: {gate_line(results['release_gate'])}", file=sys.stderr, flush=True)
+            record = run(cfg, HydraConfig.get().runtime.output_dir)
+        if record is not None and not record.gate.passed:
+            print(f"error: {gate_line(record.gate)}", file=sys.stderr, flush=True)
             if HydraConfig.get().mode != RunMode.MULTIRUN:
                 sys.exit(EXIT_NOT_PROTECTED)
             _NOT_PROTECTED.append(HydraConfig.get().runtime.output_dir)

@@ -156,21 +156,41 @@ def per_image_rows(ids: list[str], stages: dict[str, dict[str, list | None]]) ->
     return rows
 
 
-def judge(rows: list[dict], stage: str, metrics: dict, settings: GateSettings, gamma: float,
-          certify_note: str | None = None) -> dict:
-    """results.json `release_gate`: whether `stage`'s model is released as protected, and every reason it is not."""
-    reasons, failing = [], []
-    if metrics.get("train_steps") == 0:
-        reasons.append("the method took 0 training steps")
-    elif metrics.get("weights_changed") is False:
-        reasons.append("the method left every weight unchanged (is the learning rate too small to move them?)")
-    if metrics.get("constraint_met") is False:
-        rule = metrics.get("stopping_rule")
-        reasons.append("no epoch met the early-stopping rule" + (f" ({rule})" if rule else ""))
+@dataclass(frozen=True)
+class GateVerdict:
+    """results.json `release_gate`: whether `stage`'s model is released as protected, what it was judged by, every
+    reason it is not and the images that fail; built once, by judge()."""
+
+    passed: bool
+    stage: str
+    conf_dist_at_most: float
+    require: tuple[str, ...]
+    gamma: float
+    min_certified_radius: float | None
+    reasons: tuple[str, ...]
+    failing_images: tuple[str, ...]
+    unrequired_above: dict[str, int]  # unrequired_above(): measured kinds the gate did not require, above it
+
+    @property
+    def folder(self) -> str:
+        """The release folder the verdict sends the weights to."""
+        return PROTECTED_DIR if self.passed else NOT_PROTECTED_DIR
+
+    def to_json(self) -> dict:
+        return {"passed": self.passed, "stage": self.stage, "folder": self.folder,
+                "conf_dist_at_most": self.conf_dist_at_most, "require": list(self.require), "gamma": self.gamma,
+                "min_certified_radius": self.min_certified_radius, "reasons": list(self.reasons),
+                "failing_images": list(self.failing_images), "unrequired_above": dict(self.unrequired_above)}
+
+
+def judge(rows: list[dict], stage: str, reported: dict, settings: GateSettings, gamma: float,
+          certify_note: str | None = None) -> GateVerdict:
+    """The release gate's verdict on `stage`'s model from every forget image's `rows` and the numbers the method
+    reported about how it got the model (`reported`: training steps, whether its weights changed, its
+    early-stopping rule, robust Alg 1's radius rule)."""
+    reasons = how_obtained(reported, settings, gamma)
+    failing: list[str] = []
     threshold = settings.conf_dist_at_most
-    fallback = radius_fallback(metrics, settings, gamma)
-    if fallback:
-        reasons.append(fallback)
     if settings.min_certified_radius is not None:
         least = settings.min_certified_radius
         radii = [row[stage]["certified_radius"] for row in rows]
@@ -194,11 +214,26 @@ def judge(rows: list[dict], stage: str, metrics: dict, settings: GateSettings, g
             where = "" if kind == "clean" else f" at {gamma:g}/255"
             reasons.append(f"{len(bad)} of {len(rows)} forget images keep {kind} CD > {threshold:g}{where}")
             failing += [image for image in bad if image not in failing]
-    passed = not reasons
-    return {"passed": passed, "stage": stage, "folder": PROTECTED_DIR if passed else NOT_PROTECTED_DIR,
-            "conf_dist_at_most": threshold, "require": list(settings.require), "gamma": gamma,
-            "min_certified_radius": settings.min_certified_radius,
-            "reasons": reasons, "failing_images": failing, "unrequired_above": unrequired_above(rows, stage, settings)}
+    return GateVerdict(passed=not reasons, stage=stage, conf_dist_at_most=threshold, require=tuple(settings.require),
+                       gamma=gamma, min_certified_radius=settings.min_certified_radius, reasons=tuple(reasons),
+                       failing_images=tuple(failing), unrequired_above=unrequired_above(rows, stage, settings))
+
+
+def how_obtained(reported: dict, settings: GateSettings, gamma: float) -> list[str]:
+    """The gate's reasons about how the method got its model rather than about any image: no training step, no
+    weight changed, the early-stopping rule never met, robust Alg 1's radius fallback."""
+    reasons = []
+    if reported.get("train_steps") == 0:
+        reasons.append("the method took 0 training steps")
+    elif reported.get("weights_changed") is False:
+        reasons.append("the method left every weight unchanged (is the learning rate too small to move them?)")
+    if reported.get("constraint_met") is False:
+        rule = reported.get("stopping_rule")
+        reasons.append("no epoch met the early-stopping rule" + (f" ({rule})" if rule else ""))
+    fallback = radius_fallback(reported, settings, gamma)
+    if fallback:
+        reasons.append(fallback)
+    return reasons
 
 
 def radius_fallback(metrics: dict, settings: GateSettings, gamma: float) -> str | None:
@@ -252,12 +287,12 @@ def masking_note(checks: dict | None, forget_size: int) -> str:
             "masking); only the certified bound proves a CD")
 
 
-def gate_line(record: dict) -> str:
+def gate_line(verdict: GateVerdict) -> str:
     """The one line a failed gate prints (every failing image is in results.json)."""
-    shown = record["failing_images"][:SHOWN_IDS]
-    more = len(record["failing_images"]) - len(shown)
+    shown = verdict.failing_images[:SHOWN_IDS]
+    more = len(verdict.failing_images) - len(shown)
     images = f" ({', '.join(shown)}{f', and {more} more' if more > 0 else ''})" if shown else ""
-    return (f"not protected: {'; '.join(record['reasons'])}{images}; the weights are in {record['folder']}/, "
+    return (f"not protected: {'; '.join(verdict.reasons)}{images}; the weights are in {verdict.folder}/, "
             f"not released as protected (exit {EXIT_NOT_PROTECTED})")
 
 

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -67,11 +68,25 @@ def noise_free_key(index: int) -> str:
     return f"release_{index + 1}"
 
 
+@dataclass(frozen=True)
+class WrittenCertificate:
+    """A certificate as write_release wrote it: its file and its document, parsed from the very text written (what
+    a verifier reads; not read back from disk)."""
+
+    path: Path
+    document: dict
+
+    @property
+    def last_weights(self) -> str:
+        """The file name of the released weights the certificate's last step names."""
+        return self.document["weights"][-1]["file"]
+
+
 def write_release(certificate: dict, states: list[dict], audit: dict, output_dir: str | Path,
-                  folder: str = RELEASE_DIR) -> Path:
+                  folder: str = RELEASE_DIR) -> WrittenCertificate:
     """Write `folder` (release/, or release_not_protected/ when the release gate failed: weights, then the
     certificate naming their hashes) and private/ (start weights, noise-free weights, the audit record naming
-    every hash). Returns the certificate's path."""
+    every hash)."""
     output_dir = Path(output_dir)
     release_dir, private_dir = output_dir / folder, output_dir / PRIVATE_DIR
     release_dir.mkdir(parents=True, exist_ok=True)
@@ -82,9 +97,9 @@ def write_release(certificate: dict, states: list[dict], audit: dict, output_dir
         path = release_dir / weights_file_name(index, len(states))
         atomic_tensors(path, state, 0o644)
         weights.append({"file": path.name, "sha256": sha256_of(path)})
-    document = {"format": CERTIFICATE_FORMAT, **certificate, "weights": weights}
+    text = json.dumps({"format": CERTIFICATE_FORMAT, **certificate, "weights": weights}, indent=2)
     cert_path = release_dir / CERTIFICATE_FILE
-    atomic_text(cert_path, json.dumps(document, indent=2))
+    atomic_text(cert_path, text)
     atomic_tensors(private_dir / START_FILE, audit["start_state"], 0o600)
     noise_free = {noise_free_key(i): v.double() for i, v in enumerate(audit["noise_free"])}
     atomic_tensors(private_dir / NOISE_FREE_FILE, noise_free, 0o600)
@@ -95,7 +110,7 @@ def write_release(certificate: dict, states: list[dict], audit: dict, output_dir
               "weights_sha256": [w["sha256"] for w in weights]}
     audit_path = private_dir / AUDIT_FILE
     atomic_text(audit_path, json.dumps(record, indent=2), mode=0o600)
-    return cert_path
+    return WrittenCertificate(cert_path, json.loads(text))
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ import io
 import logging
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +32,20 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from ttp_lightning.core import proofs
 from ttp_lightning.core.files import atomic_write
+from ttp_lightning.fit import interrupts
 
 log = logging.getLogger(__name__)
 
 LAST = "last.ckpt"
 HPC_PATTERN = "hpc_ckpt_*.ckpt"
-# The newest checkpoint this process wrote or resumed from: named in the line a signal prints.
-LATEST: dict = {}
+
+
+@dataclass(frozen=True)
+class Found:
+    """A checkpoint a fit resumes from, and how many epochs it had finished."""
+
+    path: str
+    epochs_done: int
 
 
 class RandomState(Callback):
@@ -81,8 +89,8 @@ class RandomState(Callback):
             torch.cuda.set_rng_state_all(state_dict["cuda"])
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        LATEST.update(epoch=int(checkpoint.get("epoch", trainer.current_epoch)) + 1,
-                      folder=str(trainer.default_root_dir))
+        interrupts.note_checkpoint(int(checkpoint.get("epoch", trainer.current_epoch)) + 1,
+                                   str(trainer.default_root_dir))
 
 
 def epoch_checkpoint(directory: Path, every_n_epochs: int) -> ModelCheckpoint:
@@ -133,7 +141,7 @@ def _readable(path: Path) -> tuple[int, int] | None:
         return None
 
 
-def resume_from(directory: Path, resume: bool, stage: str) -> str | None:
+def resume_from(directory: Path, resume: bool, stage: str) -> Found | None:
     """The newest readable checkpoint in `directory` (last.ckpt or a SLURM hpc_ckpt), or None to start
     afresh; with `resume=False` the folder's checkpoints are deleted first."""
     candidates = [directory / LAST, *sorted(directory.glob(HPC_PATTERN))]
@@ -154,8 +162,8 @@ def resume_from(directory: Path, resume: bool, stage: str) -> str | None:
     path, epoch = newest
     if rank_zero_only.rank == 0:  # every DDP rank resumes; one says so
         log.info("resuming %s from %s (saved after epoch %d)", stage, path, epoch + 1)
-    LATEST.update(epoch=epoch + 1, folder=str(directory))
-    return str(path)
+    interrupts.note_checkpoint(epoch + 1, str(directory))
+    return Found(str(path), epoch + 1)
 
 
 def remove(directories) -> None:

@@ -10,6 +10,21 @@ import signal
 from collections.abc import Callable
 
 _FITS = [0]  # Lightning fits in progress in this process
+_RESUME: dict = {}  # the newest checkpoint this process wrote or resumed from: {"epoch", "folder"}
+
+
+def note_checkpoint(epochs_done: int, folder: str) -> None:
+    """A fit wrote a checkpoint after `epochs_done` epochs into `folder`, or resumed from it: the line a stop
+    prints names it."""
+    _RESUME.update(epoch=epochs_done, folder=folder)
+
+
+def resume_hint() -> str:
+    """What the line a stop prints says about resuming."""
+    if not _RESUME:
+        return "no epoch had finished; rerun the same command to start again"
+    return (f"rerun the same command to resume from the checkpoint after epoch {_RESUME['epoch']} in "
+            f"{_RESUME['folder']}")
 
 
 @contextlib.contextmanager

@@ -91,8 +91,8 @@ def pretrained_model(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule,
     stage = "pretraining A(D)"
     info = _cached_fit(ctx, net, key, is_global_zero, lambda: train_erm(
         ctx, net, datamodule.training_loader("pretrain"), key=f"{key}_fit", stage=stage))
-    if not info["cached"] and stage in ctx.speed:  # this run trained it: its images per second
-        info["train_images_per_s"] = ctx.speed[stage]["train_images_per_s"]
+    if not info["cached"] and stage in ctx.journal.speed:  # this run trained it: its images per second
+        info["train_images_per_s"] = ctx.journal.speed[stage]["train_images_per_s"]
     return info
 
 

@@ -1,7 +1,7 @@
 """Builds Trainers from the `trainer` config group and fits a module, timing the fit."""
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -12,7 +12,6 @@ from ttp_lightning.config.build import Node, instantiate
 from ttp_lightning.config.schema import MainSchema, PerformanceSchema, PretrainSchema
 from ttp_lightning.fit.callbacks import FiniteGuard, Performance, StepTimer, extra_callbacks
 from ttp_lightning.fit.checkpointing import (
-    LATEST,
     RandomState,
     SignedCheckpointIO,
     epoch_checkpoint,
@@ -58,23 +57,38 @@ class FitSettings:
 
 
 @dataclass
+class FitJournal:
+    """What the run's fits record as they go, the one part of the context that changes: their checkpoint
+    folders (deleted once the results are written), the epoch each resumed stage resumed after, and each fit's
+    speed (a StepTimer's summary: steps, images, seconds)."""
+
+    checkpoint_dirs: list = field(default_factory=list)
+    resumed: dict = field(default_factory=dict)
+    speed: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RunContext:
-    """What the stages share that is not a setting (the pipeline alone holds the whole config): the fits.
-    settings (`fit_settings`, read-only), the logger (or False), where outputs go, the run's identity, and what
-    the stages record as they go (checkpoint folders, resumed epochs, speeds)."""
+    """What the stages share that is not a setting of theirs (the pipeline alone holds the whole config): the
+    fits' settings, the logger (or False), where outputs go, the run's identity (name, sweep group, swept
+    values), the key of the method's fits once A(D) is known, and the journal the fits write to."""
 
     fit_settings: FitSettings
     logger: object = False
     output_dir: str = "."
-    identity: dict = field(default_factory=dict)  # the run's name, sweep group and swept values
-    run_key: str | None = None  # hashes what determines the method's fits (set once A(D) is known)
-    checkpoint_dirs: list = field(default_factory=list)  # this run's checkpoint folders, deleted at the end
-    resumed: dict = field(default_factory=dict)  # stage -> the epoch it resumed after
-    speed: dict = field(default_factory=dict)  # stage -> its fit's StepTimer.summary() (steps, images, seconds)
+    identity: dict = field(default_factory=dict)
+    run_key: str | None = None  # hashes what determines the method's fits (keyed() once A(D) is known)
+    journal: FitJournal = field(default_factory=FitJournal)
 
     @classmethod
-    def of(cls, settings: MainSchema, logger: object = False, output_dir: str = ".") -> "RunContext":
-        return cls(fit_settings=FitSettings.of(settings), logger=logger, output_dir=output_dir)
+    def of(cls, settings: MainSchema, logger: object = False, output_dir: str = ".",
+           identity: dict | None = None) -> "RunContext":
+        return cls(fit_settings=FitSettings.of(settings), logger=logger, output_dir=output_dir,
+                   identity=dict(identity or {}))
+
+    def keyed(self, run_key: str) -> "RunContext":
+        """The same context (the same journal) with the method's fits keyed by `run_key`."""
+        return replace(self, run_key=run_key)
 
     def key_for(self, label: str) -> str | None:
         """The checkpoint key of one of the method's fits."""
@@ -176,7 +190,7 @@ def checkpoint_folder(ctx: RunContext, key: str, register: bool = True) -> Path:
     """Where the fit keyed `key` keeps its checkpoints (registered for deletion when the run ends)."""
     folder = Path(ctx.fit_settings.cache_dir).expanduser() / "checkpoints" / key
     if register:
-        ctx.checkpoint_dirs.append(folder)
+        ctx.journal.checkpoint_dirs.append(folder)
     return folder
 
 
@@ -185,15 +199,15 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
     """trainer.fit of `module` for `max_epochs` and its wall-clock seconds. With a checkpoint `key`, the fit
     writes checkpoints every `checkpoint_every_n_epochs` epochs and resumes from the newest one a stopped
     run of the same key left (see fit/checkpointing.py); `stage` names it in the log. Its training speed (a
-    StepTimer's summary: the one among `callbacks`, or one added) goes into ctx.speed[stage]."""
+    StepTimer's summary: the one among `callbacks`, or one added) goes into ctx.journal.speed[stage]."""
     every = ctx.fit_settings.checkpoint_every_n_epochs
     folder = checkpoint_folder(ctx, key) if key is not None and every > 0 else None
     callbacks, ckpt_path = list(callbacks or []), None
     if folder is not None:
         callbacks += [epoch_checkpoint(folder, every), RandomState()]
-        ckpt_path = resume_from(folder, ctx.fit_settings.resume, stage)
-        if ckpt_path is not None:
-            ctx.resumed[stage] = LATEST["epoch"]
+        found = resume_from(folder, ctx.fit_settings.resume, stage)
+        if found is not None:
+            ckpt_path, ctx.journal.resumed[stage] = found.path, found.epochs_done
     timer = next((c for c in callbacks if isinstance(c, StepTimer)), None)
     if timer is None:
         timer = StepTimer()
@@ -202,5 +216,5 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
     start = time.perf_counter()
     with fitting():
         trainer.fit(module, ckpt_path=ckpt_path, weights_only=True, **loaders)
-    ctx.speed[stage] = timer.summary()
+    ctx.journal.speed[stage] = timer.summary()
     return time.perf_counter() - start

@@ -83,17 +83,18 @@ def _count(values: dict, key: str, percent: bool) -> str:
     return f"{100 * value:.0f} %" if percent else f"{value:d}"
 
 
-def model_card(results: dict, method_label: str, attack_table: str | None, certificate_line: str | None) -> str:
-    """MODEL_CARD.md: whether the release gate passed, what was done and why, the settings, the measured
-    effect (per image too) and the limitations."""
-    config, data, metrics, gate = results["config"], results["data"], results["metrics"], results["release_gate"]
+def model_card(results: dict, method_label: str, attack_table: str | None, certificate_line: str | None,
+               settings) -> str:
+    """MODEL_CARD.md: whether the release gate passed, what was done and why, the settings (the run's typed
+    `settings`, config.schema.MainSchema), the measured effect (per image too) and the limitations."""
+    data, metrics, gate = results["data"], results["metrics"], results["release_gate"]
     method = results["method"]
     before, after = metrics.get("pretrain_original", metrics["pretrain"]), metrics[method]
-    theta = method_theta(results)
+    theta = method_theta(results, settings.method)
     gamma = f"{gate['gamma']:g}/255"
     table = "\n".join(f"| {label} | {cell(before)} | {cell(after)} |"
                       for label, cell in effect_rows(gate["gamma"], gate["conf_dist_at_most"]).values())
-    source = config["model"].get("checkpoint")
+    source = settings.model.get("checkpoint")
     start = "the provider's checkpoint (model.checkpoint)" if source else "a model pretrained by ttp_lightning"
     what = (f"This model was rewritten with ttp_lightning ({method_label}) so that it is maximally uncertain (a "
             f"uniform softmax) on a protected forget set of {data['forget_size']} images while keeping its "
@@ -103,8 +104,8 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
              + _radius_sentence(after, gate) if gate["passed"] else
              "It did NOT pass the release gate (" + _gate_rule(gate) + "): do not publish it as protected.")
     settings = [
-        f"- method: {method} ({method_label})" + (f", theta = {theta}{_theta_source(config)}" if theta is not None else ""),
-        (f"- data: {config['data']['name']}; training set {data['train_size']} images, test set "
+        f"- method: {method} ({method_label})" + (f", theta = {theta}{_theta_source(settings.method)}" if theta is not None else ""),
+        (f"- data: {settings.data.name}; training set {data['train_size']} images, test set "
          f"{data['test_size']} images"),
         (f"- forget set: {data['forget_size']} images ({data.get('forget_from_test', 0)} from outside the "
          f"training data); SHA-256 fingerprint `{data['forget_fingerprint']}`"),
@@ -164,10 +165,11 @@ PER_IMAGE_TEXT = ("Per image: a release is judged by its worst protected image, 
                   "looser than interval bounds); an image's certified radius is the largest L-inf radius at which "
                   "that bound is at most the gate's threshold. Anyone holding the weights and the images can "
                   "recompute both: `python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR`.")
-def _theta_source(config: dict) -> str:
-    return " (chosen by the theta rule: method.theta=auto)" if config["method"].get("theta") == "auto" else ""
+def _theta_source(method) -> str:
+    return " (chosen by the theta rule: method.theta=auto)" if getattr(method, "theta", None) == "auto" else ""
 
 
-def method_theta(results: dict):
-    """The theta the method used: the one its rule chose (`method.theta=auto`), else the configured one."""
-    return results["metrics"][results["method"]].get("theta", results["config"]["method"].get("theta"))
+def method_theta(results: dict, method):
+    """The theta the method used: the one its rule chose (`method.theta=auto`), else its typed settings' (`method`;
+    None for a method without one)."""
+    return results["metrics"][results["method"]].get("theta", getattr(method, "theta", None))

@@ -10,7 +10,6 @@ from ttp_lightning.certificates.schema import model_spec
 from ttp_lightning.config.build import Node
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import atomic_tensors, atomic_text, atomic_write, sha256_of
-from ttp_lightning.ibp.uniformity import MAX_RADIUS, RADIUS_STEP
 from ttp_lightning.release.card import method_theta
 from ttp_lightning.release.format import CARD, CERTIFIED_PREFIX, CONFIG, RELEASE_FORMAT, WEIGHTS
 from ttp_lightning.version import __version__
@@ -61,12 +60,12 @@ PER_IMAGE_KEYS = ("forget_worst_conf_dist", "forget_exposed", "forget_robust_wor
                   "forget_certified_radius_min", "forget_certified_radius_median")
 
 
-def release_protection(results: dict, method_label: str) -> dict:
+def release_protection(results: dict, method_label: str, settings) -> dict:
     """config.json's `protection`: what was done and whether the release gate passed (for people, and
     `verify robust` compares its claims with what it recomputes; never used to build anything)."""
     gate = results["release_gate"]
     after = results["metrics"][results["method"]]
-    return {"method": results["method"], "label": method_label, "theta": method_theta(results),
+    return {"method": results["method"], "label": method_label, "theta": method_theta(results, settings.method),
             "forget_size": results["data"]["forget_size"], "forget_fingerprint": results["data"]["forget_fingerprint"],
             "forget_set_digest": results["data"].get("forget_set_digest"),
             "forget_conf_dist": after.get("forget_conf_dist"), "test_acc": after.get("test_acc"),
@@ -75,13 +74,12 @@ def release_protection(results: dict, method_label: str) -> dict:
             "release_gate": {k: gate.get(k) for k in ("conf_dist_at_most", "require", "gamma", "reasons",
                                                       "min_certified_radius")},
             "per_image": {"gamma": gate["gamma"], **{k: after.get(k) for k in PER_IMAGE_KEYS},
-                          **_bound_record(results)}}
+                          **_bound_record(results, settings.bounds)}}
 
 
-def _bound_record(results: dict) -> dict:
-    """How the method's certified bounds were computed (verify robust recomputes its claims the same way)."""
+def _bound_record(results: dict, bounds) -> dict:
+    """How the method's certified bounds were computed (verify robust recomputes its claims the same way), with
+    the run's typed `bounds` settings."""
     used = (results.get("certified_bound") or {}).get(results["method"]) or {}
-    bounds = results["config"].get("bounds") or {}
     return {"bound": used.get("bound"), "intermediate": used.get("intermediate"), "slope_steps": used.get("slope_steps"),
-            "radius_step": float(bounds.get("radius_step", RADIUS_STEP)),
-            "max_radius": float(bounds.get("max_radius", MAX_RADIUS))}
+            "radius_step": float(bounds.radius_step), "max_radius": float(bounds.max_radius)}

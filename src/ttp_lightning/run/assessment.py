@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ttp_lightning.assess.protection import (
     GateSettings,
+    GateVerdict,
     certified_bounds,
     clean_conf_dist,
     judge,
@@ -50,13 +51,14 @@ class PerImage:
 class Assessment:
     attacked: Attacked | None  # None when attacks.enabled is false
     per_image: PerImage
-    release_gate: dict
+    release_gate: GateVerdict
 
     def stage_metrics(self, stage: str) -> dict:
-        """What the assessment adds to a stage's metrics, in results.json's order."""
-        return added_metrics(self.attacked, self.per_image, stage)
+        """What the assessment adds to a stage's metrics, in results.json's order (nothing to a stage it did not
+        assess: A(D) before it absorbed outside forget instances)."""
+        return added_metrics(self.attacked, self.per_image, stage) if stage in self.per_image.summaries else {}
 
-    def record(self) -> dict:
+    def to_json(self) -> dict:
         """results.json's keys of the assessment, in their order."""
         attacked = {}
         if self.attacked is not None:
@@ -67,22 +69,20 @@ class Assessment:
                 attacked["relearn_floor"] = self.attacked.relearn_floor
         note = {"certified_note": self.per_image.note} if self.per_image.note else {}
         return {**attacked, "certified": self.per_image.certified, "certified_bound": self.per_image.certified_bound,
-                **note, "forget_per_image": self.per_image.rows, "release_gate": self.release_gate}
+                **note, "forget_per_image": self.per_image.rows, "release_gate": self.release_gate.to_json()}
 
 
-def assess(models: dict, method: str, metrics: dict, datamodule, attacks: AttacksSchema, suite: dict,
-           sources: dict, floor: tuple | None, bounds: BoundsSchema, gate: GateSettings) -> Assessment:
-    """The whole assessment of `models` ({stage: network}, the method's `method`), whose evaluated `metrics`
-    ({stage: values}) the gate reads with the per-image summaries added."""
+def assess(models: dict, method: str, reference: float, reported: dict, datamodule, attacks: AttacksSchema,
+           suite: dict, sources: dict, floor: tuple | None, bounds: BoundsSchema, gate: GateSettings) -> Assessment:
+    """The whole assessment of `models` ({stage: network}, the method's `method`). Attackers must restore A(D)'s
+    forget CD (`reference`); the gate reads what the method `reported` about how it got its model."""
     attacked = None
     if attacks.enabled:
         log.info("attacking the forget set: %s at gamma %s/255", ", ".join(suite),
                  ", ".join(f"{float(g):g}" for g in attacks.gammas))
-        attacked = attack_models(models, metrics["pretrain"]["forget_conf_dist"], datamodule, attacks, suite, sources,
-                                 floor)
+        attacked = attack_models(models, reference, datamodule, attacks, suite, sources, floor)
     per_image = account_per_image(models, datamodule, attacks, attacked, gate.conf_dist_at_most, bounds)
-    verdict = judge(per_image.rows, method, {**metrics[method], **added_metrics(attacked, per_image, method)}, gate,
-                    float(attacks.robust_gamma), per_image.note)
+    verdict = judge(per_image.rows, method, reported, gate, float(attacks.robust_gamma), per_image.note)
     return Assessment(attacked, per_image, verdict)
 
 

@@ -6,7 +6,6 @@ import hashlib
 import json
 import logging
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -52,7 +51,7 @@ from ttp_lightning.reporting.run_identity import flat_config, run_identity
 from ttp_lightning.reporting.tables import method_label
 from ttp_lightning.reporting.wandb_charts import log_run_charts
 from ttp_lightning.run.assessment import Assessment, assess, run_relearn_sources
-from ttp_lightning.run.record import RunRecord
+from ttp_lightning.run.record import Release, RunRecord, StageMetrics, Weights
 from ttp_lightning.run.validation import build_method, setting, validate_config
 
 log = logging.getLogger(__name__)
@@ -159,21 +158,26 @@ def method_key(ctx: RunContext, method, datamodule) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def publish(results: dict, net, settings: MainSchema, datamodule, attack_table, certificate_line, output_dir) -> dict:
+def publish(record: RunRecord, net, settings: MainSchema, datamodule, attack_table, certificate_line,
+            output_dir) -> Release:
     """The release folder the gate chose (release/ or release_not_protected/): model.safetensors, config.json,
-    MODEL_CARD.md (what a model hub takes); returns the results' record of it."""
+    MODEL_CARD.md (what a model hub takes)."""
+    results = record.to_json()  # the card and config.json state what results.json states
     label = method_label(results)
     architecture = architecture_of(settings.model)
-    folder = write_hub_release(net, output_dir, architecture, datamodule.info, release_protection(results, label),
-                               model_card(results, label, attack_table, certificate_line),
-                               certified_file=results["certificate"]["weights"][-1]["file"]
-                               if "certificate" in results else None, folder_name=results["release_gate"]["folder"])
-    return {"folder": folder.name, "files": [WEIGHTS, CONFIG, CARD], "loadable": architecture is not None,
-            "protected": results["release_gate"]["passed"]}
+    certificate = record.weights.certificate
+    folder = write_hub_release(net, output_dir, architecture, datamodule.info,
+                               release_protection(results, label, settings),
+                               model_card(results, label, attack_table, certificate_line, settings),
+                               certified_file=None if certificate is None else certificate.last_weights,
+                               folder_name=record.gate.folder)
+    return Release(folder=folder.name, files=(WEIGHTS, CONFIG, CARD), loadable=architecture is not None,
+                   protected=record.gate.passed)
 
 
-def run(cfg: Node, output_dir: str) -> dict | None:
-    """Execute one job; returns the results dict on rank 0 (None on other DDP ranks). The composed `cfg` is
+def run(cfg: Node, output_dir: str) -> RunRecord | None:
+    """Execute one job; returns its record on rank 0 (results.json is its `to_json()`; None on other DDP ranks).
+    The composed `cfg` is
     checked once and becomes the typed settings the stages read; it is kept only as the record of the run
     (results.json's `config`, the logger's hyperparameters, the run's name)."""
     route_lightning_logs_to_hydra()
@@ -194,8 +198,8 @@ def run(cfg: Node, output_dir: str) -> dict | None:
 
     identity = run_identity(cfg)
     record = to_plain(cfg, resolve=True, enum_to_str=True)  # results.json's `config`
-    ctx = RunContext.of(settings, logger=build_logger(cfg, record, identity), output_dir=output_dir)
-    ctx.identity = identity
+    ctx = RunContext.of(settings, logger=build_logger(cfg, record, identity), output_dir=output_dir,
+                        identity=identity)
     try:
         return _stages(settings, record, ctx, method, attacks, datamodule, make_net, gate)
     except BaseException:
@@ -211,47 +215,47 @@ def abort_logger(logger) -> None:
 
 
 def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks: dict, datamodule, make_net,
-            gate: GateSettings) -> dict | None:
+            gate: GateSettings) -> RunRecord | None:
     """pretrain (cached) -> method -> evaluation, attacks -> results.json (`record`: the resolved config),
     release, table, logger."""
     output_dir = ctx.output_dir
     pretrained, original, pretrain_info = _starting_models(settings, ctx, datamodule, make_net, gate)
-    ctx.run_key = method_key(ctx, method, datamodule)
+    ctx = ctx.keyed(method_key(ctx, method, datamodule))
     # the method draws from the global generators (robust Alg 1's inner attack): seeded here, so its steps do not
     # depend on whether A(D) was trained in this process or read from the cache
     L.seed_everything(settings.seed, workers=True, verbose=False)
     output = method.run(ctx, pretrained, datamodule, make_net)
     # every rank evaluates its share (trainer.validate); rank 0 then attacks, writes and prints
     exposed_above = ctx.fit_settings.exposed_above
-    metrics = {"pretrain_original": evaluate(original, datamodule, settings.trainer, exposed_above)} \
+    metrics = {"pretrain_original": StageMetrics(evaluate(original, datamodule, settings.trainer, exposed_above))} \
         if original is not None else {}
-    metrics["pretrain"] = {**evaluate(pretrained, datamodule, settings.trainer, exposed_above), **pretrain_info}
-    metrics[method.name] = {**evaluate(output.net, datamodule, settings.trainer, exposed_above), **output.metrics,
-                                "weights_changed": weights_changed(pretrained, output.net)}
+    metrics["pretrain"] = StageMetrics(evaluate(pretrained, datamodule, settings.trainer, exposed_above), pretrain_info)
+    metrics[method.name] = StageMetrics(evaluate(output.net, datamodule, settings.trainer, exposed_above),
+                                        {**output.metrics, "weights_changed": weights_changed(pretrained, output.net)})
     sources = run_relearn_sources(settings.attacks, datamodule)
     floor = retrain_floor(settings, ctx, datamodule, method, make_net, sources)
     if not is_global_zero():
         return None
     softmax = {"pretrain": forget_softmax(pretrained, datamodule), method.name: forget_softmax(output.net, datamodule)}
     models = {"pretrain": pretrained, method.name: output.net}
-    assessment = assess(models, method.name, metrics, datamodule, settings.attacks, attacks, sources, floor,
+    assessment = assess(models, method.name, metrics["pretrain"].evaluation["forget_conf_dist"],
+                        metrics[method.name].reported, datamodule, settings.attacks, attacks, sources, floor,
                         settings.bounds, gate)
-    metrics = {stage: {**values, **(assessment.stage_metrics(stage) if stage in models else {})}
-               for stage, values in metrics.items()}
     partial = _run_record(settings.experiment_name, method.name, record, datamodule, metrics, output.history, ctx,
                           softmax, assessment)
     try:  # a full disk or a lost mount while writing: one line, and no output of this run left half-made
-        results, path, attack_table, certificate_line = _write_outputs(partial, output, settings, datamodule,
-                                                                       output_dir)
+        run_record, path, attack_table, certificate_line = _write_outputs(partial, output, settings, datamodule,
+                                                                          output_dir)
     except OSError as exc:
         _remove_outputs(Path(output_dir))
         where = f": {exc.filename}" if exc.filename else ""
         raise TTPUserError(f"writing the run's outputs into {output_dir} failed ({exc.strerror or exc}{where}); "
                            "nothing of this run was kept there (its caches were: rerun when there is room)") from None
+    results = run_record.to_json()
     print(_console_summary(settings.experiment_name, results, attack_table, certificate_line, path), flush=True)
     finish_logger(ctx.logger, results, output_dir)
-    remove_checkpoints(ctx.checkpoint_dirs)  # the results are written: a rerun starts afresh
-    return results
+    remove_checkpoints(ctx.journal.checkpoint_dirs)  # the results are written: a rerun starts afresh
+    return run_record
 
 
 def _run_record(experiment: str, method: str, record: dict, datamodule, metrics: dict, history: list,
@@ -265,8 +269,8 @@ def _run_record(experiment: str, method: str, record: dict, datamodule, metrics:
     # resumed: stage -> the epoch a rerun resumed after (wall times cover this process); run: name, wandb group
     # (the sweep), job type, this job's swept values
     return RunRecord(experiment=experiment, method=method, config=record, data=data, metrics=metrics,
-                     history={method: history}, resumed=dict(ctx.resumed), run=ctx.identity, forget_softmax=softmax,
-                     assessment=assessment, weights={})
+                     history={method: history}, resumed=dict(ctx.journal.resumed), run=ctx.identity, forget_softmax=softmax,
+                     assessment=assessment)
 
 
 def _starting_models(settings: MainSchema, ctx: RunContext, datamodule, make_net, gate: GateSettings):
@@ -327,35 +331,33 @@ def public_metrics(values: dict) -> dict:
 
 def _write_outputs(partial: RunRecord, output, settings: MainSchema, datamodule, output_dir: str):
     """The certificate (certified methods), the weights, the release folder and results.json, in that order;
-    returns (results.json's content, its path, the attack table, the certificate line). Each step adds its part
-    to a new record; none edits what an earlier one built."""
-    run_record = replace(partial, weights=_weights_record(partial, output, settings, datamodule, output_dir))
+    returns (the run's record, results.json's path, the attack table, the certificate line). Each step adds its
+    part to a new record; none edits what an earlier one built."""
+    run_record = partial.with_weights(_weights_record(partial, output, settings, datamodule, output_dir))
     results = run_record.to_json()
     attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn"),
                                        results.get("relearn_floor")) \
         if "attacks" in results else None
     certificate_line = format_certificate_line(results["certificate"], settings.method.vacuous_above) \
         if "certificate" in results else None
-    release = publish(results, output.net, settings, datamodule, attack_table, certificate_line, output_dir)
-    results = run_record.published(release).to_json()
-    path = write_results(results, output_dir)
-    return results, path, attack_table, certificate_line
+    run_record = run_record.published(publish(run_record, output.net, settings, datamodule, attack_table,
+                                              certificate_line, output_dir))
+    path = write_results(run_record.to_json(), output_dir)
+    return run_record, path, attack_table, certificate_line
 
 
-def _weights_record(partial: RunRecord, output, settings: MainSchema, datamodule, output_dir: str) -> dict:
-    """A certified release's certificate (written, then read back as the verifier will), its weights and audit
-    files and noise-free scores; else where publish() writes the weights (and the raw state_dict if asked)."""
-    gate = partial.assessment.release_gate
-    folder = gate["folder"]
+def _weights_record(partial: RunRecord, output, settings: MainSchema, datamodule, output_dir: str) -> Weights:
+    """A certified release's certificate (as written, what the verifier reads), its weights and audit files and
+    noise-free scores; else where publish() writes the weights (and the raw state_dict if asked)."""
+    folder = partial.gate.folder
     if output.release is not None:
         certificate = {**output.release.certificate, "experiment": settings.experiment_name,
-                       **identity(settings, datamodule), "metrics": public_metrics(partial.metrics[partial.method])}
-        cert_path = write_release(certificate, output.release.states, output.release.audit, output_dir, folder)
-        written = json.loads(cert_path.read_text())
-        return {"certificate": written, "weights_file": f"{folder}/{written['weights'][-1]['file']}",
-                "audit_file": f"{PRIVATE_DIR}/{AUDIT_FILE}", "noise_free": output.release.noise_free}
-    record = {"weights_file": f"{folder}/{WEIGHTS}"}  # publish() writes it
+                       **identity(settings, datamodule), "metrics": public_metrics(partial.stage_json(partial.method))}
+        written = write_release(certificate, output.release.states, output.release.audit, output_dir, folder)
+        return Weights(weights_file=f"{folder}/{written.last_weights}", certificate=written,
+                       audit_file=f"{PRIVATE_DIR}/{AUDIT_FILE}", noise_free=output.release.noise_free)
+    state_dict_file = None
     if settings.state_dict:  # asked for: the raw state_dict too
-        weights = write_weights(output.net, Path(output_dir) / ("" if gate["passed"] else folder))
-        record["state_dict_file"] = str(weights.relative_to(output_dir))
-    return record
+        weights = write_weights(output.net, Path(output_dir) / ("" if partial.gate.passed else folder))
+        state_dict_file = str(weights.relative_to(output_dir))
+    return Weights(weights_file=f"{folder}/{WEIGHTS}", state_dict_file=state_dict_file)  # publish() writes it

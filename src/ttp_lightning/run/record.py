@@ -1,15 +1,68 @@
 """The run's record: results.json's top level as one frozen dataclass, built once at the end of a run from the
-parts each stage returned (the stages' metrics, the assessment, the weights, the release), and written as
-JSON from it. Its fields' documentation is the reference table in docs/results-json.md
-(`python scripts/results_schema.py`, checked by tests/test_docs.py)."""
+parts each stage returned, each a frozen record built once by the stage that owns it: every stage's metrics
+(`StageMetrics`: its evaluation and what made the model reported), the assessment (run/assessment.py: attacks,
+every forget image, the gate's `GateVerdict`), the weights (`Weights`, with a certified method's
+`WrittenCertificate`) and the release folder (`Release`). results.json is written from it. Its fields'
+documentation is the reference table in docs/results-json.md (`python scripts/results_schema.py`, checked by
+tests/test_docs.py)."""
 
 from dataclasses import dataclass, field, fields, replace
 
+from ttp_lightning.assess.protection import GateVerdict
+from ttp_lightning.certificates.document import WrittenCertificate
 from ttp_lightning.run.assessment import Assessment
 
 
 def _doc(text: str, when: str = "always") -> dict:
     return {"doc": text, "when": when}
+
+
+@dataclass(frozen=True)
+class StageMetrics:
+    """One stage's metrics as the stage built them: its evaluation (assess/evaluation.evaluate: accuracy and CD per
+    part, the forget set's worst image) and what made the model reported (pretraining's record; the method's own
+    numbers and whether its weights changed). The assessment's per-image summary is the assessment's part; the
+    record joins them in results.json."""
+
+    evaluation: dict[str, float]
+    reported: dict = field(default_factory=dict)
+
+    def to_json(self, assessed: dict) -> dict:
+        return {**self.evaluation, **self.reported, **assessed}
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where the run's weights went: a certified method's certificate as written (its weights named in it), else
+    the release's model.safetensors (and the raw state_dict when asked)."""
+
+    weights_file: str
+    certificate: WrittenCertificate | None = None
+    audit_file: str | None = None
+    noise_free: dict | None = None
+    state_dict_file: str | None = None
+
+    def to_json(self) -> dict:
+        """results.json's keys of the weights, in SPREAD's order."""
+        values = {"certificate": None if self.certificate is None else self.certificate.document,
+                  "weights_file": self.weights_file, "audit_file": self.audit_file, "noise_free": self.noise_free,
+                  "state_dict_file": self.state_dict_file}
+        return {key: value for key, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class Release:
+    """The release folder publish() wrote (release/ or release_not_protected/), its files, whether
+    `load_released` can rebuild the model from it, and whether the gate released it as protected."""
+
+    folder: str
+    files: tuple[str, ...]
+    loadable: bool
+    protected: bool
+
+    def to_json(self) -> dict:
+        return {"folder": self.folder, "files": list(self.files), "loadable": self.loadable,
+                "protected": self.protected}
 
 
 @dataclass(frozen=True)
@@ -20,19 +73,31 @@ class RunRecord:
     config: dict = field(metadata=_doc("the resolved config the run composed (its record; the run read typed "
                                        "settings)"))
     data: dict = field(metadata=_doc("sizes, the forget set's indices, fingerprint and digest"))
-    metrics: dict = field(metadata=_doc("per stage (`pretrain`, the method, `pretrain_original` when forget "
-                                        "instances came from the test set): evaluation, the method's own numbers "
-                                        "and the assessment's per-image summary"))
+    metrics: dict[str, StageMetrics] = field(metadata=_doc(
+        "per stage (`pretrain`, the method, `pretrain_original` when forget instances came from the test set): "
+        "evaluation, the method's own numbers and the assessment's per-image summary"))
     history: dict = field(metadata=_doc("the method's per-epoch rows (early stopping's view of every epoch)"))
     resumed: dict = field(metadata=_doc("stage -> the epoch a rerun resumed after"))
     run: dict = field(metadata=_doc("the run's name, wandb group (the sweep), job type and swept values"))
     forget_softmax: dict = field(metadata=_doc("per stage, the softmax of the first forget images (the bar charts)"))
     assessment: Assessment = field(metadata=_doc("run/assessment.py's record; its keys at the top level (SPREAD)"))
-    weights: dict = field(metadata=_doc("where the weights went; its keys at the top level (SPREAD)"))
-    release: dict | None = field(default=None, metadata=_doc("the release folder written: folder, files, loadable, "
-                                                             "protected", "once published"))
+    weights: Weights | None = field(default=None, metadata=_doc("where the weights went; its keys at the top level "
+                                                                "(SPREAD)", "once written"))
+    release: Release | None = field(default=None, metadata=_doc("the release folder written: folder, files, "
+                                                                "loadable, protected", "once published"))
 
-    def published(self, release: dict) -> "RunRecord":
+    @property
+    def gate(self) -> GateVerdict:
+        return self.assessment.release_gate
+
+    def stage_json(self, stage: str) -> dict:
+        """results.json's metrics of one stage: its own and the assessment's."""
+        return self.metrics[stage].to_json(self.assessment.stage_metrics(stage))
+
+    def with_weights(self, weights: Weights) -> "RunRecord":
+        return replace(self, weights=weights)
+
+    def published(self, release: Release) -> "RunRecord":
         return replace(self, release=release)
 
     def to_json(self) -> dict:
@@ -40,10 +105,12 @@ class RunRecord:
         out = {}
         for item in fields(self):
             value = getattr(self, item.name)
-            if item.name == "assessment":
-                out.update(value.record())
-            elif item.name == "weights":
-                out.update(value)
+            if item.name == "metrics":
+                out["metrics"] = {stage: self.stage_json(stage) for stage in value}
+            elif item.name in SPREAD:
+                out.update(value.to_json() if value is not None else {})
+            elif isinstance(value, Release):
+                out[item.name] = value.to_json()
             elif value is not None:
                 out[item.name] = value
         return out
@@ -82,10 +149,10 @@ def _schema_rows() -> list[tuple[str, str, str, str]]:
     assessment's and the weights' keys spread as to_json spreads them)."""
     rows = []
     for item in fields(RunRecord):
+        kind = "dict" if item.name in ("release", "metrics") else getattr(item.type, "__name__", str(item.type))
         if item.name in SPREAD:
             rows += SPREAD[item.name]
             continue
-        kind = getattr(item.type, "__name__", str(item.type)).replace(" | None", "")
         rows.append((item.name, kind, item.metadata["when"], item.metadata["doc"]))
     return rows
 

@@ -319,3 +319,30 @@ def test_results_json_keys_are_the_run_records(run_job):
     assert set(results) <= set(order), set(results) - set(order)
     assert list(results) == sorted(results, key=order.index)
     assert {"attacks", "forget_per_image", "release_gate", "weights_file", "release"} <= set(results)
+    from dataclasses import fields
+
+    from ttp_lightning.assess.protection import GateVerdict
+    from ttp_lightning.run.record import Release
+
+    for key, record in (("release_gate", GateVerdict), ("release", Release)):  # the documented keys, all of them
+        documented = [item.name for item in fields(record)] + [row[0] for row in getattr(record, "DERIVED", ())]
+        assert sorted(results[key]) == sorted(documented), key
+
+
+def test_the_records_parts_are_frozen_and_built_once():
+    """Issue 40: the verdict, the stage metrics, the weights and the release are frozen records; results.json
+    joins a stage's own metrics with the assessment's without either being edited."""
+    import dataclasses
+
+    from ttp_lightning.run.record import Release, StageMetrics, Weights
+
+    stage = StageMetrics({"test_acc": 0.9}, {"train_steps": 3})
+    assert stage.to_json({"forget_exposed": 0}) == {"test_acc": 0.9, "train_steps": 3, "forget_exposed": 0}
+    assert stage.evaluation == {"test_acc": 0.9}  # joining made a new dict
+    assert Weights("release/model.safetensors").to_json() == {"weights_file": "release/model.safetensors"}
+    release = Release("release", ("model.safetensors",), True, True)
+    verdict = judge(_rows([0.01]), "pareto", {"train_steps": 1}, GateSettings(), 8)
+    for record in (stage, release, verdict):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            record.passed = False
+    assert verdict.to_json()["folder"] == PROTECTED_DIR and verdict.to_json()["reasons"] == []

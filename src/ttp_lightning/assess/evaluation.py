@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from ttp_lightning.config.build import Node, instantiate
+from ttp_lightning.config.build import Part
 from ttp_lightning.core.inference import eval_device
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.models.evaluation import EvaluationModule
@@ -28,17 +28,17 @@ def forget_softmax(model: nn.Module, datamodule: TTPDataModule, count: int = 5) 
     return [{"label": int(label), "softmax": [round(float(p), 6) for p in row]} for label, row in zip(labels, probs)]
 
 
-def evaluation_trainer(trainer_cfg: Node | None = None) -> L.Trainer:
+def evaluation_trainer(trainer: Part | None = None) -> L.Trainer:
     """The run's trainer settings (devices, strategy) for a validation pass in full precision, with no logger,
     progress bar or checkpoints; without settings, one device (the GPU when there is one)."""
     quiet = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False,
              "enable_checkpointing": False, "callbacks": [], "precision": "32-true"}
-    if trainer_cfg is None:
+    if trainer is None:
         return L.Trainer(accelerator="auto", devices=1, **quiet)
-    return instantiate(trainer_cfg, **quiet)
+    return trainer.build(**quiet)
 
 
-def evaluate(model: nn.Module, datamodule: TTPDataModule, trainer_cfg: Node | None = None,
+def evaluate(model: nn.Module, datamodule: TTPDataModule, trainer: Part | None = None,
              exposed_above: float | None = None) -> dict[str, float]:
     """{part}_acc and {part}_conf_dist for every evaluation part, plus forget_l2_dist, forget_worst_conf_dist
     and (with `exposed_above`) forget_exposed, the number of forget images whose CD is above it, by
@@ -48,7 +48,7 @@ def evaluate(model: nn.Module, datamodule: TTPDataModule, trainer_cfg: Node | No
     parts = datamodule.eval_parts()
     module = EvaluationModule(model, parts, exposed_above)
     with _quiet_lightning():
-        scores = evaluation_trainer(trainer_cfg).validate(
+        scores = evaluation_trainer(trainer).validate(
             module, dataloaders=[datamodule.eval_loader(part) for part in parts], verbose=False)
     model.train(was_training)
     merged = {key: value for per_loader in scores for key, value in per_loader.items()}

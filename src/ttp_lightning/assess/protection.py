@@ -21,7 +21,8 @@ EXIT_NOT_PROTECTED after one line naming how many images failed, which, and why.
 import logging
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -161,15 +162,19 @@ class GateVerdict:
     """results.json `release_gate`: whether `stage`'s model is released as protected, what it was judged by, every
     reason it is not and the images that fail; built once, by judge()."""
 
-    passed: bool
-    stage: str
-    conf_dist_at_most: float
-    require: tuple[str, ...]
-    gamma: float
-    min_certified_radius: float | None
-    reasons: tuple[str, ...]
-    failing_images: tuple[str, ...]
-    unrequired_above: dict[str, int]  # unrequired_above(): measured kinds the gate did not require, above it
+    passed: bool = field(metadata={"doc": "whether the model is released as protected"})
+    stage: str = field(metadata={"doc": "the stage judged: the method's"})
+    conf_dist_at_most: float = field(metadata={"doc": "the per-image threshold (release_gate.conf_dist_at_most)"})
+    require: tuple[str, ...] = field(metadata={"doc": "the CDs every forget image must keep at most the threshold: "
+                                                      "clean, attacked, certified"})
+    gamma: float = field(metadata={"doc": "the radius the attacked and certified CDs are judged at, in 1/255"})
+    min_certified_radius: float | None = field(metadata={"doc": "the certified radius every image must reach, "
+                                                                "in 1/255 (null: none)"})
+    reasons: tuple[str, ...] = field(metadata={"doc": "every reason the model is not protected (empty when passed)"})
+    failing_images: tuple[str, ...] = field(metadata={"doc": "the ids of the forget images that fail"})
+    unrequired_above: dict[str, int] = field(metadata={"doc": "per CD the gate did not require but measured: how "
+                                                              "many images are above the threshold"})
+    DERIVED: ClassVar = (("folder", "str", "where the weights went: release when passed, else release_not_protected"),)
 
     @property
     def folder(self) -> str:

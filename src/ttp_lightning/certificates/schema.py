@@ -17,6 +17,7 @@ from ttp_lightning.certify.residual import MU_RULES
 from ttp_lightning.config.build import (
     ConfigError,
     Node,
+    Part,
     compose_main,
     registered_file,
     resolve,
@@ -24,6 +25,7 @@ from ttp_lightning.config.build import (
     to_plain,
 )
 from ttp_lightning.config.choices import CONF_DIR
+from ttp_lightning.config.naming import registered_models
 from ttp_lightning.config.schema import Algorithm, DataSchema, plain
 from ttp_lightning.core.errors import TTPUserError
 
@@ -247,11 +249,10 @@ def data_spec(data: DataSchema) -> dict:
     return check_data_spec(spec)
 
 
-def model_spec(model_cfg: Node) -> dict:
+def model_spec(model: Part | Node) -> dict:
     """The registered model config with this target and keys, and the values of its allowed settings."""
-    container = plain(model_cfg)
-    for choice in registered("model"):
-        base = to_plain(registered_file("model", choice))
+    container = plain(model)
+    for choice, base in registered_models():
         if base.get("_target_") == container.get("_target_") and set(base) == set(container):
             fields = model_fields(choice)
             return check_model_spec({"name": choice, **{k: container[CONFIG_KEYS.get(k, k)] for k in fields}})
@@ -259,8 +260,8 @@ def model_spec(model_cfg: Node) -> dict:
                        f"release needs one of: {', '.join(registered('model'))}")
 
 
-def rebuild_configs(data: dict, model: dict, overrides: list[str]) -> tuple[Node, Node]:
-    """Data and model configs composed from this package's registered configs, the checked settings of
+def rebuild_configs(data: dict, model: dict, overrides: list[str]) -> tuple[Node, Part]:
+    """Data and model (its Part) configs composed from this package's registered configs, the checked settings of
     the specs (typed values, set as values, never parsed) and the verifier's own data.* overrides."""
     data, model = check_data_spec(data), check_model_spec(model)
     if data["forget"]["from_file"] and not any(o.startswith(("data.forget.indices_file=", "data.forget.requests="))
@@ -289,8 +290,7 @@ def rebuild_configs(data: dict, model: dict, overrides: list[str]) -> tuple[Node
             raise SchemaError(f"override {override!r} is not allowed: {exc}".splitlines()[0]) from None
     data_cfg, model_cfg = cfg.data, cfg.model
     resolve(data_cfg)
-    resolve(model_cfg)
-    return data_cfg, model_cfg
+    return data_cfg, Part.of(model_cfg)
 
 
 # ----------------------------------------------------------------------------------- the certificate

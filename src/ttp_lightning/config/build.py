@@ -3,6 +3,10 @@ model, the trainer, the logger, callbacks, optimizers, attacks, the data loader,
 the config files this package registers are read here; every other module takes the typed settings
 (config/schema.py) or hands a part's node to these functions without reading it.
 
+The model, the trainer and every callback become a `Part` when the run's settings are made
+(config.schema.settings_of, at the run's entry): plain values and a factory. The stages call `build` and read
+values; none of them holds a config node. The logger is built at the run's entry itself.
+
 A `Node` is a part of a composed config (an OmegaConf DictConfig). Outside this module only the entry point,
 the schemas (config/schema.py), the pre-flight checks (config/choices.py), the composed config's checking
 (run/validation.py) and the run's identity (reporting/run_identity.py) import Hydra or OmegaConf
@@ -10,6 +14,7 @@ the schemas (config/schema.py), the pre-flight checks (config/choices.py), the c
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +41,28 @@ def instantiate(node, **kwargs):
         if isinstance(exc.__cause__, TTPUserError):
             raise exc.__cause__ from None
         raise
+
+
+@dataclass(frozen=True)
+class Part:
+    """A config section Hydra builds (the trainer, the model's backbone, one callback), made once with
+    the run's settings: its values as plain, resolved dicts and lists (the run's record and cache keys read them)
+    and `build`, the factory the stages call with what only they know (the trainer's epochs and callbacks, the
+    backbone's input shape and classes)."""
+
+    values: dict
+
+    @classmethod
+    def of(cls, node) -> "Part | None":
+        return None if node is None else cls(dict(to_plain(node)))
+
+    def get(self, key: str, default=None):
+        return self.values.get(key, default)
+
+    def build(self, *, leave_out: tuple[str, ...] = (), **given):
+        """The part, built by Hydra from its values (less the keys `leave_out`: settings the run reads itself, not
+        the constructor's) and the arguments `given`."""
+        return instantiate({k: v for k, v in self.values.items() if k not in leave_out}, **given)
 
 
 def build_part(node, key: str, expected: type, **kwargs):

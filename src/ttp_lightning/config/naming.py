@@ -12,7 +12,8 @@ NOT_ARCHITECTURE = {"checkpoint", "pretrained", "pretrained_file"}  # where weig
 
 
 @cache
-def _registered_models() -> tuple[tuple[str, dict], ...]:
+def registered_models() -> tuple[tuple[str, dict], ...]:
+    """(name, plain config) of every conf/model file, sorted by name; read once per process."""
     return tuple((path.stem, to_plain(load_file(path)))
                  for path in sorted((CONF_DIR / "model").glob("*.yaml")))
 
@@ -23,7 +24,7 @@ def model_name(model) -> str:
     config = to_plain(model) if is_node(model) else dict(model or {})
     target = config.get("_target_", "")
     scored = [(sum(config.get(k) == v for k, v in base.items() if k not in NOT_ARCHITECTURE), -order, choice)
-              for order, (choice, base) in enumerate(_registered_models()) if base.get("_target_") == target]
+              for order, (choice, base) in enumerate(registered_models()) if base.get("_target_") == target]
     if scored:
         choice = max(scored)[2]
         label = f"{choice}_{config['name']}" if choice == "timm" and config.get("name") else choice

@@ -8,6 +8,7 @@ run/validation.py and the methods' `check`.
 Values typed `Any` hold either a word or a number (`lam: auto | float`) or a `_partial_` config.
 """
 
+import copy
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -16,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ttp_lightning.config.build import Part
 from ttp_lightning.core import checks
 from ttp_lightning.core.errors import TTPUserError
 
@@ -136,13 +138,13 @@ class MainSchema:
 
     experiment_name: str = "digits_mlp"
     data: Any = None
-    model: Any = None
+    model: Any = None  # settings_of: a config.build.Part (Hydra's schema check sees the YAML: Any)
     method: Any = None
-    trainer: Any = None
-    logger: Any = None
+    trainer: Any = None  # a Part
+    logger: Any = None  # built by the run itself, at its start (run.pipeline.build_logger)
     paths: Any = None
     attacks: Any = None
-    callbacks: Any = None
+    callbacks: Any = None  # {name: Part or None}
     seed: int = 42
     threads: Any = "auto"
     checkpoint_every_n_epochs: int = 1
@@ -394,6 +396,8 @@ def plain(value):
     what hashes and JSON records take."""
     if value is None:
         return None
+    if isinstance(value, Part):
+        return copy.deepcopy(value.values)
     node = OmegaConf.structured(value) if is_dataclass(value) else value
     return OmegaConf.to_container(OmegaConf.create(node) if isinstance(node, (dict, list)) else node, resolve=True)
 
@@ -401,14 +405,27 @@ def plain(value):
 def settings_of(cfg) -> MainSchema:
     """The composed config as one MainSchema object, every value checked once: each typed section (data, the
     method, attacks, pretrain, performance, release_gate) becomes its schema's object (its ranges checked in
-    `__post_init__`), the top level's own values are checked by MainSchema, and the sections that only
-    `instantiate` reads (trainer, model, logger, callbacks, paths) stay configs."""
+    `__post_init__`), the top level's own values are checked by MainSchema, the sections Hydra builds for the
+    stages (trainer, model, callbacks) become factories (config.build.Part), and `paths` and `logger` stay
+    configs (the run builds its logger at once, from the composed config)."""
     values = {}
     for item in fields(MainSchema):
         if item.name in cfg:
             node = cfg[item.name]
-            values[item.name] = typed(node, item.name) if OmegaConf.is_config(node) else node
+            values[item.name] = _part(node, item.name) if item.name in PARTS else \
+                typed(node, item.name) if OmegaConf.is_config(node) else node
     return MainSchema(**values)
+
+
+PARTS = ("trainer", "model", "callbacks")  # built by Hydra: config.build.Part (callbacks: one per entry)
+
+
+def _part(node, key: str):
+    """A section Hydra builds as a config.build.Part (its plain values and a factory); `callbacks` as {name: Part
+    or None}."""
+    if key != "callbacks" or node is None:
+        return Part.of(node)
+    return {str(name): Part.of(entry) for name, entry in node.items()}
 
 
 def typed(section, key: str):

@@ -10,7 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from ttp_lightning.config.build import instantiate
+from ttp_lightning.config.build import Part
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.fit.callbacks import METHOD_CALLBACKS
 
@@ -272,17 +272,17 @@ class RadiusFromRetainRule(Callback):
 
 
 
-def check_method_callbacks(callbacks_cfg) -> None:
-    missing = [name for name in METHOD_CALLBACKS if not callbacks_cfg or callbacks_cfg.get(name) is None]
+def check_method_callbacks(callbacks: dict[str, Part | None] | None) -> None:
+    missing = [name for name in METHOD_CALLBACKS if not callbacks or callbacks.get(name) is None]
     if missing:
         raise TTPUserError(f"callbacks.{missing[0]} is missing; Alg 1 needs callbacks.best_model, .history and "
                            f".timer (conf/callbacks/default.yaml)")
 
 
-def method_callbacks(callbacks_cfg) -> dict:
+def method_callbacks(callbacks: dict[str, Part | None]) -> dict:
     """Alg 1's callbacks from the `callbacks` group: `best_model` (a partial: call it with the thresholds),
     `history` and `timer`, fresh objects for each fit."""
-    check_method_callbacks(callbacks_cfg)
-    return {name: instantiate(callbacks_cfg[name]) for name in METHOD_CALLBACKS}
+    check_method_callbacks(callbacks)
+    return {name: callbacks[name].build() for name in METHOD_CALLBACKS}
 
 

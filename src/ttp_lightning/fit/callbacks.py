@@ -8,7 +8,7 @@ import time
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from ttp_lightning.config.build import instantiate
+from ttp_lightning.config.build import Part
 from ttp_lightning.core.batching import ImageBatchDataset
 from ttp_lightning.core.errors import TTPUserError
 
@@ -162,11 +162,9 @@ class FiniteGuard(Callback):
 METHOD_CALLBACKS = ("best_model", "history", "timer")  # conf/callbacks entries Alg 1 reads back
 
 
-def extra_callbacks(callbacks_cfg) -> list:
-    """The other entries of the `callbacks` group (a user's own Lightning callbacks), for every fit."""
-    if not callbacks_cfg:
-        return []
-    return [instantiate(entry) for name, entry in callbacks_cfg.items()
+def extra_callbacks(callbacks: dict[str, Part | None] | None) -> list:
+    """The other entries of the `callbacks` group (a user's own Lightning callbacks), fresh for every fit."""
+    return [entry.build() for name, entry in (callbacks or {}).items()
             if name not in METHOD_CALLBACKS and entry is not None]
 
 

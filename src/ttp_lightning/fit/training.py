@@ -8,7 +8,7 @@ from typing import NamedTuple
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 
-from ttp_lightning.config.build import Node, instantiate
+from ttp_lightning.config.build import Part
 from ttp_lightning.config.schema import MainSchema, PerformanceSchema, PretrainSchema
 from ttp_lightning.fit.callbacks import FiniteGuard, Performance, StepTimer, extra_callbacks
 from ttp_lightning.fit.checkpointing import (
@@ -27,12 +27,12 @@ class FitSettings:
     `callbacks` sections, checkpointing and resume, the progress bar, the speed switches (`performance`),
     what names A(D)'s cache entry (`model`, `seed`, `cache_dir`) and the gate's per-image threshold the fits
     count forget images against (`exposed_above`). A method's own settings are the method's (Method.settings).
-    `trainer`, `model` and `callbacks` are what Hydra instantiates (configs); the rest is typed."""
+    `trainer`, `model` and `callbacks` are what Hydra builds (config.build.Part: values and a factory)."""
 
-    trainer: Node
+    trainer: Part
     pretrain: PretrainSchema
-    model: Node | None = None
-    callbacks: Node | None = None
+    model: Part | None = None
+    callbacks: dict[str, Part | None] | None = None
     seed: int = 0
     cache_dir: str = ".cache/ttp_lightning"
     checkpoint_every_n_epochs: int = 1
@@ -180,7 +180,7 @@ def make_trainer(ctx: RunContext, max_epochs: int, callbacks: list | None = None
     shown = progress_callbacks(phase, ctx.fit_settings.progress_bar_refresh_rate, bool(ctx.fit_settings.trainer.get("enable_progress_bar", True)))
     callbacks += shown
     bar = any(isinstance(c, TQDMProgressBar) for c in shown)  # a line per epoch is not Lightning's progress bar
-    return instantiate(ctx.fit_settings.trainer, max_epochs=max_epochs, logger=ctx.logger,
+    return ctx.fit_settings.trainer.build(max_epochs=max_epochs, logger=ctx.logger,
                                    callbacks=callbacks, enable_checkpointing=root_dir is not None,
                                    plugins=[SignedCheckpointIO()],
                                    default_root_dir=str(root_dir or ctx.output_dir), enable_progress_bar=bar)

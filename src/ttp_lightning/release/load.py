@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ttp_lightning.certificates.schema import model_settings
-from ttp_lightning.config.build import registered_file
+from ttp_lightning.config.build import Part, registered_file
 from ttp_lightning.core.dataset_info import DatasetInfo
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import sha256_of
@@ -83,6 +83,7 @@ def network_of(folder: Path, config: dict, device: str | torch.device = "cpu") -
     for key in ("pretrained", "pretrained_file", "checkpoint"):  # nothing downloaded or read but the release
         if key in model_cfg:
             model_cfg[key] = False if key == "pretrained" else None
+    model = Part.of(model_cfg)
     given = config["input"]
     check_input(given, folder)
     info = DatasetInfo(given["num_classes"], given["channels"], given["image_size"], tuple(given["mean"]),
@@ -90,7 +91,7 @@ def network_of(folder: Path, config: dict, device: str | torch.device = "cpu") -
     prefix = config["weights"]["prefix"]
     try:
         with torch.device("meta"):  # sizes from config.json cost no memory here
-            shapes = {prefix + k: tuple(v.shape) for k, v in build_classifier(model_cfg, info).backbone.state_dict().items()}
+            shapes = {prefix + k: tuple(v.shape) for k, v in build_classifier(model, info).backbone.state_dict().items()}
     except Exception as exc:  # noqa: BLE001 -- settings the architecture cannot take: one line
         raise TTPUserError(f"{str(folder / CONFIG)!r} architecture {spec} cannot be built ({type(exc).__name__}: "
                            f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
@@ -99,6 +100,6 @@ def network_of(folder: Path, config: dict, device: str | torch.device = "cpu") -
         raise TTPUserError(f"{str(folder / CONFIG)!r} describes a network of {total:,} numbers, above the "
                            f"{MAX_PARAMETERS:,} a release may hold")
     tensors = read_weights(weights, shapes)
-    net = build_classifier(model_cfg, info)
+    net = build_classifier(model, info)
     net.backbone.load_state_dict({k[len(prefix):]: v for k, v in tensors.items()})
     return net.to(device).eval()

@@ -7,7 +7,7 @@ from pathlib import Path
 from torch import nn
 
 from ttp_lightning.certificates.schema import model_spec
-from ttp_lightning.config.build import Node
+from ttp_lightning.config.build import Part
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import atomic_tensors, atomic_text, atomic_write, sha256_of
 from ttp_lightning.release.card import method_theta
@@ -15,11 +15,11 @@ from ttp_lightning.release.format import CARD, CERTIFIED_PREFIX, CONFIG, RELEASE
 from ttp_lightning.version import __version__
 
 
-def architecture_of(model_cfg: Node) -> dict | None:
+def architecture_of(model: Part) -> dict | None:
     """The registered model config and settings that rebuild the network; None for a model config that is
     not one of conf/model (load model.safetensors into your own module then)."""
     try:
-        return model_spec(model_cfg)
+        return model_spec(model)
     except TTPUserError:
         return None
 

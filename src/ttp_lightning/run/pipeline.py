@@ -69,20 +69,20 @@ def route_lightning_logs_to_hydra() -> None:
         lightning_logger.removeHandler(handler)
 
 
-def is_wandb(logger_cfg) -> bool:
-    return str(logger_cfg.get("_target_", "")).endswith("WandbLogger")
+def is_wandb(logger: Node) -> bool:
+    return str(logger.get("_target_", "")).endswith("WandbLogger")
 
 
-def build_logger(cfg: Node, record: dict, identity: dict):
+def build_logger(logger: Node | None, record: dict, identity: dict):
     """The configured Lightning logger (False for `logger=none`), holding the resolved config (`record`) as flat
     hyperparameters (wandb.config; the CSV logger's hparams.yaml). A wandb run is named after the swept
     values, grouped by sweep, with the method as job type."""
-    if not cfg.get("logger"):
+    if not logger:
         return False
-    extra = {k: identity[k] for k in ("name", "group", "job_type")} if is_wandb(cfg.logger) else {}
-    logger = instantiate(cfg.logger, **extra)
-    logger.log_hyperparams(flat_config(record))
-    return logger
+    extra = {k: identity[k] for k in ("name", "group", "job_type")} if is_wandb(logger) else {}
+    built = instantiate(logger, **extra)
+    built.log_hyperparams(flat_config(record))
+    return built
 
 
 def run_figures(results: dict, output_dir: str) -> list:
@@ -198,7 +198,7 @@ def run(cfg: Node, output_dir: str) -> RunRecord | None:
 
     identity = run_identity(cfg)
     record = to_plain(cfg, resolve=True, enum_to_str=True)  # results.json's `config`
-    ctx = RunContext.of(settings, logger=build_logger(cfg, record, identity), output_dir=output_dir,
+    ctx = RunContext.of(settings, logger=build_logger(cfg.get("logger"), record, identity), output_dir=output_dir,
                         identity=identity)
     try:
         return _stages(settings, record, ctx, method, attacks, datamodule, make_net, gate)

@@ -6,6 +6,7 @@ every forget image, the gate's `GateVerdict`), the weights (`Weights`, with a ce
 documentation is the reference table in docs/results-json.md (`python scripts/results_schema.py`, checked by
 tests/test_docs.py)."""
 
+import types
 from dataclasses import dataclass, field, fields, replace
 
 from ttp_lightning.assess.protection import GateVerdict
@@ -55,10 +56,12 @@ class Release:
     """The release folder publish() wrote (release/ or release_not_protected/), its files, whether
     `load_released` can rebuild the model from it, and whether the gate released it as protected."""
 
-    folder: str
-    files: tuple[str, ...]
-    loadable: bool
-    protected: bool
+    folder: str = field(metadata={"doc": "release or release_not_protected (the gate's folder)"})
+    files: tuple[str, ...] = field(metadata={"doc": "the files written there: model.safetensors, config.json, "
+                                                    "MODEL_CARD.md"})
+    loadable: bool = field(metadata={"doc": "whether load_released can rebuild the architecture (a registered "
+                                            "model config)"})
+    protected: bool = field(metadata={"doc": "the gate's verdict"})
 
     def to_json(self) -> dict:
         return {"folder": self.folder, "files": list(self.files), "loadable": self.loadable,
@@ -135,7 +138,7 @@ SPREAD = {
                                            "images that fail")),
     ),
     "weights": (
-        ("certificate", "dict", "a certified method", "the certificate as written (read back as a verifier will)"),
+        ("certificate", "dict", "a certified method", "the certificate as written: the document parsed from the very text in the file, what a verifier reads"),
         ("weights_file", "str", "always", "the released weights, relative to the run folder"),
         ("audit_file", "str", "a certified method", "the private audit record (`verify --audit`)"),
         ("noise_free", "dict", "a certified method", "the noise-free optimum's scores (private)"),
@@ -158,9 +161,30 @@ def _schema_rows() -> list[tuple[str, str, str, str]]:
 
 
 def schema_table() -> str:
-    """docs/results-json.md's reference table of results.json's top level, from RunRecord's fields."""
-    return "\n".join(["| key | type | present | what |", "|---|---|---|---|",
-                      *(f"| `{key}` | {kind} | {when} | {doc} |" for key, kind, when, doc in _schema_rows())])
+    """docs/results-json.md's reference tables: results.json's top level from RunRecord's fields, then the keys
+    of `release_gate` (GateVerdict) and `release` (Release) from theirs."""
+    top = ["| key | type | present | what |", "|---|---|---|---|",
+           *(f"| `{key}` | {kind} | {when} | {doc} |" for key, kind, when, doc in _schema_rows())]
+    return "\n".join([*top, *_part_table("release_gate", GateVerdict), *_part_table("release", Release)])
+
+
+def _part_table(key: str, record: type) -> list[str]:
+    """The keys of one record's object in results.json, from its fields' docs (and its DERIVED keys)."""
+    rows = [(item.name, _json_kind(item.type), item.metadata["doc"]) for item in fields(record)]
+    rows += list(getattr(record, "DERIVED", ()))
+    return ["", f"`{key}` ({record.__name__}):", "", "| key | type | what |", "|---|---|---|",
+            *(f"| `{name}` | {kind} | {doc} |" for name, kind, doc in rows)]
+
+
+JSON_KINDS = {bool: "bool", str: "str", float: "number", int: "integer", tuple: "list", list: "list", dict: "dict"}
+
+
+def _json_kind(kind) -> str:
+    """A field's type as JSON names it (`float | None`: number or null)."""
+    optional = isinstance(kind, types.UnionType) and type(None) in kind.__args__
+    base = next(arg for arg in kind.__args__ if arg is not type(None)) if optional else kind
+    name = JSON_KINDS.get(getattr(base, "__origin__", base), "object")
+    return f"{name} or null" if optional else name
 
 
 def schema_keys() -> list[str]:

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from ttp_lightning.config.build import Node, instantiate, to_plain
+from ttp_lightning.config.build import Part
 from ttp_lightning.core.dataset_info import DatasetInfo
 
 
@@ -23,11 +23,11 @@ class Classifier(nn.Module):
 NOT_ARGUMENTS = ("checkpoint", "checkpoint_test_acc")  # model settings the pipeline reads, not the network's constructor
 
 
-def build_classifier(model_cfg: Node, info: DatasetInfo) -> Classifier:
-    """Instantiate the configured backbone for the data set's shape and classes, and wrap it. (The
-    checkpoint, when one is set, is loaded by the pipeline in place of pretraining.)"""
-    settings = {k: v for k, v in to_plain(model_cfg).items() if k not in NOT_ARGUMENTS}
-    backbone = instantiate(
-        settings, in_channels=info.channels, image_size=info.image_size, num_classes=info.num_classes
-    )
+def build_classifier(model, info: DatasetInfo) -> Classifier:
+    """The configured backbone (`model`: the run's model Part, or a model config, which becomes one) for the data
+    set's shape and classes, wrapped. (The checkpoint, when one is set, is loaded by the pipeline in place of
+    pretraining.)"""
+    model = model if isinstance(model, Part) else Part.of(model)
+    backbone = model.build(leave_out=NOT_ARGUMENTS, in_channels=info.channels, image_size=info.image_size,
+                           num_classes=info.num_classes)
     return Classifier(backbone, info.mean, info.std)

@@ -42,10 +42,10 @@ sweep: $(STAMP)  ## theta sweep of Alg 1 on MNIST MLP (pretrains once), its fron
 	$(BIN)/python -m ttp_lightning.tables multirun/sweep_mnist_mlp --out multirun/sweep_mnist_mlp.md --wandb
 	$(BIN)/python -m ttp_lightning.plots multirun/sweep_mnist_mlp --out multirun/sweep_mnist_mlp_png --wandb
 
-sweep-certified: $(STAMP)  ## theta sweep of Alg 2 on MNIST LogReg, mean and smooth-max forget terms: table + PNGs
+sweep-certified: $(STAMP)  ## theta sweep of Alg 2 on MNIST LogReg, mean and CVaR forget terms: table + PNGs
 	$(BIN)/python -m ttp_lightning -m +experiment=mnist_logreg_certified data.root=$(DATA_ROOT) logger=csv \
-		method.theta=0.125,0.25,0.375,0.5,0.625,0.75,0.85,0.95 method.forget_reduction=mean,smoothmax \
-		method.forget_reduction_temperature=auto hydra.sweep.dir=multirun/sweep_certified $(ARGS) || [ $$? -eq 4 ]
+		method.theta=0.125,0.25,0.375,0.5,0.6,0.75,0.85,0.95 method.forget_reduction=mean,cvar \
+		hydra.sweep.dir=multirun/sweep_certified $(ARGS) || [ $$? -eq 4 ]
 	$(BIN)/python -m ttp_lightning.tables multirun/sweep_certified --layout certified --out multirun/sweep_certified.md
 	$(BIN)/python -m ttp_lightning.plots multirun/sweep_certified --out multirun/sweep_certified_png
 

@@ -3,7 +3,8 @@
 Runs, each from an empty cache, same seed, CPU:
   default                 the embedded default job (digits + MLP + Alg 1)
   mnist_mlp               +experiment=mnist_mlp
-  mnist_logreg_certified  +experiment=mnist_logreg_certified (its noise-free weights from private/audit.json)
+  mnist_logreg_certified  +experiment=mnist_logreg_certified at the paper's row (theta 0.25, the mean term, C 10;
+                          its noise-free weights from private/audit.json)
 
 and writes, per run, the SHA-256 of every number results.json reports (metrics, history, per-image tables,
 attacks, bounds, gate) with wall-clock times removed, and of the released weights (the certified run: of its
@@ -25,7 +26,10 @@ MNIST = Path(__file__).resolve().parents[2] / "shared" / "data"
 RUNS = {
     "default": [],
     "mnist_mlp": ["+experiment=mnist_mlp", f"data.root={MNIST}"],
-    "mnist_logreg_certified": ["+experiment=mnist_logreg_certified", f"data.root={MNIST}"],
+    # the experiment's settings before issue 39 (the paper's row), so that fingerprints stay comparable across it
+    "mnist_logreg_certified": ["+experiment=mnist_logreg_certified", f"data.root={MNIST}", "pretrain.norm_bound=10",
+                               "method.theta=0.25", "method.forget_reduction=mean",
+                               "method.forget_reduction_temperature=null"],
 }
 TIMING = ("wall", "elapsed", "_s_", "seconds")
 PLACES = ("_file", "_dir")  # where a run's files are (its work folder), not a number

@@ -177,9 +177,9 @@ def publish(record: RunRecord, net, settings: MainSchema, datamodule, attack_tab
 
 def run(cfg: Node, output_dir: str) -> RunRecord | None:
     """Execute one job; returns its record on rank 0 (results.json is its `to_json()`; None on other DDP ranks).
-    The composed `cfg` is
-    checked once and becomes the typed settings the stages read; it is kept only as the record of the run
-    (results.json's `config`, the logger's hyperparameters, the run's name)."""
+    The composed `cfg` is checked once and becomes the typed settings the stages read; it is kept only as the
+    record of the run (results.json's `config`, the logger's hyperparameters, the run's name) and builds the
+    logger."""
     route_lightning_logs_to_hydra()
     quiet_lightning()
     settings = validate_config(cfg)  # every value checked once, as typed objects (config.schema.MainSchema)

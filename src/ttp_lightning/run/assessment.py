@@ -56,7 +56,10 @@ class Assessment:
     def stage_metrics(self, stage: str) -> dict:
         """What the assessment adds to a stage's metrics, in results.json's order (nothing to a stage it did not
         assess: A(D) before it absorbed outside forget instances)."""
-        return added_metrics(self.attacked, self.per_image, stage) if stage in self.per_image.summaries else {}
+        if stage not in self.per_image.summaries:
+            return {}
+        robust = {} if self.attacked is None else {"forget_robust_conf_dist": self.attacked.robust_conf_dist[stage]}
+        return {**robust, **self.per_image.summaries[stage]}
 
     def to_json(self) -> dict:
         """results.json's keys of the assessment, in their order."""
@@ -84,12 +87,6 @@ def assess(models: dict, method: str, reference: float, reported: dict, datamodu
     per_image = account_per_image(models, datamodule, attacks, attacked, gate.conf_dist_at_most, bounds)
     verdict = judge(per_image.rows, method, reported, gate, float(attacks.robust_gamma), per_image.note)
     return Assessment(attacked, per_image, verdict)
-
-
-def added_metrics(attacked: Attacked | None, per_image: PerImage, stage: str) -> dict:
-    """A stage's metrics from the assessment: the worst attack's mean CD at robust_gamma and the per-image summary."""
-    robust = {} if attacked is None else {"forget_robust_conf_dist": attacked.robust_conf_dist[stage]}
-    return {**robust, **per_image.summaries[stage]}
 
 
 def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema, suite: dict, sources: dict,

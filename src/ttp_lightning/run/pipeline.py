@@ -158,11 +158,11 @@ def method_key(ctx: RunContext, method, datamodule) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def publish(record: RunRecord, net, settings: MainSchema, datamodule, attack_table, certificate_line,
+def publish(record: RunRecord, results: dict, net, settings: MainSchema, datamodule, attack_table, certificate_line,
             output_dir) -> Release:
     """The release folder the gate chose (release/ or release_not_protected/): model.safetensors, config.json,
-    MODEL_CARD.md (what a model hub takes)."""
-    results = record.to_json()  # the card and config.json state what results.json states
+    MODEL_CARD.md (what a model hub takes). The card and config.json state what `results` (the record's JSON)
+    states."""
     label = method_label(results)
     architecture = architecture_of(settings.model)
     certificate = record.weights.certificate
@@ -244,14 +244,13 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     partial = _run_record(settings.experiment_name, method.name, record, datamodule, metrics, output.history, ctx,
                           softmax, assessment)
     try:  # a full disk or a lost mount while writing: one line, and no output of this run left half-made
-        run_record, path, attack_table, certificate_line = _write_outputs(partial, output, settings, datamodule,
-                                                                          output_dir)
+        run_record, results, path, attack_table, certificate_line = _write_outputs(partial, output, settings,
+                                                                                   datamodule, output_dir)
     except OSError as exc:
         _remove_outputs(Path(output_dir))
         where = f": {exc.filename}" if exc.filename else ""
         raise TTPUserError(f"writing the run's outputs into {output_dir} failed ({exc.strerror or exc}{where}); "
                            "nothing of this run was kept there (its caches were: rerun when there is room)") from None
-    results = run_record.to_json()
     print(_console_summary(settings.experiment_name, results, attack_table, certificate_line, path), flush=True)
     finish_logger(ctx.logger, results, output_dir)
     remove_checkpoints(ctx.journal.checkpoint_dirs)  # the results are written: a rerun starts afresh
@@ -331,8 +330,8 @@ def public_metrics(values: dict) -> dict:
 
 def _write_outputs(partial: RunRecord, output, settings: MainSchema, datamodule, output_dir: str):
     """The certificate (certified methods), the weights, the release folder and results.json, in that order;
-    returns (the run's record, results.json's path, the attack table, the certificate line). Each step adds its
-    part to a new record; none edits what an earlier one built."""
+    returns (the run's record, results.json's content and path, the attack table, the certificate line). Each step
+    adds its part to a new record; none edits what an earlier one built."""
     run_record = partial.with_weights(_weights_record(partial, output, settings, datamodule, output_dir))
     results = run_record.to_json()
     attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn"),
@@ -340,10 +339,11 @@ def _write_outputs(partial: RunRecord, output, settings: MainSchema, datamodule,
         if "attacks" in results else None
     certificate_line = format_certificate_line(results["certificate"], settings.method.vacuous_above) \
         if "certificate" in results else None
-    run_record = run_record.published(publish(run_record, output.net, settings, datamodule, attack_table,
+    run_record = run_record.published(publish(run_record, results, output.net, settings, datamodule, attack_table,
                                               certificate_line, output_dir))
-    path = write_results(run_record.to_json(), output_dir)
-    return run_record, path, attack_table, certificate_line
+    results = run_record.to_json()
+    path = write_results(results, output_dir)
+    return run_record, results, path, attack_table, certificate_line
 
 
 def _weights_record(partial: RunRecord, output, settings: MainSchema, datamodule, output_dir: str) -> Weights:

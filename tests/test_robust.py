@@ -12,7 +12,7 @@ from torch import nn
 from test_modules import OPTIM, tiny_net, tiny_sets
 from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
 from ttp_lightning.core.objectives import kl_to_uniform
-from ttp_lightning.models.pareto import ParetoFinetuneModule
+from ttp_lightning.models.pareto import ParetoFinetuneModule, replayed
 from ttp_lightning.run.pipeline import run
 
 SETTINGS = AdversarialSettings(gamma=32, steps=5, step_size=0.5, clean_weight=0.0)
@@ -70,6 +70,28 @@ def test_robust_conf_dist_is_at_least_the_clean_one():
     robust = robust_conf_dist(net, forget, None, SETTINGS, torch.device("cpu"))
     assert robust.shape == clean.shape and (robust >= clean - 1e-7).all()  # per image, never below the clean CD
     assert robust.mean() > clean.mean()
+
+
+def test_early_stopping_never_attacks_with_the_release_judge_s_random_starts(monkeypatch):
+    """The release judge's attacks start from torch.Generator(attacks.seed); early stopping's from a stream of
+    their own, so that the epoch kept is not selected on the very draws that then judge it. Same seed, same
+    stream (a resumed run attacks as the uninterrupted one)."""
+    from ttp_lightning.attacks import robust as robust_code
+    from ttp_lightning.attacks.robust import early_stopping_seed
+
+    first_draws = []
+
+    def spy(net, x, radius, generator, attack, targets=None):
+        first_draws.append(torch.rand(4, generator=generator))
+        return x
+
+    monkeypatch.setattr(robust_code, "adaptive_attack", spy)
+    _, forget = tiny_sets(n_forget=6)
+    for _ in range(2):
+        robust_conf_dist(tiny_net().eval(), forget, None, SETTINGS, torch.device("cpu"))
+    judge_s = torch.rand(4, generator=torch.Generator().manual_seed(SETTINGS.seed))
+    assert torch.equal(first_draws[0], first_draws[1]) and not torch.equal(first_draws[0], judge_s)
+    assert len({early_stopping_seed(seed) for seed in range(100)} | set(range(100))) == 200
 
 
 def test_the_judge_re_attacks_only_an_epoch_that_could_be_kept_and_never_lowers_a_cd(monkeypatch):
@@ -167,6 +189,14 @@ def test_robust_alg1_fullbatch_runs_and_logs_the_attacked_cd(compose_cfg, tmp_pa
                   "release_gate.require=[clean]", "method.mode=fullbatch", "method.gradient_surgery=true")
     assert [row["epoch"] for row in robust["history"]["pareto_robust"]] == [1, 2, 3]
     assert 0 <= robust["history"]["pareto_robust"][-1]["forget_robust_conf_dist"] <= 1
+
+
+def test_robust_alg1_replays_the_images_each_epoch_left_exposed(compose_cfg, tmp_path, monkeypatch):
+    robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=3", "attacks.enabled=false",
+                  "release_gate.require=[clean]", "method.adversarial.replay=4", "method.adversarial.judge_steps=0")
+    history = robust["history"]["pareto_robust"]
+    assert [row["forget_replayed"] for row in history] == [min(4.0, row["forget_robust_exposed"]) for row in history]
+    assert any(row["forget_replayed"] > 0 for row in history)  # 3 epochs from A(D): some images are still exposed
 
 
 def test_forget_batchnorm_eval_uses_and_keeps_the_running_statistics():
@@ -485,3 +515,38 @@ def test_lr_warmup_ramps_each_optimizer_start_and_puts_the_scheduled_rate_back()
         from ttp_lightning.methods.pareto_schema import ParetoSchema
 
         ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, lr_warmup=-1)
+
+
+def test_replay_picks_the_exposed_images_worst_first_and_nan_counts_as_exposed():
+    cds = torch.tensor([0.05, 0.3, float("nan"), 0.1, 0.2, 0.1000001, 0.0], dtype=torch.float64)
+    assert replayed(cds, 0.1, 10).tolist() == [2, 1, 4, 5]  # 0.1 itself is not above the threshold
+    assert replayed(cds, 0.1, 2).tolist() == [2, 1]
+    assert replayed(torch.zeros(5), 0.1, 10).tolist() == []
+
+
+def test_replay_adds_the_exposed_images_to_every_forget_batch_and_survives_a_checkpoint():
+    """adversarial.replay: after a validation epoch the forget images the attack left above the threshold are
+    appended to each training step's forget batch (labelled with A(D)'s predictions for ce_pretrained), at
+    most `replay` of them; the choice is saved in and restored from a checkpoint; 0 replays nothing."""
+    torch.manual_seed(0)
+    retain, forget = tiny_sets(n_forget=20)
+    images, labels = forget.everything()
+    targets = (labels + 1) % 3
+    settings = dataclasses.replace(SETTINGS, replay=3)
+    module = ParetoFinetuneModule(tiny_net().eval(), 0.75, OPTIM, retain_data=retain, forget_data=forget,
+                                  adversarial=settings, exposed_above=0.1, attack_targets=targets)
+    batch = images[:4], targets[:4]
+    assert module._with_replay(*batch) == batch  # nothing replayed before the first validation epoch
+    per_image = torch.linspace(0.0, 0.5, 20).flip(0)  # images 0..N exposed, 0 the worst
+    module._replay = replayed(per_image, 0.1, 3)
+    more_images, more_labels = module._with_replay(*batch)
+    assert torch.equal(more_images, torch.cat([images[:4], images[:3]]))
+    assert torch.equal(more_labels, torch.cat([targets[:4], targets[:3]]))
+    saved = {}
+    module.on_save_checkpoint(saved)
+    fresh = ParetoFinetuneModule(tiny_net().eval(), 0.75, OPTIM, retain_data=retain, forget_data=forget,
+                                 adversarial=settings, exposed_above=0.1, attack_targets=targets)
+    fresh.on_load_checkpoint(saved)
+    assert fresh._replay.tolist() == [0, 1, 2]
+    loss = fresh._forget_loss(*fresh._with_replay(*batch))
+    assert torch.isfinite(loss)

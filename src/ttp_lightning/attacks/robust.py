@@ -19,6 +19,7 @@ rank computes the same value. With `judge_steps` > 0 an epoch that could be kept
 `judge_*` settings (the release judge's, conf/method/pareto_robust.yaml), per image the worse of the two.
 """
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
@@ -48,6 +49,9 @@ class AdversarialSettings:
                                        # epoch that breaks the retain rule and up one after an epoch that keeps it
     radius_start: str = "top"          # radius_rule=retain's first rung: top (train_gamma) | bottom (the clean
                                        # images, climbing a rung after each epoch that keeps the retain rule)
+    replay: int = 0                    # every training step's forget batch also holds up to this many forget
+                                       # images the last epoch's attack left above the release threshold, the
+                                       # worst first (0: off)
     eval_steps: int = 20
     eval_restarts: int = 1
     eval_objectives: tuple[str, ...] = field(default=("max_softmax", "ce_pretrained"))
@@ -109,15 +113,26 @@ def worst_forget_images(net: nn.Module, images: torch.Tensor, labels: torch.Tens
     return x.detach()
 
 
+def early_stopping_seed(seed: int) -> int:
+    """The random starts of early stopping's attacks: a stream of their own, drawn from `seed` by SHA-256, never
+    torch.Generator(seed), which is what the release judge's attacks (conf/attacks' seed) start from. Early
+    stopping keeps the epoch its attacks find fewest images exposed in; were those the judge's own random starts,
+    the judge would re-run the last round of that selection and pass what it selected for: on the noisy-MNIST
+    stand-in the judge passed a release at 0 of 100 exposed that the same attack from four other seeds exposed
+    2-6 images of. With its own stream the judge is a test the selection never saw."""
+    digest = hashlib.sha256(f"ttp_lightning early stopping {int(seed)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 def robust_conf_dist(net: nn.Module, forget: ImageBatchDataset, targets: torch.Tensor | None,
                      settings: AdversarialSettings, device) -> torch.Tensor:
     """[N] float64: each forget image's CD under APGD at radius gamma (the more confident of the clean image
-    and the attack's point)."""
+    and the attack's point), its random starts from early_stopping_seed(settings.seed)."""
     attack = SimpleNamespace(objectives=list(settings.eval_objectives), restarts=settings.eval_restarts,
                              apgd_steps=settings.eval_steps, surrogate_betas=list(settings.eval_surrogate_betas))
     images, labels = forget.everything()
     targets = labels if targets is None else targets
-    generator = torch.Generator().manual_seed(settings.seed)
+    generator = torch.Generator().manual_seed(early_stopping_seed(settings.seed))
     per_image = []
     with evaluating(net):
         for start in range(0, len(images), settings.eval_chunk_size):

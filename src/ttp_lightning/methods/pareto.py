@@ -87,6 +87,7 @@ def check_adversarial(adversarial: AdversarialSettings) -> None:
         checks.positive(adversarial.train_gamma, "method.adversarial.train_gamma")
     if adversarial.steps != 0:
         checks.positive_int(adversarial.steps, "method.adversarial.steps")
+    checks.whole_number(adversarial.replay, "method.adversarial.replay")
     if adversarial.interval_ramp_epochs is not None and adversarial.interval_ramp_epochs != 0:
         checks.positive_int(adversarial.interval_ramp_epochs, "method.adversarial.interval_ramp_epochs")
     checks.positive(adversarial.step_size, "method.adversarial.step_size")

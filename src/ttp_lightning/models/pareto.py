@@ -17,6 +17,14 @@ from ttp_lightning.models.evaluation_mixin import PartsValidationMixin
 from ttp_lightning.models.optim import configure_optimizer
 
 
+def replayed(attacked_conf_dist: torch.Tensor, threshold: float, limit: int) -> torch.Tensor:
+    """The indices of the forget images whose attacked CD is above `threshold` (NaN counts as above: it is no
+    proof of anything), the worst first (NaN first, then by CD, ties by index), at most `limit`."""
+    values = torch.nan_to_num(attacked_conf_dist.detach().double().cpu(), nan=float("inf"))
+    order = torch.argsort(values, descending=True, stable=True)
+    return order[~(values[order] <= threshold)][:limit].clone()
+
+
 class ParetoFinetuneModule(PartsValidationMixin):
     """Two ways to optimise the Pareto objective.
 
@@ -72,6 +80,8 @@ class ParetoFinetuneModule(PartsValidationMixin):
         self.forget_reduction_temperature = forget_reduction_temperature
         self.forget_batchnorm, self.retain_batchnorm = forget_batchnorm, retain_batchnorm
         self.radius_scale = 1.0
+        # forget images (indices) every step replays (adversarial.replay): set after each validation epoch
+        self._replay = torch.empty(0, dtype=torch.long)
         # the rank of the epoch early stopping keeps so far (None: none yet); finetune() hands it the callback's
         self.kept_rank: Callable[[], tuple | None] | None = None
         # the network's traced graph, for the interval term: kept in a list so that it is not registered as a
@@ -99,11 +109,27 @@ class ParetoFinetuneModule(PartsValidationMixin):
                 forget_term = self._reduce(self._uniformity(forget_logits))
             else:
                 retain_term = self._retain_loss(retain_images, retain_labels)
-                forget_term = self._forget_loss(forget_images, forget_labels)
+                forget_term = self._forget_loss(*self._with_replay(forget_images, forget_labels))
             loss = self.theta * forget_term + (1 - self.theta) * retain_term
             self.log("train/pareto_loss", loss, prog_bar=True)
             return loss
         self._fullbatch_step()
+
+    def _with_replay(self, images, labels):
+        """The forget batch and the forget images replayed in every step (adversarial.replay: those the last
+        epoch's attack left exposed, the worst first), un-augmented, labelled as the inner attack targets them."""
+        if not len(self._replay):
+            return images, labels
+        replay_images, replay_labels = self.forget_data[self._replay.tolist()]  # only the images replayed
+        if self._attack_targets is not None and "ce_pretrained" in self.adversarial.objectives:
+            replay_labels = self._attack_targets[self._replay]
+        return torch.cat([images, replay_images.to(images)]), torch.cat([labels, replay_labels.to(labels)])
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["forget_replay"] = self._replay.tolist()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._replay = torch.tensor(checkpoint.get("forget_replay", []), dtype=torch.long)
 
     def _uniformity(self, logits):
         """Each image's L_K of the temperature-scaled logits."""
@@ -166,6 +192,9 @@ class ParetoFinetuneModule(PartsValidationMixin):
         self.log("val/forget_robust_worst_conf_dist", per_image.max().item(), on_epoch=True, sync_dist=False)
         certified = self._certified_conf_dist()
         self.log("val/forget_certified_worst_conf_dist", certified.max().item(), on_epoch=True, sync_dist=False)
+        if self.exposed_above is not None and self.adversarial.replay:
+            self._replay = replayed(per_image, self.exposed_above, self.adversarial.replay)
+            self.log("val/forget_replayed", float(len(self._replay)), on_epoch=True, sync_dist=False)
         if self.exposed_above is not None:
             exposed = float((per_image > self.exposed_above).sum())
             self.log("val/forget_robust_exposed", exposed, on_epoch=True, sync_dist=False)

@@ -527,7 +527,7 @@ def test_replay_picks_the_exposed_images_worst_first_and_nan_counts_as_exposed()
 def test_replay_adds_the_exposed_images_to_every_forget_batch_and_survives_a_checkpoint():
     """adversarial.replay: after a validation epoch the forget images the attack left above the threshold are
     appended to each training step's forget batch (labelled with A(D)'s predictions for ce_pretrained), at
-    most `replay` of them; the choice is saved in and restored from a checkpoint; 0 replays nothing."""
+    most `replay` of them; the choice is saved in and restored from a checkpoint."""
     torch.manual_seed(0)
     retain, forget = tiny_sets(n_forget=20)
     images, labels = forget.everything()
@@ -550,3 +550,20 @@ def test_replay_adds_the_exposed_images_to_every_forget_batch_and_survives_a_che
     assert fresh._replay.tolist() == [0, 1, 2]
     loss = fresh._forget_loss(*fresh._with_replay(*batch))
     assert torch.isfinite(loss)
+
+
+def test_an_image_whose_attacked_cd_is_nan_counts_as_exposed_in_early_stopping(monkeypatch):
+    """Early stopping ranks epochs by the images exposed under attack: a NaN CD proves nothing and must not make
+    an epoch look better (it is counted, and replayed, as exposed)."""
+    from types import SimpleNamespace
+
+    _, forget = tiny_sets(n_forget=4)
+    module = ParetoFinetuneModule(tiny_net().eval(), 0.75, OPTIM, forget_data=forget, exposed_above=0.1,
+                                  adversarial=dataclasses.replace(SETTINGS, replay=4))
+    monkeypatch.setattr(ParetoFinetuneModule, "trainer", SimpleNamespace(sanity_checking=False), raising=False)
+    per_image = torch.tensor([0.0, float("nan"), 0.5, 0.05], dtype=torch.float64)
+    monkeypatch.setattr(module, "_attacked_conf_dist", lambda: (per_image, False))
+    logged = {}
+    monkeypatch.setattr(module, "log", lambda key, value, **_: logged.__setitem__(key, value))
+    module.on_validation_epoch_end()
+    assert logged["val/forget_robust_exposed"] == 2.0 and module._replay.tolist() == [1, 2]

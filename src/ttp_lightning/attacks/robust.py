@@ -88,6 +88,12 @@ class AdversarialSettings:
                        eval_objectives=self.judge_objectives, eval_surrogate_betas=self.judge_surrogate_betas)
 
 
+def targets_pretrained(settings: AdversarialSettings) -> bool:
+    """The inner attack runs and its ce_pretrained objective needs A(D)'s prediction for each forget image (the
+    forget images it trains on are labelled with those predictions, not their labels)."""
+    return bool(settings.steps) and "ce_pretrained" in settings.objectives
+
+
 # radius_rule=retain: the training radius is train_gamma times one of these (the first is the start)
 RADIUS_RUNGS = (1.0, 0.5, 0.25, 0.125, 0.0)
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from ttp_lightning.assess.evaluation import evaluate
 from ttp_lightning.attacks.objectives import OBJECTIVES
-from ttp_lightning.attacks.robust import RADIUS_RUNGS, AdversarialSettings
+from ttp_lightning.attacks.robust import RADIUS_RUNGS, AdversarialSettings, targets_pretrained
 from ttp_lightning.config.schema import MainSchema
 from ttp_lightning.core import checks
 from ttp_lightning.core.batching import ImageBatchDataset
@@ -237,7 +237,7 @@ def attack_targeted_forget(datamodule: TTPDataModule, adversarial: AdversarialSe
                            targets) -> ImageBatchDataset | None:
     """The forget images' training view labelled with `targets`, for the inner attack's ce_pretrained; None
     (the forget images with their labels) without that objective."""
-    if targets is None or not adversarial.steps or "ce_pretrained" not in adversarial.objectives:
+    if targets is None or not targets_pretrained(adversarial):
         return None
     return datamodule.dataset("forget", augment=True).relabelled(targets)
 

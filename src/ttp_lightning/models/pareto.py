@@ -7,7 +7,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
+from ttp_lightning.attacks.robust import (
+    AdversarialSettings,
+    robust_conf_dist,
+    targets_pretrained,
+    worst_forget_images,
+)
 from ttp_lightning.core.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.core.nn_modes import batchnorm_in_eval_mode, evaluating
 from ttp_lightning.core.objectives import PER_INSTANCE_LOSSES, combine_gradients, reduce_forget, retain_loss
@@ -121,7 +126,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         if not len(self._replay):
             return images, labels
         replay_images, replay_labels = self.forget_data[self._replay.tolist()]  # only the images replayed
-        if self._attack_targets is not None and "ce_pretrained" in self.adversarial.objectives:
+        if self._attack_targets is not None and targets_pretrained(self.adversarial):
             replay_labels = self._attack_targets[self._replay]
         return torch.cat([images, replay_images.to(images)]), torch.cat([labels, replay_labels.to(labels)])
 
@@ -196,7 +201,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
             self._replay = replayed(per_image, self.exposed_above, self.adversarial.replay)
             self.log("val/forget_replayed", float(len(self._replay)), on_epoch=True, sync_dist=False)
         if self.exposed_above is not None:
-            exposed = float((per_image > self.exposed_above).sum())
+            exposed = float((~(per_image <= self.exposed_above)).sum())  # NaN is exposed: it proves nothing
             self.log("val/forget_robust_exposed", exposed, on_epoch=True, sync_dist=False)
             unproven = float((~(certified <= self.exposed_above)).sum())  # NaN is not a proof
             self.log("val/forget_certified_unproven", unproven, on_epoch=True, sync_dist=False)

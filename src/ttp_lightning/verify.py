@@ -1,6 +1,7 @@
 """`python -m ttp_lightning.verify CERT [WEIGHTS ...] [--recompute] [--audit AUDIT] [data.KEY=VALUE ...]`:
 check a certified release. (`python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR --gamma 8` checks
-any release's certified uniformity around given images instead: release/verify_robust.py.)
+any release's certified uniformity around given images instead: release/verify_robust.py; `verify attack
+RELEASE_DIR IMAGES_DIR --seeds 0 1 2 3 4` attacks it there from seeds of your choosing: release/verify_attack.py.)
 
 CERT is a release's certificate.json (or its folder); the weights are the files it names, next to it,
 unless given. The certificate is untrusted input: it is read as typed data against an allowlist (no
@@ -39,6 +40,7 @@ from ttp_lightning.certificates.schema import check_audit_schema, check_certific
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.methods.certified.audit import Mismatch, audit_failures, rebuild_model
 from ttp_lightning.release import not_protected_line, read_release_config
+from ttp_lightning.release.verify_attack import main as verify_attack
 from ttp_lightning.release.verify_robust import main as verify_robust
 
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE, EXIT_VACUOUS = 0, 1, 2, 3
@@ -131,11 +133,13 @@ def checked_certificate(args, cert_path: Path, overrides: list[str]) -> tuple[di
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ttp_lightning.verify RELEASE [--recompute] [--audit FILE]` (or `verify robust ...`): the exit
+    """`python -m ttp_lightning.verify RELEASE [--recompute] [--audit FILE]` (or `verify robust|attack ...`): the exit
     status is 0 verified, 1 a check failed or the release is not protected, 2 unusable input, 3 vacuous."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["robust"]:
         return verify_robust(argv[1:])
+    if argv[:1] == ["attack"]:
+        return verify_attack(argv[1:])
     overrides = [a for a in argv if OVERRIDE.match(a)]
     args = _parser().parse_args([a for a in argv if a not in overrides])
 

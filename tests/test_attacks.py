@@ -213,3 +213,34 @@ def test_our_attack_is_at_least_as_strong_as_torchattacks_pgd_with_the_same_loss
 
     assert target_log_prob(theirs).mean() > target_log_prob(images).mean()  # the library attack works
     assert target_log_prob(ours).mean() >= target_log_prob(theirs).mean() - 1e-4
+
+
+def test_the_targeted_objective_runs_once_per_top_class_and_finds_what_each_class_finds(monkeypatch):
+    """`targeted` adds one APGD run per class (each image's highest-scoring at the image, every class here: 3 <=
+    TARGETED_CLASSES), targeting that class's log-probability; per image the result is at least as confident as
+    every single-class run of the same steps from the same starts would find by itself."""
+    from ttp_lightning.attacks import apgd as apgd_module
+
+    net, images = model(), images_4x4(n=6)
+    calls = []
+    real = apgd_module.apgd
+
+    def spy(probe, rows, targets, objective_ids, gamma, steps, start):
+        calls.append((list(probe.objectives), targets.clone(), objective_ids.clone()))
+        return real(probe, rows, targets, objective_ids, gamma, steps, start)
+
+    monkeypatch.setattr(apgd_module, "apgd", spy)
+    cfg = OmegaConf.merge(FAST, {"objectives": ["max_softmax", "targeted"], "restarts": 2, "surrogate_betas": [None]})
+    found = adaptive_attack(net, images, 8 / 255, torch.Generator().manual_seed(0), cfg,
+                            targets=torch.zeros(6, dtype=torch.long))
+    (names, targets, ids), = calls
+    assert names == ["max_softmax", "targeted"] and len(targets) == 6 * (2 + 3)  # 2 restarts + 3 classes
+    with torch.no_grad():
+        order = net(images).argsort(-1, descending=True)
+    assert torch.equal(targets[12:].view(3, 6), order.T) and (ids[12:] == 1).all() and (ids[:12] == 0).all()
+    assert (found - images).abs().max() <= 8 / 255 + 1e-6
+    assert (max_softmax(net, found) >= max_softmax(net, images) - 1e-6).all()
+    untargeted = adaptive_attack(net, images, 8 / 255, torch.Generator().manual_seed(0),
+                                 OmegaConf.merge(cfg, {"objectives": ["max_softmax"]}),
+                                 targets=torch.zeros(6, dtype=torch.long))
+    assert (max_softmax(net, found) >= max_softmax(net, untargeted) - 1e-6).all()  # the same starts, plus targets

@@ -15,7 +15,8 @@ from ttp_lightning.core.objectives import kl_to_uniform
 from ttp_lightning.models.pareto import ParetoFinetuneModule, replayed
 from ttp_lightning.run.pipeline import run
 
-SETTINGS = AdversarialSettings(gamma=32, steps=5, step_size=0.5, clean_weight=0.0)
+SETTINGS = AdversarialSettings(gamma=32, steps=5, step_size=0.5, clean_weight=0.0,
+                               objectives=("max_softmax", "ce_pretrained"))
 
 
 def max_softmax(net, images):
@@ -31,6 +32,22 @@ def test_inner_attack_stays_in_the_ball_and_finds_more_confident_points():
     assert (attacked - images).abs().max() <= SETTINGS.radius + 1e-6 and 0 <= attacked.min() and attacked.max() <= 1
     assert (max_softmax(net, attacked) > max_softmax(net, images)).float().mean() > 0.9
     assert net.training  # the attack runs in eval mode and puts the mode back
+
+
+def test_the_targeted_inner_attack_aims_at_a_class_drawn_per_image_not_the_arg_max_or_the_label():
+    net, (_, forget) = tiny_net(), tiny_sets(n_forget=40)
+    images, labels = forget.everything()
+    torch.manual_seed(0)
+    torch.randint(1, ())  # the objective's draw, then the classes' (as worst_forget_images draws them)
+    drawn = torch.randint(3, (40,))
+    torch.manual_seed(0)
+    attacked = worst_forget_images(net, images, labels, dataclasses.replace(SETTINGS, objectives=("targeted",)))
+    assert (attacked - images).abs().max() <= SETTINGS.radius + 1e-6
+    with torch.no_grad():
+        before, after = (net(x).log_softmax(-1).gather(1, drawn.view(-1, 1)).squeeze(1) for x in (images, attacked))
+        arg_max = net(images).argmax(-1)
+    assert (after > before).float().mean() > 0.9  # the drawn class's probability rises
+    assert len(set(drawn.tolist())) == 3 and (drawn != arg_max).any() and (drawn != labels).any()
 
 
 def test_targeted_inner_attack_raises_the_label_it_is_given_not_the_current_arg_max():

@@ -2,7 +2,8 @@
 restarts, the worst case per image kept.
 
 Each forget image is attacked once per (surrogate, restart, objective) triple, the pairs of one surrogate
-in one batch. Surrogates: exact gradients (None) and the backward-only softplus_beta derivative of
+in one batch; the `targeted` objective instead runs once per target class (each image's highest-scoring
+classes at the image, attacks/objectives.py), from a random start. Surrogates: exact gradients (None) and the backward-only softplus_beta derivative of
 attacks/surrogate.py for each beta; a small beta reaches dead units far below zero, a large one follows
 the real model more closely, and neither is best everywhere. Restart 0 starts
 at `warm_start` (the worst point found at a smaller radius, so a larger ball never scores lower) or at the
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ttp_lightning.attacks.base import Attack
-from ttp_lightning.attacks.objectives import OBJECTIVES
+from ttp_lightning.attacks.objectives import OBJECTIVES, TARGETED, top_classes
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 
 MOMENTUM = 0.75
@@ -136,21 +137,38 @@ def adaptive_attack(model: nn.Module, images: torch.Tensor, gamma: float, genera
 
 
 def _restarts_and_objectives(model, images, gamma, generator, cfg, targets, warm_start, samples):
-    objectives, restarts, n = [str(o) for o in cfg.objectives], int(cfg.restarts), len(images)
+    """Every (restart, objective) pair in one batch, and with the `targeted` objective one more run per target
+    class (each image's TARGETED_CLASSES highest-scoring classes at the image, from a random start in the ball,
+    as APGD-T); per image the most confident point of all."""
+    names, restarts, n = [str(o) for o in cfg.objectives], int(cfg.restarts), len(images)
+    objectives = [name for name in names if name != TARGETED]
+    targeted = TARGETED in names
     pairs = restarts * len(objectives)
-    shape = (pairs,) + tuple(images.shape)
-    rows = images.unsqueeze(0).expand(shape).reshape((pairs * n,) + tuple(images.shape[1:]))
+    classes = _target_classes(model, images) if targeted else images.new_zeros((n, 0), dtype=torch.long)
+    runs = pairs + classes.shape[1]
+    shape = (runs,) + tuple(images.shape)
+    rows = images.unsqueeze(0).expand(shape).reshape((runs * n,) + tuple(images.shape[1:]))
     noise = (torch.rand(shape, generator=generator).to(images) * 2 - 1) * gamma
     noise[: len(objectives)] = 0  # restart 0 of every objective starts at the warm start
     first = images if warm_start is None else warm_start
     starts = (first.unsqueeze(0) + noise).reshape(rows.shape)
-    objective_ids = torch.arange(len(objectives), device=images.device).repeat_interleave(n).repeat(restarts)
-    found = apgd(Probe(model, objectives, samples), rows, targets.repeat(pairs), objective_ids, gamma,
-                 int(cfg.apgd_steps), starts)
-    confidence = found.confidence.view(pairs, n)
-    best_pair = confidence.argmax(dim=0)
+    probe_names = objectives + ([TARGETED] if targeted else [])
+    objective_ids = torch.cat([torch.arange(len(objectives), device=images.device).repeat_interleave(n).repeat(restarts),
+                               torch.full((classes.numel(),), len(objectives), device=images.device,
+                                          dtype=torch.long)])
+    row_targets = torch.cat([targets.repeat(restarts * len(objectives)), classes.T.reshape(-1)])
+    found = apgd(Probe(model, probe_names, samples), rows, row_targets, objective_ids, gamma, int(cfg.apgd_steps),
+                 starts)
+    confidence = found.confidence.view(runs, n)
+    best_run = confidence.argmax(dim=0)
     picked = torch.arange(n, device=images.device)
-    return found.most_confident.view(shape)[best_pair, picked], confidence[best_pair, picked]
+    return found.most_confident.view(shape)[best_run, picked], confidence[best_run, picked]
+
+
+def _target_classes(model, images) -> torch.Tensor:
+    """[N, T]: the targeted runs' classes, each image's highest-scoring at the image itself."""
+    with torch.no_grad():
+        return top_classes(model(images))
 
 
 class APGD(Attack):

@@ -9,8 +9,9 @@ max log-softmax alone does nearly so: its arg-max flips between classes there, a
 it alone was uniform under it (1 of 100 images above 0.1 at 8/255) but not under the targeted objective
 (56 of 100, the noisy-MNIST stand-in). `ce_pretrained` targets the `labels` it is given: in training the
 forget batch carries A(D)'s predictions (methods/pareto.attack_targeted_forget), the class early stopping's
-and the judge's attacks target too. The model is in eval mode during the attack (BatchNorm statistics
-untouched).
+and the judge's attacks target too; `targeted` aims at a class drawn at random per image (the judge's APGD
+tries each image's top classes in turn: attacks/objectives.py). The model is in eval mode during the attack
+(BatchNorm statistics untouched).
 
 Early stopping watches the forget CD under a stronger attack each validation epoch: APGD
 (attacks/apgd.py) with `eval_restarts` restarts, `eval_steps` steps, `eval_objectives` and
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from ttp_lightning.attacks.apgd import adaptive_attack
-from ttp_lightning.attacks.objectives import OBJECTIVES
+from ttp_lightning.attacks.objectives import OBJECTIVES, TARGETED
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 from ttp_lightning.core.batching import ImageBatchDataset
 from ttp_lightning.core.nn_modes import evaluating
@@ -39,7 +40,7 @@ class AdversarialSettings:
     train_gamma: float | None = None   # the inner attack's radius (None: gamma); larger leaves a margin
     steps: int = 10
     step_size: float = 0.25            # per step, as a fraction of the training radius
-    objectives: tuple[str, ...] = ("max_softmax", "ce_pretrained")  # one drawn per training step
+    objectives: tuple[str, ...] = ("max_softmax", "ce_pretrained", "targeted")  # one drawn per training step
     surrogate_betas: tuple[float | None, ...] = (10.0, 1.0)  # one drawn per step; None: exact gradients
     clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked) + interval_weight B(clean)
     interval_weight: float = 0.0       # B: the interval bound on KL(u || p) over the training ball
@@ -54,12 +55,12 @@ class AdversarialSettings:
                                        # worst first (0: off)
     eval_steps: int = 20
     eval_restarts: int = 1
-    eval_objectives: tuple[str, ...] = field(default=("max_softmax", "ce_pretrained"))
+    eval_objectives: tuple[str, ...] = field(default=("max_softmax", "ce_pretrained", "targeted"))
     eval_surrogate_betas: tuple[float | None, ...] = (10.0, 1.0)
     eval_chunk_size: int = 512
     judge_steps: int = 0               # re-attack with the judge's APGD (0: the attack above alone) ...
     judge_restarts: int = 2
-    judge_objectives: tuple[str, ...] = field(default=("logsumexp", "max_softmax", "ce_pretrained"))
+    judge_objectives: tuple[str, ...] = field(default=("logsumexp", "max_softmax", "ce_pretrained", "targeted"))
     judge_surrogate_betas: tuple[float | None, ...] = (None, 10.0, 1.0)
     seed: int = 0
 
@@ -106,7 +107,12 @@ def worst_forget_images(net: nn.Module, images: torch.Tensor, labels: torch.Tens
     radius = settings.train_radius if radius is None else radius
     if settings.steps == 0 or radius == 0:
         return images.detach()
-    objective = OBJECTIVES[settings.objectives[int(torch.randint(len(settings.objectives), ()))]]
+    name = settings.objectives[int(torch.randint(len(settings.objectives), ()))]
+    objective = OBJECTIVES[name]
+    if name == TARGETED:  # towards a class drawn per image: any confident prediction is a harm
+        with torch.no_grad(), evaluating(net):
+            classes = net(images[:1]).shape[-1]
+        labels = torch.randint(classes, (len(images),), device=images.device)
     lower, upper = (images - radius).clamp(0, 1), (images + radius).clamp(0, 1)
     x = (images + (torch.rand_like(images) * 2 - 1) * radius).clamp(0, 1)
     beta = settings.surrogate_betas[int(torch.randint(len(settings.surrogate_betas), ()))]

@@ -42,7 +42,8 @@ Layers = StrEnum("Layers", [(n, n) for n in ("all", "last")])
 GateKind = StrEnum("GateKind", [(n, n) for n in ("clean", "attacked", "certified")])
 BoundKind = StrEnum("BoundKind", [(n, n) for n in ("linear", "interval")])
 Intermediate = StrEnum("Intermediate", [(n, n) for n in ("auto", "crown", "ibp")])
-AttackObjective = StrEnum("AttackObjective", [(n, n) for n in ("logsumexp", "max_softmax", "ce_pretrained")])
+AttackObjective = StrEnum("AttackObjective", [(n, n) for n in ("logsumexp", "max_softmax", "ce_pretrained",
+                                                                "targeted")])
 
 
 @dataclass

@@ -6,8 +6,8 @@ evidence, not proof: another seed may find what that one missed, and a release s
 seed's random starts can pass it alone. This command lets a provider, an auditor or a data subject holding the
 images attack the released weights themselves: for each seed, APGD (attacks/apgd.py, the project's default
 attack: exact gradients and two ReLU surrogates, --restarts restarts, --steps steps) on the objectives that need
-no training data (logsumexp, max_softmax, and with --every-class the log-probability of each class in turn, the
-targeted attack that stands in for the pretrained model's prediction the release's own judge targets), at the
+no training data (logsumexp, max_softmax, and with --every-class the `targeted` objective: the log-probability of
+each of the image's ten highest-scoring classes in turn, every class of a data set with at most ten), at the
 radii gamma/8, gamma/4, gamma/2 and gamma, each started from the worst point the smaller radius found. Per image
 the worst CD over every seed, radius and the image itself is kept. Nothing is trusted but the weights file, whose
 SHA-256 must match config.json, and the images.
@@ -94,15 +94,14 @@ def attacked_conf_dist(model, images, gamma: float, seed: int, steps: int, resta
     import torch
 
     from ttp_lightning.attacks.apgd import adaptive_attack
+    from ttp_lightning.attacks.objectives import TARGETED
     from ttp_lightning.core.metrics import conf_dist_of_probs
     from ttp_lightning.core.nn_modes import evaluating
 
     generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        classes = model(images[:1]).shape[-1]
-    groups = [(["logsumexp", "max_softmax"], None)]
-    if every_class:
-        groups += [(["ce_pretrained"], k) for k in range(classes)]  # log p_k: the attack towards class k
+    objectives = ["logsumexp", "max_softmax"] + ([TARGETED] if every_class else [])
+    cfg = SimpleNamespace(objectives=objectives, restarts=restarts, apgd_steps=steps,
+                          surrogate_betas=list(SURROGATE_BETAS))
     worst = torch.full((len(images),), -math.inf, dtype=torch.float64)
 
     def cd(x):
@@ -111,18 +110,13 @@ def attacked_conf_dist(model, images, gamma: float, seed: int, steps: int, resta
 
     for start in range(0, len(images), CHUNK):
         chunk = images[start:start + CHUNK]
-        found = cd(chunk)
-        for objectives, target in groups if gamma > 0 else ():
-            targets = torch.full((len(chunk),), 0 if target is None else target, dtype=torch.long)
-            cfg = SimpleNamespace(objectives=objectives, restarts=restarts, apgd_steps=steps,
-                                  surrogate_betas=list(SURROGATE_BETAS))
-            warm = None
-            for fraction in CHAIN:
-                with evaluating(model), torch.enable_grad():
-                    point = adaptive_attack(model, chunk, fraction * gamma, generator, cfg, targets=targets,
-                                            warm_start=warm)
-                found = torch.maximum(found, cd(point))  # NaN stays NaN: it never passes
-                warm = point
+        found, warm = cd(chunk), None
+        targets = torch.zeros(len(chunk), dtype=torch.long)  # no objective here reads them: targeted picks its own
+        for fraction in CHAIN if gamma > 0 else ():
+            with evaluating(model), torch.enable_grad():
+                warm = adaptive_attack(model, chunk, fraction * gamma, generator, cfg, targets=targets,
+                                       warm_start=warm)
+            found = torch.maximum(found, cd(warm))  # NaN stays NaN: it never passes
         worst[start:start + CHUNK] = found
     return worst
 

@@ -79,10 +79,10 @@ def test_nan_never_passes_and_bad_arguments_end_in_one_error_line(genuine, tmp_p
     code, text = _attack(release, genuine.forget, "--gamma", "1", "--seeds", "0")
     assert code == 2 and "non-finite values" in text, text  # NaN weights are no model
 
-    from ttp_lightning.core import metrics
+    from ttp_lightning.release import verify_attack
 
-    real = metrics.conf_dist_of_probs
-    monkeypatch.setattr(metrics, "conf_dist_of_probs", lambda probs: real(probs) * math.nan)  # whatever made it
+    real = verify_attack.conf_dist_of_probs
+    monkeypatch.setattr(verify_attack, "conf_dist_of_probs", lambda probs: real(probs) * math.nan)  # whatever made it
     code, text = _attack(genuine.release, genuine.forget, "--gamma", "1", "--at-most", "0.899", "--seeds", "0")
     assert code == 1 and text.count("ABOVE") == 20 and "no attack found" not in text, text
     monkeypatch.undo()

@@ -26,9 +26,16 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import torch
+
+from ttp_lightning.attacks.apgd import adaptive_attack
+from ttp_lightning.attacks.objectives import TARGETED
 from ttp_lightning.certificates.schema import SchemaError
 from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.metrics import conf_dist_of_probs
+from ttp_lightning.core.nn_modes import evaluating
 from ttp_lightning.data.forget import fingerprint, set_digest
 from ttp_lightning.release import not_protected_line, read_release_config
 from ttp_lightning.release.verify_robust import (
@@ -89,15 +96,6 @@ def check_attack_arguments(seeds: list[int], steps: int, restarts: int) -> None:
 def attacked_conf_dist(model, images, gamma: float, seed: int, steps: int, restarts: int, every_class: bool):
     """[N] float64: per image the highest CD (1 - 1/K scale, as everywhere) found from `seed`'s random starts at
     the radii CHAIN x gamma (in [0, 1] pixels), never below the image's own."""
-    from types import SimpleNamespace
-
-    import torch
-
-    from ttp_lightning.attacks.apgd import adaptive_attack
-    from ttp_lightning.attacks.objectives import TARGETED
-    from ttp_lightning.core.metrics import conf_dist_of_probs
-    from ttp_lightning.core.nn_modes import evaluating
-
     generator = torch.Generator().manual_seed(seed)
     objectives = ["logsumexp", "max_softmax"] + ([TARGETED] if every_class else [])
     cfg = SimpleNamespace(objectives=objectives, restarts=restarts, apgd_steps=steps,
@@ -141,6 +139,28 @@ def claim_failures(protection: dict, gamma: float, at_most: float, worst: list[f
     return failures
 
 
+def image_lines(args, files: list[Path], clean: list[float], per_seed: "torch.Tensor") -> tuple[list[float], list[str]]:
+    """Print one line per image and one per seed; returns each image's worst attacked CD over the seeds (NaN where
+    any seed's is) and a failure per image above --at-most or not finite."""
+    nan = per_seed.isnan().any(dim=0)
+    worst = torch.where(nan, torch.full_like(per_seed[0], math.nan), per_seed.max(dim=0).values).tolist()
+    by = per_seed.nan_to_num(math.inf).argmax(dim=0).tolist()
+    print(f"{'image':<40}  {'clean CD':>8}  {'attacked CD':>11}  {'seed':>4}  (L-inf {args.gamma:g}/255, at most "
+          f"{args.at_most:g}; APGD {args.steps} steps x {args.restarts} restarts, seeds {args.seeds})")
+    failures = []
+    for path, value, attacked, index in zip(files, clean, worst, by):
+        name = str(path.relative_to(args.images))
+        ok = attacked <= args.at_most and math.isfinite(value)  # NaN is never at most anything
+        print(f"{name[-40:]:<40}  {value:8.4f}  {attacked:11.4f}  {args.seeds[index]:>4}  {'ok' if ok else 'ABOVE'}")
+        if not ok:
+            failures.append(f"{name}: attacked CD {attacked:.4f} (seed {args.seeds[index]}, clean {value:.4f}) is not "
+                            f"<= {args.at_most:g} within {args.gamma:g}/255")
+    for seed, values in zip(args.seeds, per_seed):
+        print(f"seed {seed}: {int((~(values <= args.at_most)).sum())} of {len(files)} images above {args.at_most:g} "
+              f"(worst {values.max().item():.4f})")
+    return worst, failures
+
+
 def main(argv: list[str]) -> int:
     """`python -m ttp_lightning.verify attack RELEASE IMAGES [--gamma 8] [--at-most 0.1] [--seeds ...]`: one line
     per image (clean CD, worst attacked CD and the seed that found it); exit 0 none above --at-most, 1 an image
@@ -156,33 +176,16 @@ def main(argv: list[str]) -> int:
         print(f"error: cannot verify: {message}", file=sys.stderr)
         return EXIT_UNUSABLE
 
-    import torch
-
     failures = []
     unprotected = not_protected_line(args.release, config)
     if unprotected:
         print(f"{'checked as asked (--allow-unprotected): ' if args.allow_unprotected else 'FAIL: '}{unprotected}")
         if not args.allow_unprotected:
             failures.append(f"{unprotected}; --allow-unprotected attacks it anyway")
-    model, images = recomputed.model, recomputed.images
-    per_seed = [attacked_conf_dist(model, images, args.gamma / 255.0, seed, args.steps, args.restarts,
-                                   args.every_class) for seed in args.seeds]
-    stacked = torch.stack(per_seed)  # [seeds, N]
-    nan = stacked.isnan().any(dim=0)
-    worst = torch.where(nan, torch.full_like(stacked[0], math.nan), stacked.max(dim=0).values).tolist()
-    by = stacked.nan_to_num(math.inf).argmax(dim=0).tolist()
-    print(f"{'image':<40}  {'clean CD':>8}  {'attacked CD':>11}  {'seed':>4}  (L-inf {args.gamma:g}/255, at most "
-          f"{args.at_most:g}; APGD {args.steps} steps x {args.restarts} restarts, seeds {args.seeds})")
-    for path, clean, value, index in zip(files, recomputed.clean, worst, by):
-        name = str(path.relative_to(args.images))
-        ok = value <= args.at_most and math.isfinite(clean)  # NaN is never at most anything
-        print(f"{name[-40:]:<40}  {clean:8.4f}  {value:11.4f}  {args.seeds[index]:>4}  {'ok' if ok else 'ABOVE'}")
-        if not ok:
-            failures.append(f"{name}: attacked CD {value:.4f} (seed {args.seeds[index]}, clean {clean:.4f}) is not "
-                            f"<= {args.at_most:g} within {args.gamma:g}/255")
-    for seed, values in zip(args.seeds, per_seed):
-        print(f"seed {seed}: {int((~(values <= args.at_most)).sum())} of {len(files)} images above {args.at_most:g} "
-              f"(worst {values.max().item():.4f})")
+    per_seed = [attacked_conf_dist(recomputed.model, recomputed.images, args.gamma / 255.0, seed, args.steps,
+                                   args.restarts, args.every_class) for seed in args.seeds]
+    worst, lines = image_lines(args, files, recomputed.clean, torch.stack(per_seed))
+    failures += lines
     protection = config["protection"]
     if set_digest(fingerprint(image) for image in pixels) == protection["forget_set_digest"]:
         print(f"these {len(files)} images are the release's forget set (its set digest matches config.json); its "

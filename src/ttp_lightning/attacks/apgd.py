@@ -3,8 +3,8 @@ restarts, the worst case per image kept.
 
 Each forget image is attacked once per (surrogate, restart, objective) triple, the pairs of one surrogate
 in one batch; the `targeted` objective instead runs once per target class (each image's highest-scoring
-classes at the image, attacks/objectives.py), from a random start. Surrogates: exact gradients (None) and the backward-only softplus_beta derivative of
-attacks/surrogate.py for each beta; a small beta reaches dead units far below zero, a large one follows
+classes at the image, attacks/objectives.py), from a random start. Surrogates: exact gradients (None) and
+the backward-only softplus_beta derivative of attacks/surrogate.py for each beta; a small beta reaches dead units far below zero, a large one follows
 the real model more closely, and neither is best everywhere. Restart 0 starts
 at `warm_start` (the worst point found at a smaller radius, so a larger ball never scores lower) or at the
 image itself; the others start uniformly at random in the ball. The step size starts at 2 gamma and is

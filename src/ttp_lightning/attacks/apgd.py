@@ -4,11 +4,11 @@ restarts, the worst case per image kept.
 Each forget image is attacked once per (surrogate, restart, objective) triple, the pairs of one surrogate
 in one batch; the `targeted` objective instead runs once per target class (each image's highest-scoring
 classes at the image, attacks/objectives.py), from a random start. Surrogates: exact gradients (None) and
-the backward-only softplus_beta derivative of attacks/surrogate.py for each beta; a small beta reaches dead units far below zero, a large one follows
-the real model more closely, and neither is best everywhere. Restart 0 starts
-at `warm_start` (the worst point found at a smaller radius, so a larger ball never scores lower) or at the
-image itself; the others start uniformly at random in the ball. The step size starts at 2 gamma and is
-halved at APGD's checkpoints (after 22 %, then ever shorter gaps of at least 6 % of the steps) when fewer
+the backward-only softplus_beta derivative of attacks/surrogate.py for each beta; a small beta reaches dead
+units far below zero, a large one follows the real model more closely, and neither is best everywhere.
+Restart 0 starts at `warm_start` (the worst point found at a smaller radius, so a larger ball never scores
+lower) or at the image itself; the others start uniformly at random in the ball. The step size starts at
+2 gamma and is halved at APGD's checkpoints (after 22 %, then ever shorter gaps of at least 6 % of the steps) when fewer
 than 75 % of the steps since the last checkpoint raised the objective, or when neither the step size nor
 the best objective changed; a halving restarts from the best point so far. Steps after the first use
 momentum 0.75. Whatever the objective, the point kept for an image is the one with the highest real
@@ -153,9 +153,8 @@ def _restarts_and_objectives(model, images, gamma, generator, cfg, targets, warm
     first = images if warm_start is None else warm_start
     starts = (first.unsqueeze(0) + noise).reshape(rows.shape)
     probe_names = objectives + ([TARGETED] if targeted else [])
-    objective_ids = torch.cat([torch.arange(len(objectives), device=images.device).repeat_interleave(n).repeat(restarts),
-                               torch.full((classes.numel(),), len(objectives), device=images.device,
-                                          dtype=torch.long)])
+    paired = torch.arange(len(objectives), device=images.device).repeat_interleave(n).repeat(restarts)
+    objective_ids = torch.cat([paired, paired.new_full((classes.numel(),), len(objectives))])
     row_targets = torch.cat([targets.repeat(restarts * len(objectives)), classes.T.reshape(-1)])
     found = apgd(Probe(model, probe_names, samples), rows, row_targets, objective_ids, gamma, int(cfg.apgd_steps),
                  starts)

@@ -24,7 +24,6 @@ bound); 1 an image above it or a value that is not finite, a release that says i
 
 import argparse
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,15 +35,19 @@ from ttp_lightning.certificates.schema import SchemaError
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.metrics import conf_dist_of_probs
 from ttp_lightning.core.nn_modes import evaluating
-from ttp_lightning.data.forget import fingerprint, set_digest
-from ttp_lightning.release import not_protected_line, read_release_config
+from ttp_lightning.release import read_release_config
 from ttp_lightning.release.verify_robust import (
     CLAIM_TOLERANCE,
+    DEFAULT_AT_MOST,
+    DEFAULT_GAMMA,
     EXIT_FAIL,
     EXIT_OK,
-    EXIT_UNUSABLE,
+    add_release_arguments,
+    cannot_verify,
     check_arguments,
+    is_forget_set,
     recompute,
+    unprotected_failures,
 )
 
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
@@ -62,10 +65,10 @@ def _parser() -> argparse.ArgumentParser:
                                             "unusable input.")
     parser.add_argument("release", type=Path, help="the release folder (model.safetensors, config.json)")
     parser.add_argument("images", type=Path, help="a folder of the images to attack (PNG or JPEG, any subfolders)")
-    parser.add_argument("--gamma", type=float, default=8.0, metavar="G",
-                        help="the L-inf radius to attack within, in units of 1/255 (default 8)")
-    parser.add_argument("--at-most", type=float, default=0.1, metavar="CD",
-                        help="the largest confidence distance an attack may reach on any image (default 0.1)")
+    parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, metavar="G",
+                        help=f"the L-inf radius to attack within, in units of 1/255 (default {DEFAULT_GAMMA:g})")
+    parser.add_argument("--at-most", type=float, default=DEFAULT_AT_MOST, metavar="CD",
+                        help=f"the largest CD an attack may reach on any image (default {DEFAULT_AT_MOST:g})")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS), metavar="S",
                         help="the random starts' seeds, each a whole attack (default 0 1 2 3 4)")
     parser.add_argument("--steps", type=int, default=100, metavar="N", help="APGD steps per radius (default 100)")
@@ -74,10 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--every-class", action=argparse.BooleanOptionalAction, default=True,
                         help="also maximise each class's log-probability in turn (default on; costs one objective "
                              "per class)")
-    parser.add_argument("--resize", action="store_true",
-                        help="resize images of another size to the release's input size (default: refuse them)")
-    parser.add_argument("--allow-unprotected", action="store_true",
-                        help="attack a release whose config.json says it is not protected (it still fails)")
+    add_release_arguments(parser)
     return parser
 
 
@@ -172,25 +172,17 @@ def main(argv: list[str]) -> int:
         config = read_release_config(args.release)
         files, pixels, recomputed = recompute(args.release, config, args.images, args.resize)
     except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SchemaError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"error: cannot verify: {message}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return cannot_verify(exc)
 
-    failures = []
-    unprotected = not_protected_line(args.release, config)
-    if unprotected:
-        print(f"{'checked as asked (--allow-unprotected): ' if args.allow_unprotected else 'FAIL: '}{unprotected}")
-        if not args.allow_unprotected:
-            failures.append(f"{unprotected}; --allow-unprotected attacks it anyway")
+    failures = unprotected_failures(args, config, "attacks it anyway")
     per_seed = [attacked_conf_dist(recomputed.model, recomputed.images, args.gamma / 255.0, seed, args.steps,
                                    args.restarts, args.every_class) for seed in args.seeds]
     worst, lines = image_lines(args, files, recomputed.clean, torch.stack(per_seed))
     failures += lines
-    protection = config["protection"]
-    if set_digest(fingerprint(image) for image in pixels) == protection["forget_set_digest"]:
+    if is_forget_set(pixels, config):
         print(f"these {len(files)} images are the release's forget set (its set digest matches config.json); its "
               "attacked claims at this radius are compared with what this attack found")
-        failures += claim_failures(protection, args.gamma, args.at_most, worst)
+        failures += claim_failures(config["protection"], args.gamma, args.at_most, worst)
     for failure in failures:
         print(f"FAIL: {failure}")
     if failures:

@@ -66,9 +66,6 @@ def _parser() -> argparse.ArgumentParser:
                              "images themselves)")
     parser.add_argument("--at-most", type=float, default=DEFAULT_AT_MOST, metavar="CD",
                         help=f"every image's certified CD must be at most this, in [0, 1) (default {DEFAULT_AT_MOST:g})")
-    parser.add_argument("--resize", action="store_true",
-                        help="resize (shorter side) and centre-crop each image to the model's input size, as "
-                             "data.image_size did; without it every image must already have that size")
     parser.add_argument("--bound", choices=BOUNDS, default="linear",
                         help="linear (CROWN, never looser than intervals; intervals where a layer has no linear rule) "
                              "or interval (default linear)")
@@ -78,8 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--slope-steps", type=int, default=SLOPE_STEPS, metavar="S",
                         help="with intermediate crown, where a ReLU feeds another: alpha-CROWN's steps on the final "
                              f"bounds' ReLU slopes, 0..1000 (default {SLOPE_STEPS}; 0: CROWN's own slopes)")
-    parser.add_argument("--allow-unprotected", action="store_true",
-                        help='check a release whose config.json says "protected": false (its gate failed)')
+    add_release_arguments(parser)
     return parser
 
 
@@ -293,6 +289,37 @@ def image_lines(args, files: list[Path], clean: list[float], bounds: list[float]
     return failures
 
 
+def add_release_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments `verify robust` and `verify attack` share after their own: how the images are read and
+    whether a release that says it is not protected is checked anyway."""
+    parser.add_argument("--resize", action="store_true",
+                        help="resize (shorter side) and centre-crop each image to the model's input size, as "
+                             "data.image_size did; without it every image must already have that size")
+    parser.add_argument("--allow-unprotected", action="store_true",
+                        help='check a release whose config.json says "protected": false (its gate failed)')
+
+
+def cannot_verify(exc: BaseException) -> int:
+    """One `error:` line for unusable or hostile input; the exit status to return."""
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    print(f"error: cannot verify: {message}", file=sys.stderr)
+    return EXIT_UNUSABLE
+
+
+def unprotected_failures(args, config: dict, anyway: str) -> list[str]:
+    """A release whose config.json says it is not protected fails, unless --allow-unprotected (said either way)."""
+    unprotected = not_protected_line(args.release, config)
+    if not unprotected:
+        return []
+    print(f"{'checked as asked (--allow-unprotected): ' if args.allow_unprotected else 'FAIL: '}{unprotected}")
+    return [] if args.allow_unprotected else [f"{unprotected}; --allow-unprotected {anyway}"]
+
+
+def is_forget_set(pixels, config: dict) -> bool:
+    """The images are exactly the release's forget set: their set digest is the one config.json states."""
+    return set_digest(fingerprint(image) for image in pixels) == config["protection"]["forget_set_digest"]
+
+
 def main(argv: list[str]) -> int:
     """`python -m ttp_lightning.verify robust RELEASE IMAGES [--gamma 8] [--at-most 0.1]`: one line per image
     (clean CD, certified CD within --gamma/255, certified radius); exit 0 every image certified at --at-most, 1 an
@@ -308,20 +335,13 @@ def main(argv: list[str]) -> int:
             recomputed.certifier(*how)
     except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SchemaError,
             UnsupportedLayer) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"error: cannot verify: {message}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        return cannot_verify(exc)
 
-    failures = []
-    unprotected = not_protected_line(args.release, config)
-    if unprotected:
-        print(f"{'checked as asked (--allow-unprotected): ' if args.allow_unprotected else 'FAIL: '}{unprotected}")
-        if not args.allow_unprotected:
-            failures.append(f"{unprotected}; --allow-unprotected checks its bounds anyway")
+    failures = unprotected_failures(args, config, "checks its bounds anyway")
     failures += image_lines(args, files, recomputed.clean, bounds, radii, used)
     failures += folder_failures(args.release, config)
     protection = config["protection"]
-    if set_digest(fingerprint(image) for image in pixels) == protection["forget_set_digest"]:
+    if is_forget_set(pixels, config):
         print(f"these {len(files)} images are the release's forget set (its set digest matches config.json); its "
               "claims about them are compared with what is recomputed")
         failures += claim_failures(protection, recomputed, config["input"]["num_classes"])

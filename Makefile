@@ -27,8 +27,8 @@ install: $(STAMP)  ## create .venv with torch 2.14.1 and the package (editable, 
 run: $(STAMP)  ## the default job (digits + MLP + Alg 1); extra overrides via ARGS="..."
 	$(BIN)/python -m ttp_lightning $(ARGS)
 
-test: $(STAMP)  ## the test suite without the slow tests, one worker per core (about 6 minutes on 2 cores)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -q -n auto --dist loadfile
+test: $(STAMP)  ## the test suite without the slow tests, one worker per core (9-10 minutes on 2 cores), its 15 slowest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -q -n auto --dist loadfile --durations=15
 
 docs: $(STAMP)  ## the documentation site (mkdocs, --strict) into DOCS_OUT (default site/); open its index.html
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d $(DOCS_OUT)

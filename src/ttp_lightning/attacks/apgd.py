@@ -8,11 +8,11 @@ the backward-only softplus_beta derivative of attacks/surrogate.py for each beta
 units far below zero, a large one follows the real model more closely, and neither is best everywhere.
 Restart 0 starts at `warm_start` (the worst point found at a smaller radius, so a larger ball never scores
 lower) or at the image itself; the others start uniformly at random in the ball. The step size starts at
-2 gamma and is halved at APGD's checkpoints (after 22 %, then ever shorter gaps of at least 6 % of the steps) when fewer
-than 75 % of the steps since the last checkpoint raised the objective, or when neither the step size nor
-the best objective changed; a halving restarts from the best point so far. Steps after the first use
-momentum 0.75. Whatever the objective, the point kept for an image is the one with the highest real
-confidence (max softmax, from the exact forward pass) seen over every iterate of every pair.
+2 gamma and is halved at APGD's checkpoints (after 22 %, then ever shorter gaps of at least 6 % of the
+steps) when fewer than 75 % of the steps since the last checkpoint raised the objective, or when neither
+the step size nor the best objective changed; a halving restarts from the best point so far. Steps after
+the first use momentum 0.75. Whatever the objective, the point kept for an image is the one with the
+highest real confidence (max softmax, from the exact forward pass) seen over every iterate of every pair.
 
 Expectation over transformation: for a model whose outputs are random (a randomised defence), `Probe`
 averages the objective, its gradient and the confidence over `samples` forward passes.

@@ -244,3 +244,66 @@ def test_the_targeted_objective_runs_once_per_top_class_and_finds_what_each_clas
                                  OmegaConf.merge(cfg, {"objectives": ["max_softmax"]}),
                                  targets=torch.zeros(6, dtype=torch.long))
     assert (max_softmax(net, found) >= max_softmax(net, untargeted) - 1e-6).all()  # the same starts, plus targets
+
+
+class OneSaturated(nn.Module):
+    """Logits 100 x a fixed direction on images whose first pixel is above 0.5 (max softmax 1 in float32, within
+    any ball of radius < 0.5 around them), a small linear map elsewhere."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = model()
+
+    def forward(self, x):
+        flat = x.flatten(1)
+        sure = torch.tensor([100.0, 0.0, 0.0]).expand(len(x), 3)
+        return torch.where((flat[:, :1] > 0.5), sure, self.inner(x))
+
+
+def test_apgd_stops_once_every_row_is_saturated():
+    """No step can raise a confidence already within SATURATED of 1: APGD ends after the start's one probe."""
+    from ttp_lightning.attacks.base import SATURATED
+
+    images = torch.full((5, 1, 4, 4), 0.9)
+    calls = []
+    probe = Probe(OneSaturated().eval(), ["max_softmax"])
+
+    def counted(x, ids, targets):
+        calls.append(len(x))
+        return Probe.__call__(probe, x, ids, targets)
+
+    found = apgd(counted, images, torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.long), 8 / 255, 50,
+                 images)
+    assert calls == [5] and (found.confidence >= 1 - SATURATED).all() and torch.equal(found.most_confident, images)
+    calls.clear()
+    apgd(counted, images * 0.1, torch.zeros(5, dtype=torch.long), torch.zeros(5, dtype=torch.long), 8 / 255, 50,
+         images * 0.1)
+    assert len(calls) == 51  # not saturated: every step
+
+
+def test_the_suite_does_not_attack_a_saturated_image_again_and_scores_it_as_before(monkeypatch):
+    """A saturated image (a confident pretrained model's, mostly) is left out of APGD's batch: its score is the
+    confidence it already has, and the other images are attacked as without it."""
+    images = torch.rand(6, 1, 4, 4, generator=torch.Generator().manual_seed(3)) * 0.5
+    images[[1, 4], 0, 0, 0] = 0.9  # saturated at the image, and anywhere in the balls attacked here
+    forget, net = ImageBatchDataset(images, torch.tensor([0, 1, 2, 0, 1, 2])), OneSaturated().eval()
+    seen = []
+    original = APGD.__call__
+
+    def spy(self, model, x, *args, **kwargs):
+        seen.append(len(x))
+        return original(self, model, x, *args, **kwargs)
+
+    monkeypatch.setattr(APGD, "__call__", spy)
+    cfg = OmegaConf.merge(FAST, {"gammas": [2, 8], "apgd_steps": 5})
+    apgd_only = {"apgd": APGD()}  # Gaussian noise draws per image, whether saturated or not
+    result = evaluate_attacks(net, forget, cfg, apgd_only)
+    assert seen == [4, 4, 4]  # gamma 2, gamma 8 and the unbounded check: the 4 open images only
+    worst = result["worst_per_image"]["8"]
+    assert worst[1] == worst[4] == pytest.approx(1 - 1 / 3) and max(worst[i] for i in (0, 2, 3, 5)) < 1 - 1 / 3
+    alone = evaluate_attacks(net, ImageBatchDataset(images[[0, 2, 3, 5]], torch.tensor([0, 2, 0, 2])), cfg,
+                             apgd_only)["worst_per_image"]["8"]
+    assert alone == pytest.approx([worst[i] for i in (0, 2, 3, 5)])
+    seen.clear()
+    evaluate_attacks(net, forget, OmegaConf.merge(cfg, {"objectives": ["targeted"]}), apgd_only)
+    assert seen == [6, 6, 6]  # targeted runs start at random points, not at the warm start: every image

@@ -12,7 +12,9 @@ lower) or at the image itself; the others start uniformly at random in the ball.
 steps) when fewer than 75 % of the steps since the last checkpoint raised the objective, or when neither
 the step size nor the best objective changed; a halving restarts from the best point so far. Steps after
 the first use momentum 0.75. Whatever the objective, the point kept for an image is the one with the
-highest real confidence (max softmax, from the exact forward pass) seen over every iterate of every pair.
+highest real confidence (max softmax, from the exact forward pass) seen over every iterate of every pair,
+the start included; the run stops once every row's is within SATURATED of 1 (no step can raise it further:
+the unbounded check and a confident pretrained model end there).
 
 Expectation over transformation: for a model whose outputs are random (a randomised defence), `Probe`
 averages the objective, its gradient and the confidence over `samples` forward passes.
@@ -26,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ttp_lightning.attacks.base import Attack
+from ttp_lightning.attacks.base import SATURATED, Attack
 from ttp_lightning.attacks.objectives import OBJECTIVES, TARGETED, top_classes
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 
@@ -96,6 +98,8 @@ def apgd(probe: Probe, images: torch.Tensor, targets: torch.Tensor, objective_id
     increases = torch.zeros_like(f)
     eta_at_checkpoint, best_f_at_checkpoint = eta.clone(), best_f.clone()
     for k in range(1, steps + 1):
+        if bool((best_conf >= 1 - SATURATED).all()):
+            break
         z = project(x + eta.view((-1,) + (1,) * (x.dim() - 1)) * grad.sign())
         x_new = z if k == 1 else project(x + MOMENTUM * (z - x) + (1 - MOMENTUM) * (x - x_prev))
         x_prev, x = x, x_new
@@ -174,6 +178,9 @@ class APGD(Attack):
     """conf/attack/apgd.yaml: `adaptive_attack`, APGD under every ReLU surrogate, restart and objective."""
 
     own_surrogates = True
+
+    def keeps_start(self, cfg) -> bool:
+        return any(str(name) != TARGETED for name in cfg.objectives)  # their restart 0 starts at warm_start
 
     def __call__(self, model, images, gamma, generator, cfg, *, targets, warm_start=None, samples=1) -> torch.Tensor:
         return adaptive_attack(model, images, gamma, generator, cfg, targets=targets, warm_start=warm_start,

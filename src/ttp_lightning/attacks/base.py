@@ -9,6 +9,10 @@ confident point found so far, and keeps per image the most confident point of al
 import torch
 from torch import nn
 
+# a max softmax this close to 1 cannot be raised by more than it: an attack may stop there (results.json rounds a
+# CD to 6 decimals)
+SATURATED = 1e-6
+
 
 class Attack:
     """Base class. `random`: it draws noise and reads no gradient (left out of the unbounded check and of the
@@ -17,6 +21,11 @@ class Attack:
 
     random: bool = False
     own_surrogates: bool = False
+
+    def keeps_start(self, cfg) -> bool:
+        """Whether its point is never less confident than `warm_start` under these settings (then an image whose
+        warm start is SATURATED need not be attacked)."""
+        return False
 
     def __call__(self, model: nn.Module, images: torch.Tensor, gamma: float, generator: torch.Generator, cfg, *,
                  targets: torch.Tensor, warm_start: torch.Tensor | None = None, samples: int = 1) -> torch.Tensor:

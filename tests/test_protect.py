@@ -16,14 +16,15 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from conftest import REPO, finished, registered_loader, release_of
+from conftest import REPO, TINY, finished, registered_loader, release_of
 from ttp_lightning import load_released
 from ttp_lightning.core.errors import EXIT_NOT_PROTECTED
 from ttp_lightning.core.files import sha256_of
 
 EXAMPLE = REPO / "scripts" / "provider_example.py"
 PROTECT = ["+workflow=protect", "model=mlp", "model.hidden_dim=128", "logger=none",
-           "trainer.enable_progress_bar=false"]
+           "trainer.enable_progress_bar=false",
+           *(o for o in TINY if o.startswith("attacks.relearn."))]  # relearning at full strength: test_relearn.py
 
 
 def make_example(folder: Path, fmt: str) -> Path:

@@ -110,12 +110,12 @@ def test_on_a_real_objective_the_choice_agrees_with_a_dense_scan():
         weights = solve_on_ball(objective, torch.zeros(objective.size, dtype=torch.float64), 50.0, settings).weights
         return Probe(theta, *head_scores(objective.matrix(weights), features, labels))
 
-    scan = [probe(t / 64) for t in range(1, 64)]
-    floor = scan[0].retain_acc - 0.2
-    qualifying = [p.theta for p in scan if p.keeps_retain(floor) and not p.exposed(0.1)]
+    floor = probe(1 / 64).retain_acc - 0.2
+    scan = (probe(t / 64) for t in range(1, 64))  # up to the first that qualifies: the smallest of a dense scan
+    smallest = next((p.theta for p in scan if p.keeps_retain(floor) and not p.exposed(0.1)), None)
     choice = choose_theta(probe, LADDER, 3, threshold=0.1, retain_floor=floor)
-    assert qualifying and choice.met
-    assert qualifying[0] - 1e-12 <= choice.theta <= qualifying[0] + 0.125 / 8 + 1e-12
+    assert smallest is not None and choice.met
+    assert smallest - 1e-12 <= choice.theta <= smallest + 0.125 / 8 + 1e-12
 
 
 # ------------------------------------------------------------------ on a certified run

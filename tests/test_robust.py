@@ -384,6 +384,22 @@ def test_an_epoch_lr_backoff_reverts_is_kept_with_the_weights_its_metrics_were_m
     assert best.fallback_epoch == 1 and torch.equal(best.fallback_state["weight"], collapsed["weight"])
 
 
+def test_the_training_radius_is_a_margin_over_gamma_unless_train_gamma_states_one(compose_cfg):
+    """The default trains at train_margin x gamma (1.5: 12/255 when judged at 8/255), so a release judged at
+    another gamma trains at its own margin; an explicit train_gamma wins; a margin of 0 or NaN is one line."""
+    from ttp_lightning.core.errors import TTPUserError
+    from ttp_lightning.methods.pareto import check_adversarial
+
+    default = AdversarialSettings.from_config(compose_cfg("method=pareto_robust").method.adversarial)
+    assert default.train_gamma is None and default.train_margin == 1.5 and default.training_gamma == 12.0
+    assert dataclasses.replace(default, gamma=4.0).train_radius == pytest.approx(6.0 / 255)
+    assert dataclasses.replace(default, train_gamma=10.0).training_gamma == 10.0
+    assert AdversarialSettings(gamma=8).training_gamma == 8.0  # no margin unless one is asked for
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(TTPUserError, match=r"method.adversarial.train_margin=.* is not allowed"):
+            check_adversarial(dataclasses.replace(default, train_margin=bad))
+
+
 def test_training_radius_follows_the_retain_rule():
     """radius_rule=retain: one rung down after an epoch below tau_r, one up after an epoch at or above it, never
     past either end; a radius of 0 trains on the clean images."""

@@ -37,7 +37,8 @@ from ttp_lightning.core.nn_modes import evaluating
 @dataclass(frozen=True)
 class AdversarialSettings:
     gamma: float = 8.0                 # L-inf radius in units of 1/255 that early stopping attacks at
-    train_gamma: float | None = None   # the inner attack's radius (None: gamma); larger leaves a margin
+    train_gamma: float | None = None   # the inner attack's radius (None: train_margin x gamma)
+    train_margin: float = 1.0          # train_gamma None: train at this multiple of gamma (above 1: a margin)
     steps: int = 10
     step_size: float = 0.25            # per step, as a fraction of the training radius
     objectives: tuple[str, ...] = ("max_softmax", "ce_pretrained", "targeted")  # one drawn per training step
@@ -69,8 +70,13 @@ class AdversarialSettings:
         return self.gamma / 255.0
 
     @property
+    def training_gamma(self) -> float:
+        """The training radius in units of 1/255, before the radius rule: train_gamma, or train_margin x gamma."""
+        return self.train_margin * self.gamma if self.train_gamma is None else self.train_gamma
+
+    @property
     def train_radius(self) -> float:
-        return (self.gamma if self.train_gamma is None else self.train_gamma) / 255.0
+        return self.training_gamma / 255.0
 
     @classmethod
     def from_config(cls, cfg) -> "AdversarialSettings":

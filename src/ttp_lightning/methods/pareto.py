@@ -85,6 +85,7 @@ def check_adversarial(adversarial: AdversarialSettings) -> None:
     checks.positive(adversarial.gamma, "method.adversarial.gamma")
     if adversarial.train_gamma is not None:
         checks.positive(adversarial.train_gamma, "method.adversarial.train_gamma")
+    checks.positive(adversarial.train_margin, "method.adversarial.train_margin")
     if adversarial.steps != 0:
         checks.positive_int(adversarial.steps, "method.adversarial.steps")
     checks.whole_number(adversarial.replay, "method.adversarial.replay")
@@ -281,7 +282,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
     if adversarial is not None and "train_gamma" in best_row:
         summary["train_gamma_kept"] = round(float(best_row["train_gamma"]), 4)  # the kept epoch's radius
-        summary["train_gamma_target"] = float(adversarial.train_gamma or adversarial.gamma)  # before the radius rule
+        summary["train_gamma_target"] = float(adversarial.training_gamma)  # before the radius rule
     metrics = {
         **summary,
         "epochs_run": len(history.rows),

@@ -159,7 +159,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         return self._reduce(losses)
 
     def train_radius(self) -> float:
-        """The inner attack's radius this epoch, in [0, 1] pixels: train_gamma / 255 times `radius_scale`."""
+        """The inner attack's radius this epoch, in [0, 1] pixels: the training radius times `radius_scale`."""
         return self.adversarial.train_radius * self.radius_scale
 
     def _interval_radius(self) -> float:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ttp_lightning.attacks.base import SATURATED, Attack
+from ttp_lightning.attacks.base import Attack, saturated
 from ttp_lightning.attacks.objectives import OBJECTIVES, TARGETED, top_classes
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 
@@ -98,7 +98,7 @@ def apgd(probe: Probe, images: torch.Tensor, targets: torch.Tensor, objective_id
     increases = torch.zeros_like(f)
     eta_at_checkpoint, best_f_at_checkpoint = eta.clone(), best_f.clone()
     for k in range(1, steps + 1):
-        if bool((best_conf >= 1 - SATURATED).all()):
+        if bool(saturated(best_conf).all()):
             break
         z = project(x + eta.view((-1,) + (1,) * (x.dim() - 1)) * grad.sign())
         x_new = z if k == 1 else project(x + MOMENTUM * (z - x) + (1 - MOMENTUM) * (x - x_prev))

@@ -9,9 +9,14 @@ confident point found so far, and keeps per image the most confident point of al
 import torch
 from torch import nn
 
-# a max softmax this close to 1 cannot be raised by more than it: an attack may stop there (results.json rounds a
-# CD to 6 decimals)
+# a max softmax this close to 1 cannot be raised by more than it: an attack may stop there (results.json
+# rounds a CD to 6 decimals)
 SATURATED = 1e-6
+
+
+def saturated(confidence: torch.Tensor) -> torch.Tensor:
+    """Per row: the max softmax is within SATURATED of 1 (NaN is not)."""
+    return confidence >= 1 - SATURATED
 
 
 class Attack:
@@ -23,8 +28,8 @@ class Attack:
     own_surrogates: bool = False
 
     def keeps_start(self, cfg) -> bool:
-        """Whether its point is never less confident than `warm_start` under these settings (then an image whose
-        warm start is SATURATED need not be attacked)."""
+        """Whether its point is never less confident than `warm_start` under these settings (then an image
+        whose warm start is saturated need not be attacked)."""
         return False
 
     def __call__(self, model: nn.Module, images: torch.Tensor, gamma: float, generator: torch.Generator, cfg, *,

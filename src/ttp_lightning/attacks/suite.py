@@ -5,9 +5,8 @@ say whether the numbers can be trusted.
 Radii are visited in increasing order and every attack at radius gamma may start from the worst point found
 at the previous radius (it lies inside the larger ball), so the worst case per image never decreases with
 gamma for a deterministic model. The clean image is always a candidate: an attack never scores below it. An
-image whose worst point is already within SATURATED of confidence 1 (a pretrained model's, mostly) is not
-attacked again by an attack that keeps its start (APGD with an untargeted objective): no attack could raise its
-CD by more.
+image whose worst point is already within SATURATED (base.py) of confidence 1 is not attacked again by an
+attack that keeps its start (APGD with an untargeted objective): no attack could raise its CD by more.
 
 Checks, per model:
   randomised          whether two forward passes on the same images differ (then every gradient, objective
@@ -27,7 +26,7 @@ from itertools import pairwise
 import torch
 from torch import nn
 
-from ttp_lightning.attacks.base import SATURATED, Attack
+from ttp_lightning.attacks.base import Attack, saturated
 from ttp_lightning.attacks.objectives import OBJECTIVES
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 from ttp_lightning.config.build import build_part
@@ -162,17 +161,14 @@ def _radius(model, x, y, t, cfg, attacks, names, gamma, generators, samples, wor
 def _attack_open_images(attack: Attack, model, x, t, radius, generator, cfg, worst_x, worst_confidence,
                         samples) -> torch.Tensor:
     """The attack's point per image; an attack that keeps its start leaves an image whose worst point so far is
-    within SATURATED of confidence 1 there (it could raise it by no more; NaN is attacked)."""
-    if attack.keeps_start(cfg):
-        open_ = ~(worst_confidence >= 1 - SATURATED)
-    else:
-        open_ = torch.ones_like(worst_confidence, dtype=torch.bool)
-    if bool(open_.all()):
+    saturated there (it could raise it by no more; NaN is attacked)."""
+    open_ = ~saturated(worst_confidence)
+    if not attack.keeps_start(cfg) or bool(open_.all()):
         return attack(model, x, radius, generator, cfg, targets=t, warm_start=worst_x, samples=samples).detach()
     attacked = worst_x.clone()
     if bool(open_.any()):
-        attacked[open_] = attack(model, x[open_], radius, generator, cfg, targets=t[open_], warm_start=worst_x[open_],
-                                 samples=samples).detach()
+        attacked[open_] = attack(model, x[open_], radius, generator, cfg, targets=t[open_],
+                                 warm_start=worst_x[open_], samples=samples).detach()
     return attacked
 
 

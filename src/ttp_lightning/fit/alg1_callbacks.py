@@ -238,12 +238,11 @@ class LrBackoff(Callback):
 class RadiusFromRetainRule(Callback):
     """Robust Alg 1's training radius chosen by the retain rule (adversarial.radius_rule=retain): after an epoch
     whose retain accuracy is below `threshold` (tau_r, the early-stopping rule) the training radius (the inner
-    attack's, and the interval term's before its ramp) steps down one rung of `rungs` (fractions of the training radius,
-    largest first), after one that keeps it, up one. The
-    radius is then the largest the model can be made uniform at without breaking the retain rule: on an MLP
-    that is the training radius itself; a BatchNorm ResNet that cannot keep its accuracy with a uniform ball around each image
-    goes down to the clean images (radius 0), where the retain rule can hold, instead of ending without a
-    qualifying epoch. `rung` is saved in checkpoints; `retain_key` is the logged retain accuracy it reads;
+    attack's, and the interval term's before its ramp) steps down one rung of `rungs` (fractions of the full
+    training radius, largest first), after one that keeps it, up one. The radius is then the largest the model
+    can be made uniform at without breaking the retain rule: on an MLP that is the full radius; a BatchNorm
+    ResNet that cannot keep its accuracy with a uniform ball around each image goes down to the clean images
+    (radius 0), where the retain rule can hold, instead of ending without a qualifying epoch. `rung` is saved in checkpoints; `retain_key` is the logged retain accuracy it reads;
     `start="bottom"` begins at the last rung (the clean images) and climbs, a curriculum instead of the full
     ball from the first step."""
 

@@ -600,3 +600,88 @@ def test_an_image_whose_attacked_cd_is_nan_counts_as_exposed_in_early_stopping(m
     monkeypatch.setattr(module, "log", lambda key, value, **_: logged.__setitem__(key, value))
     module.on_validation_epoch_end()
     assert logged["val/forget_robust_exposed"] == 2.0 and module._replay.tolist() == [1, 2]
+
+
+def test_stragglers_are_the_unproven_images_while_they_are_at_most_a_tenth_of_the_forget_set():
+    from ttp_lightning.models.pareto import stragglers
+
+    unproven = torch.zeros(20, dtype=torch.bool)
+    assert stragglers(unproven).tolist() == []
+    unproven[[3, 17]] = True
+    assert stragglers(unproven).tolist() == [3, 17]  # 2 of 20: a tenth
+    unproven[5] = True
+    assert stragglers(unproven).tolist() == []  # 3 of 20: the bound term would force them all, it stays off
+    assert stragglers(torch.tensor([False, True, False])).tolist() == [1]  # always at least one image
+
+
+def test_interval_focus_unproven_bounds_every_step_the_images_the_last_bound_left_unproven(monkeypatch):
+    """adversarial.interval_focus=unproven: after a validation epoch the forget images whose certified CD at gamma
+    is above the threshold (NaN included: no proof) get the bound term in every step, each with the weight it has
+    on average under interval_focus=all (w / N of the forget set), while they are stragglers; proven images none;
+    nothing before the first validation; the choice survives a checkpoint; under interval_focus=all the batch
+    carries B as before."""
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    retain, forget = tiny_sets(n_forget=20)
+    images, labels = forget.everything()
+    settings = dataclasses.replace(SETTINGS, interval_weight=0.5, interval_ramp_epochs=0, interval_focus="unproven")
+    module = ParetoFinetuneModule(tiny_net().eval(), 0.75, OPTIM, retain_data=retain, forget_data=forget,
+                                  adversarial=settings, exposed_above=0.1, uniformity="reverse_kl")
+    assert module._unproven_bound() == 0.0  # nothing measured yet
+    monkeypatch.setattr(ParetoFinetuneModule, "trainer", SimpleNamespace(sanity_checking=False), raising=False)
+    monkeypatch.setattr(module, "_attacked_conf_dist", lambda: (torch.zeros(20, dtype=torch.float64), False))
+    certified = torch.zeros(20, dtype=torch.float64)
+    certified[[2, 6]] = torch.tensor([float("nan"), 0.1000001], dtype=torch.float64)
+    certified[3] = 0.1  # at the threshold: proven
+    monkeypatch.setattr(module, "_certified_conf_dist", lambda: certified)
+    monkeypatch.setattr(module, "log", lambda *_, **__: None)
+    module.on_validation_epoch_end()
+    assert module._unproven.tolist() == [2, 6]
+    expected = 0.5 * module._interval_bound(images[[2, 6]]).sum() / 20
+    assert float(module._unproven_bound()) == pytest.approx(float(expected)) and float(expected) > 0
+    # under focus=unproven the batch's own loss has no B; under focus=all it does (and is larger: B > 0 here)
+    everywhere = ParetoFinetuneModule(module.net, 0.75, OPTIM, retain_data=retain, forget_data=forget,
+                                      adversarial=dataclasses.replace(settings, interval_focus="all"),
+                                      exposed_above=0.1, uniformity="reverse_kl")
+    torch.manual_seed(1)
+    with_b = everywhere._forget_loss(images[:4], labels[:4])
+    torch.manual_seed(1)
+    without_b = module._forget_loss(images[:4], labels[:4])
+    assert float(with_b) > float(without_b) and everywhere._unproven_bound() == 0.0
+    saved = {}
+    module.on_save_checkpoint(saved)
+    fresh = ParetoFinetuneModule(tiny_net().eval(), 0.75, OPTIM, retain_data=retain, forget_data=forget,
+                                 adversarial=settings, exposed_above=0.1)
+    fresh.on_load_checkpoint(saved)
+    assert fresh._unproven.tolist() == [2, 6]
+    certified[:5] = 0.9  # five unproven of 20: more than stragglers, the term is off
+    module.on_validation_epoch_end()
+    assert module._unproven.tolist() == [] and module._unproven_bound() == 0.0
+    with pytest.raises(Exception, match="method.adversarial.interval_focus='some' is not allowed"):
+        from ttp_lightning.methods.pareto import check_adversarial
+
+        check_adversarial(dataclasses.replace(settings, interval_focus="some"))
+
+
+def test_interval_weight_auto_turns_the_bound_term_on_only_where_the_interval_bound_can_prove_something():
+    """interval_weight=auto: 0.1 on a network the interval bound covers and has no BatchNorm; 0 with BatchNorm
+    (measured: it proved nothing and flattened such ResNets) or a layer the bound has no rule for (LayerNorm);
+    a number is kept; auto and numbers >= 0 pass the checks, anything else is one line."""
+    from ttp_lightning.methods.pareto import INTERVAL_WEIGHT_AUTO, check_adversarial, resolve_interval_weight
+
+    image = torch.rand(1, 2)
+    auto = dataclasses.replace(SETTINGS, interval_weight="auto")
+    plain = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3))
+    assert resolve_interval_weight(auto, plain, image).interval_weight == INTERVAL_WEIGHT_AUTO == 0.1
+    batchnorm = nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    assert resolve_interval_weight(auto, batchnorm, image).interval_weight == 0.0
+    layernorm = nn.Sequential(nn.Linear(2, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 3))
+    assert resolve_interval_weight(auto, layernorm, image).interval_weight == 0.0
+    stated = dataclasses.replace(SETTINGS, interval_weight=0.5)
+    assert resolve_interval_weight(stated, batchnorm, image) is stated and resolve_interval_weight(None, plain, image) is None
+    check_adversarial(auto)
+    for bad in (-1.0, "some", float("nan")):
+        with pytest.raises(Exception, match="method.adversarial.interval_weight=") as raised:
+            check_adversarial(dataclasses.replace(SETTINGS, interval_weight=bad))
+        assert "\n" not in str(raised.value)

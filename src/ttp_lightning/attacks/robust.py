@@ -44,8 +44,11 @@ class AdversarialSettings:
     objectives: tuple[str, ...] = ("max_softmax", "ce_pretrained", "targeted")  # one drawn per training step
     surrogate_betas: tuple[float | None, ...] = (10.0, 1.0)  # one drawn per step; None: exact gradients
     clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked) + interval_weight B(clean)
-    interval_weight: float = 0.0       # B: the interval bound on KL(u || p) over the training ball
+    interval_weight: float | str = 0.0  # B: the interval bound on KL(u || p) over the training ball (auto: set
+                                        # for the network by methods.pareto.resolve_interval_weight)
     interval_ramp_epochs: int = 10     # B's radius grows linearly to the training radius over these epochs
+    interval_focus: str = "all"        # B on every forget image of each batch | unproven: every step, on the
+                                       # images the last validation epoch's bound did not prove at gamma
     bound_term: str = "interval"       # B by interval bounds, or linear (CROWN-IBP: tighter, about 2x the cost)
     radius_rule: str = "fixed"         # retain: the training radius steps down a rung of RADIUS_RUNGS after an
                                        # epoch that breaks the retain rule and up one after an epoch that keeps it
@@ -103,6 +106,7 @@ def targets_pretrained(settings: AdversarialSettings) -> bool:
 
 # radius_rule=retain: the training radius is train_gamma times one of these (the first is the start)
 RADIUS_RUNGS = (1.0, 0.5, 0.25, 0.125, 0.0)
+INTERVAL_FOCUS = ("all", "unproven")  # which forget images the bound term B covers (AdversarialSettings)
 
 
 def worst_forget_images(net: nn.Module, images: torch.Tensor, labels: torch.Tensor, settings: AdversarialSettings,

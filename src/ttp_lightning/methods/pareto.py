@@ -4,14 +4,15 @@ certified learners)."""
 import copy
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
 from ttp_lightning.assess.evaluation import evaluate
 from ttp_lightning.attacks.objectives import OBJECTIVES
-from ttp_lightning.attacks.robust import RADIUS_RUNGS, AdversarialSettings, targets_pretrained
+from ttp_lightning.attacks.robust import INTERVAL_FOCUS, RADIUS_RUNGS, AdversarialSettings, targets_pretrained
 from ttp_lightning.config.schema import MainSchema
 from ttp_lightning.core import checks
 from ttp_lightning.core.batching import ImageBatchDataset
@@ -26,7 +27,8 @@ from ttp_lightning.fit.alg1_callbacks import (
     method_callbacks,
 )
 from ttp_lightning.fit.training import RunContext, TrainedBy, fit
-from ttp_lightning.ibp.uniformity import BOUNDS
+from ttp_lightning.ibp.propagate import UnsupportedLayer
+from ttp_lightning.ibp.uniformity import BOUNDS, certified_conf_dist
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.certified.schema import CertifiedSchema
 from ttp_lightning.methods.output import MethodOutput
@@ -80,6 +82,30 @@ def adversarial_settings(values) -> AdversarialSettings:
     return AdversarialSettings.from_config(values)
 
 
+INTERVAL_WEIGHT_AUTO = 0.1  # interval_weight=auto on a network the bound term helps (docs/robust-measured.md)
+
+
+def resolve_interval_weight(adversarial: AdversarialSettings | None, net: nn.Module,
+                            image: torch.Tensor) -> AdversarialSettings | None:
+    """interval_weight=auto for `net` (`image`: one input, [1, ...]): INTERVAL_WEIGHT_AUTO, or 0 (the bound term
+    off) on a network with a BatchNorm layer (interval bounds through BatchNorm's running statistics proved
+    nothing on any such ResNet measured, even at 1/255, and the term flattened them) or with a layer the
+    interval bound has no rule for."""
+    if adversarial is None or adversarial.interval_weight != "auto":
+        return adversarial
+    bounded = not any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in net.modules())
+    if bounded:
+        try:
+            certified_conf_dist(net, image, adversarial.gamma)
+        except UnsupportedLayer:
+            bounded = False
+    weight = INTERVAL_WEIGHT_AUTO if bounded else 0.0
+    how = f"{weight}, certified training on the {adversarial.interval_focus} forget images" if bounded else \
+        "0, certified training off (BatchNorm, or a layer the interval bound has no rule for)"
+    log.info("method.adversarial.interval_weight=auto: %s", how)
+    return replace(adversarial, interval_weight=weight)
+
+
 def check_adversarial(adversarial: AdversarialSettings) -> None:
     """Robust Alg 1's inner attack and early-stopping attack settings."""
     checks.positive(adversarial.gamma, "method.adversarial.gamma")
@@ -100,15 +126,17 @@ def check_adversarial(adversarial: AdversarialSettings) -> None:
     checks.choice(adversarial.radius_rule, "method.adversarial.radius_rule", ["fixed", "retain"])
     checks.choice(adversarial.radius_start, "method.adversarial.radius_start", ["top", "bottom"])
     checks.choice(adversarial.bound_term, "method.adversarial.bound_term", list(BOUNDS))
+    checks.choice(adversarial.interval_focus, "method.adversarial.interval_focus", list(INTERVAL_FOCUS))
     if not adversarial.surrogate_betas:
         raise TTPUserError("method.adversarial.surrogate_betas=[] is not allowed; list at least one beta > 0 or null")
     for key in ("surrogate_betas", "eval_surrogate_betas", "judge_surrogate_betas"):
         for beta in getattr(adversarial, key):
             if beta is not None:
                 checks.positive(beta, f"method.adversarial.{key}")
-    if checks.number(adversarial.interval_weight, "method.adversarial.interval_weight") < 0:
+    if adversarial.interval_weight != "auto" and \
+            checks.number(adversarial.interval_weight, "method.adversarial.interval_weight") < 0:
         raise TTPUserError(f"method.adversarial.interval_weight={adversarial.interval_weight} is not allowed; "
-                           "choose a value >= 0 (0: off)")
+                           "choose auto or a value >= 0 (0: off)")
     clean_weight = checks.number(adversarial.clean_weight, "method.adversarial.clean_weight")
     if not 0.0 <= clean_weight < 1.0:
         raise TTPUserError(f"method.adversarial.clean_weight={clean_weight} is not allowed; choose a value in [0, 1)")
@@ -252,6 +280,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     the forget CD under attack."""
     adversarial = getattr(cfg, "adversarial", None)
     adversarial = adversarial_settings(adversarial) if adversarial else None
+    adversarial = resolve_interval_weight(adversarial, net, datamodule.dataset("forget")[[0]][0])
     parts = retain_parts(datamodule, stopping)
     targets = attack_targets(net, datamodule, adversarial)
     module = finetune_module(ctx, net, datamodule, cfg, parts, adversarial, targets)
@@ -280,9 +309,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
                val_dataloaders=parts.val_dataloaders(datamodule))
     summary = stopping_summary(best, history, parts, radius, datamodule)
     best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
-    if adversarial is not None and "train_gamma" in best_row:
-        summary["train_gamma_kept"] = round(float(best_row["train_gamma"]), 4)  # the kept epoch's radius
-        summary["train_gamma_target"] = float(adversarial.training_gamma)  # before the radius rule
+    summary.update(robust_summary(adversarial, best_row))
     metrics = {
         **summary,
         "epochs_run": len(history.rows),
@@ -292,6 +319,16 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
         **({"lr_backoffs": backoff.backoffs} if backoff else {}),
     }
     return MethodOutput(module.net, metrics, history.rows)
+
+
+def robust_summary(adversarial: AdversarialSettings | None, best_row: dict) -> dict:
+    """Robust Alg 1's settings as the kept epoch used them: its training radius, the radius before the radius rule
+    and the bound term's weight (interval_weight=auto resolved); nothing for plain Alg 1."""
+    if adversarial is None or "train_gamma" not in best_row:
+        return {}
+    return {"train_gamma_kept": round(float(best_row["train_gamma"]), 4),
+            "train_gamma_target": float(adversarial.training_gamma),
+            "interval_weight": float(adversarial.interval_weight)}
 
 
 def finetune_module(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: ParetoSchema | CertifiedSchema,

@@ -655,6 +655,17 @@ def test_interval_focus_unproven_bounds_every_step_the_images_the_last_bound_lef
                                  adversarial=settings, exposed_above=0.1)
     fresh.on_load_checkpoint(saved)
     assert fresh._unproven.tolist() == [2, 6]
+    # fullbatch mode: the forget gradient is that of the mean L_K plus the same bound term
+    module.net.zero_grad()
+    clean = dataclasses.replace(settings, steps=0)
+    module.adversarial = clean
+    grads, loss = module._forget_gradient()
+    params = [p for p in module.net.parameters() if p.requires_grad]
+    expected_loss = module._forget_loss(images, labels) + module._unproven_bound()
+    for got, want in zip(grads, torch.autograd.grad(expected_loss, params)):
+        assert torch.allclose(got, want, atol=1e-6)
+    assert float(loss) == pytest.approx(float(expected_loss), abs=1e-6)
+    module.adversarial = settings
     certified[:5] = 0.9  # five unproven of 20: more than stragglers, the term is off
     module.on_validation_epoch_end()
     assert module._unproven.tolist() == [] and module._unproven_bound() == 0.0

@@ -297,8 +297,19 @@ class ParetoFinetuneModule(PartsValidationMixin):
         count = totals[1].clamp(min=1)
         return [total / count.to(total.dtype) for total in sums], totals[0] / count
 
+    def _forget_gradient(self) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The forget term's gradient and value over the whole forget set: its mean L_K, plus the bound term on
+        the stragglers (interval_focus=unproven; already a mean over the forget set, the same on every rank)."""
+        grads, loss = self._mean_gradient(self.forget_data, self._forget_loss)
+        extra = self._unproven_bound()
+        if not torch.is_tensor(extra):
+            return grads, loss
+        params = [p for p in self.net.parameters() if p.requires_grad]
+        more = torch.autograd.grad(extra, params, allow_unused=True)
+        return [g if m is None else g + m for g, m in zip(grads, more)], loss + extra.detach().to(loss.dtype)
+
     def _fullbatch_step(self) -> None:
-        forget_grads, forget_loss = self._mean_gradient(self.forget_data, self._forget_loss)
+        forget_grads, forget_loss = self._forget_gradient()
         retain_grads, retain_loss_value = self._mean_gradient(self.retain_data, self._retain_loss)
         step = combine_gradients(forget_grads, retain_grads, self.theta, self.gradient_surgery)
         optimizer = self.optimizers()

@@ -679,18 +679,19 @@ def test_interval_weight_auto_turns_the_bound_term_on_only_where_the_interval_bo
     """interval_weight=auto: 0.1 on a network the interval bound covers and has no BatchNorm; 0 with BatchNorm
     (measured: it proved nothing and flattened such ResNets) or a layer the bound has no rule for (LayerNorm);
     a number is kept; auto and numbers >= 0 pass the checks, anything else is one line."""
+    from ttp_lightning.core.batching import ImageBatchDataset
     from ttp_lightning.methods.pareto import INTERVAL_WEIGHT_AUTO, check_adversarial, resolve_interval_weight
 
-    image = torch.rand(1, 2)
+    forget = ImageBatchDataset(torch.rand(1, 2), torch.zeros(1, dtype=torch.long))  # one forget image
     auto = dataclasses.replace(SETTINGS, interval_weight="auto")
     plain = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3))
-    assert resolve_interval_weight(auto, plain, image).interval_weight == INTERVAL_WEIGHT_AUTO == 0.1
+    assert resolve_interval_weight(auto, plain, forget).interval_weight == INTERVAL_WEIGHT_AUTO == 0.1
     batchnorm = nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
-    assert resolve_interval_weight(auto, batchnorm, image).interval_weight == 0.0
+    assert resolve_interval_weight(auto, batchnorm, forget).interval_weight == 0.0
     layernorm = nn.Sequential(nn.Linear(2, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 3))
-    assert resolve_interval_weight(auto, layernorm, image).interval_weight == 0.0
+    assert resolve_interval_weight(auto, layernorm, forget).interval_weight == 0.0
     stated = dataclasses.replace(SETTINGS, interval_weight=0.5)
-    assert resolve_interval_weight(stated, batchnorm, image) is stated and resolve_interval_weight(None, plain, image) is None
+    assert resolve_interval_weight(stated, batchnorm, forget) is stated and resolve_interval_weight(None, plain, forget) is None
     check_adversarial(auto)
     for bad in (-1.0, "some", float("nan")):
         with pytest.raises(Exception, match="method.adversarial.interval_weight=") as raised:

@@ -6,7 +6,6 @@ import logging
 import math
 from dataclasses import dataclass, replace
 
-import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
@@ -86,9 +85,9 @@ INTERVAL_WEIGHT_AUTO = 0.1  # interval_weight=auto on a network the bound term h
 
 
 def resolve_interval_weight(adversarial: AdversarialSettings | None, net: nn.Module,
-                            image: torch.Tensor) -> AdversarialSettings | None:
-    """interval_weight=auto for `net` (`image`: one input, [1, ...]): INTERVAL_WEIGHT_AUTO, or 0 (the bound term
-    off) on a network with a BatchNorm layer (interval bounds through BatchNorm's running statistics proved
+                            forget: ImageBatchDataset) -> AdversarialSettings | None:
+    """interval_weight=auto for `net` (its first forget image probes the bound): INTERVAL_WEIGHT_AUTO, or 0 (the
+    bound term off) on a network with a BatchNorm layer (interval bounds through BatchNorm's running statistics proved
     nothing on any such ResNet measured, even at 1/255, and the term flattened them) or with a layer the
     interval bound has no rule for."""
     if adversarial is None or adversarial.interval_weight != "auto":
@@ -96,7 +95,7 @@ def resolve_interval_weight(adversarial: AdversarialSettings | None, net: nn.Mod
     bounded = not any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in net.modules())
     if bounded:
         try:
-            certified_conf_dist(net, image, adversarial.gamma)
+            certified_conf_dist(net, forget[[0]][0], adversarial.gamma)
         except UnsupportedLayer:
             bounded = False
     weight = INTERVAL_WEIGHT_AUTO if bounded else 0.0
@@ -280,7 +279,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     the forget CD under attack."""
     adversarial = getattr(cfg, "adversarial", None)
     adversarial = adversarial_settings(adversarial) if adversarial else None
-    adversarial = resolve_interval_weight(adversarial, net, datamodule.dataset("forget")[[0]][0])
+    adversarial = resolve_interval_weight(adversarial, net, datamodule.dataset("forget"))
     parts = retain_parts(datamodule, stopping)
     targets = attack_targets(net, datamodule, adversarial)
     module = finetune_module(ctx, net, datamodule, cfg, parts, adversarial, targets)

@@ -76,11 +76,16 @@ def _released_weights(results: dict, out) -> str:
     return sha256_of(out / results["weights_file"])
 
 
-def test_robust_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, tmp_path, monkeypatch):
+@pytest.mark.parametrize("stragglers", [None, 1.0])
+def test_robust_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, tmp_path, monkeypatch, stragglers):
     """Robust Alg 1 draws from the inner attack's generator and attacks towards the starting model's predictions:
     a resumed fit must attack towards those, not towards the predictions of the weights it resumed from
     (issue 36: the history first differed at the epoch after the stop), and the per-image table and the
-    released weights must be an uninterrupted run's, bit for bit."""
+    released weights must be an uninterrupted run's, bit for bit. stragglers=1.0: the bound term acts on every
+    unproven image (interval_focus=unproven with no cap), so the images it covers at the stop must come back
+    from the checkpoint too."""
+    if stragglers is not None:
+        monkeypatch.setattr("ttp_lightning.models.pareto.STRAGGLERS", stragglers)
     overrides = ("method=pareto_robust", "method.epochs=6", "method.early_stopping.patience=null",
                  "release_gate.require=[clean]", "method.adversarial.eval_steps=5",
                  "trainer.num_sanity_val_steps=1")  # a sanity check draws before the first (resumed) epoch
@@ -94,6 +99,8 @@ def test_robust_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, 
     _same(whole, resumed)
     assert whole["forget_per_image"] == resumed["forget_per_image"]
     assert _released_weights(whole, tmp_path / "whole") == _released_weights(resumed, tmp_path / "resumed")
+    if stragglers is not None:  # the term covered images when the run stopped (after epoch 3)
+        assert whole["history"]["pareto_robust"][2]["forget_certified_unproven"] > 0
 
 
 def test_pretraining_resumes_and_a_run_stopped_by_patience_stays_stopped(compose_cfg, tmp_path, monkeypatch, caplog):

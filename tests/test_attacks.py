@@ -246,6 +246,32 @@ def test_the_targeted_objective_runs_once_per_top_class_and_finds_what_each_clas
     assert (max_softmax(net, found) >= max_softmax(net, untargeted) - 1e-6).all()  # the same starts, plus targets
 
 
+def test_the_probe_takes_the_rows_a_slice_at_a_time_and_returns_what_one_pass_returns(monkeypatch):
+    """APGD's probe runs the model on at most ROWS_PER_PASS rows a pass (a CPU is faster on small passes); each
+    row's objective, input gradient and confidence are those of one pass over every row, in order, for a batch
+    that is not a multiple of the slice, and an empty batch gives empty results."""
+    from ttp_lightning.attacks import apgd as apgd_module
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(64, 3)).eval()
+    rows = torch.rand(11, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    ids, targets = torch.arange(11) % 2, torch.arange(11) % 3
+    passes = []
+    net.register_forward_hook(lambda module, args, out: passes.append(len(args[0])))
+    probe = Probe(net, ["max_softmax", "ce_pretrained"])
+    whole = probe(rows, ids, targets)
+    assert passes == [11]
+    passes.clear()
+    monkeypatch.setattr(apgd_module, "ROWS_PER_PASS", 4)
+    sliced = probe(rows, ids, targets)
+    assert passes == [4, 4, 3]
+    for one, other in zip(whole, sliced, strict=True):
+        assert one.shape == other.shape and torch.allclose(one, other, atol=1e-6)
+    assert float(whole[1].abs().sum()) > 0  # a real gradient, compared row by row
+    assert all(len(values) == 0 for values in probe(rows[:0], ids[:0], targets[:0]))
+
+
 class OneSaturated(nn.Module):
     """Logits 100 x a fixed direction on images whose first pixel is above 0.5 (max softmax 1 in float32, within
     any ball of radius < 0.5 around them), a small linear map elsewhere."""

@@ -70,3 +70,19 @@ def test_a_robust_alg1_setting_that_does_not_exist_is_one_line_not_ignored():
     assert adversarial_settings({"gamma": 4, "surrogate_betas": [10]}).surrogate_betas == (10,)
     with pytest.raises(TTPUserError, match=r"method.adversarial.gama is not a setting of robust Alg 1; allowed: gamma,"):
         adversarial_settings({"gama": 4})
+
+
+def test_plain_alg1_under_a_robust_experiment_file_is_one_line_not_half_robust(compose_cfg):
+    """+experiment=mnist_resnet8_robust sets method.adversarial (its attack steps); with method=pareto those keys made
+    plain Alg 1 robust under AdversarialSettings' other defaults (a fixed radius, no margin), filed as plain Alg 1.
+    It is one line now, and method.adversarial=null gives plain Alg 1."""
+    from ttp_lightning.core.errors import TTPUserError
+
+    with pytest.raises(TTPUserError, match=r"method.adversarial=\{.*'steps': 10.*\} is not allowed with method=pareto, plain"
+                                           r" Alg 1 .*; choose method=pareto_robust, or add method.adversarial=null"):
+        build_method(validate_config(compose_cfg("+experiment=mnist_resnet8_robust", "method=pareto")))
+    plain = build_method(validate_config(compose_cfg("+experiment=mnist_resnet8_robust", "method=pareto",
+                                                     "method.adversarial=null")))
+    assert plain.settings.name == "pareto" and not plain.settings.adversarial
+    robust = build_method(validate_config(compose_cfg("+experiment=mnist_resnet8_robust")))
+    assert robust.settings.name == "pareto_robust" and robust.settings.adversarial["steps"] == 10

@@ -38,6 +38,9 @@ from ttp_lightning.models.pareto import ParetoFinetuneModule
 log = logging.getLogger(__name__)
 
 
+PLAIN = "pareto"  # conf/method/pareto.yaml's name: Alg 1 without attacks
+
+
 class Pareto(Method):
     """Alg 1 (method=pareto), and robust Alg 1 (method=pareto_robust: the same class with `adversarial`)."""
 
@@ -52,6 +55,10 @@ class Pareto(Method):
                                f"mode={own.mode} forget_batchnorm={batchnorm['forget_batchnorm']} "
                                f"retain_batchnorm={batchnorm['retain_batchnorm']}; it joins plain Alg 1's minibatch "
                                "forward passes (both batchnorm settings train) only")
+        if own.adversarial and own.name == PLAIN:
+            raise TTPUserError(f"method.adversarial={dict(own.adversarial)} is not allowed with method={PLAIN}, plain Alg "
+                               "1 (an experiment file written for robust Alg 1 sets it); choose method=pareto_robust, "
+                               "or add method.adversarial=null for plain Alg 1")
         if own.adversarial:
             adversarial = adversarial_settings(own.adversarial)
             check_adversarial(adversarial)

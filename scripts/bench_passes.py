@@ -6,8 +6,8 @@ weights and images (speed does not depend on them).
 Why it exists: APGD's probe takes its rows ROWS_PER_PASS (128, the training batch's size) at a time
 (attacks/apgd.py): on a CPU a large pass can be slower once a layer's activations outgrow the caches, and this
 prints what each size costs. Timings in a fresh process vary from run to run with the memory allocator's state:
-time the real thing too (a judge's attack, an epoch) before changing a size. Results go to --out (JSON, default bench/passes.json). Run it alone on the machine
-(`OMP_NUM_THREADS` is the torch thread count).
+time the real thing too (a judge's attack, an epoch) before changing a size. Results go to --out (JSON, default
+bench/passes.json). Run it alone on the machine (`OMP_NUM_THREADS` is the torch thread count).
 """
 
 import argparse

@@ -13,6 +13,7 @@ from ttp_lightning.attacks.robust import (
     targets_pretrained,
     worst_forget_images,
 )
+from ttp_lightning.certify.hvp import trainable
 from ttp_lightning.core.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.core.nn_modes import batchnorm_in_eval_mode, evaluating
 from ttp_lightning.core.objectives import PER_INSTANCE_LOSSES, combine_gradients, reduce_forget, retain_loss
@@ -281,7 +282,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         Losses are batch means, so loss * n is a sum; sums and counts are all-reduced, then divided.
         torch.autograd.grad leaves .grad and DDP's hooks alone; the reduction is explicit.
         """
-        params = [p for p in self.net.parameters() if p.requires_grad]
+        params = trainable(self.net)
         sums = [torch.zeros_like(p) for p in params]
         totals = torch.zeros(2, device=self.device, dtype=torch.float64)  # loss sum, count
         for images, labels in iterate_shard(dataset, self.chunk_size):
@@ -304,7 +305,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         extra = self._unproven_bound()
         if not torch.is_tensor(extra):
             return grads, loss
-        params = [p for p in self.net.parameters() if p.requires_grad]
+        params = trainable(self.net)
         more = torch.autograd.grad(extra, params, allow_unused=True)
         return [g if m is None else g + m for g, m in zip(grads, more)], loss + extra.detach().to(loss.dtype)
 

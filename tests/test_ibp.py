@@ -129,7 +129,15 @@ def test_at_radius_zero_the_certified_cd_is_the_clean_cd():
     images = torch.rand(5, 2, 8, 8)
     with torch.no_grad():
         clean = (net(images).softmax(-1).amax(-1) - 1 / 4).clamp(min=0).double()
-    assert torch.allclose(certified_conf_dist(net, images, 0), clean, atol=1e-6)
+    at_zero = certified_conf_dist(net, images, 0)  # sound for float32: never below, at most its rounding above
+    assert (at_zero >= clean - 1e-7).all() and (at_zero - clean).max() < 1e-3, (at_zero - clean).max()
+    from ttp_lightning.ibp.uniformity import Certifier
+
+    exact = Certifier(net, precision="float64").conf_dist(images, 0)
+    with torch.no_grad():
+        clean64 = (net.double()(images.double()).softmax(-1).amax(-1) - 1 / 4).clamp(min=0)
+    assert torch.allclose(exact, clean64, atol=1e-9)
+    net.float()
     assert (certified_conf_dist(net, images, 4) >= certified_conf_dist(net, images, 1) - 1e-12).all()
 
 

@@ -417,7 +417,10 @@ def _rewrite_card(release: Path, config: dict) -> None:
     """MODEL_CARD.md's Effect cells made to say what config.json claims (as the run that wrote both would)."""
     from ttp_lightning.release import effect_rows
 
-    gate, claims = config["protection"]["release_gate"], config["protection"]["per_image"]
+    protection = config["protection"]
+    gate = protection["release_gate"]
+    claims = {**protection["per_image"], "forget_conf_dist": protection["forget_conf_dist"],
+              "test_acc": protection["test_acc"]}
     lines = (release / "MODEL_CARD.md").read_text().splitlines()
     for key, (label, cell) in effect_rows(gate["gamma"], gate["conf_dist_at_most"]).items():
         for i, line in enumerate(lines):
@@ -425,3 +428,89 @@ def _rewrite_card(release: Path, config: dict) -> None:
                 before = line.strip().strip("|").split("|")[1].strip()
                 lines[i] = f"| {label} | {before} | {cell({key: claims[key]})} |"
     (release / "MODEL_CARD.md").write_text("\n".join(lines))
+
+
+def _forge_float32(release: Path, forget: Path, scale: float = 2.0 ** 24):
+    """Issue 59's forgery (Jia & Rinard 2021): two hidden units with biases `scale` and `scale` - gap on one pixel
+    cancel exactly (every logit 0: uniform everywhere, so an exact bound proves CD 0 at any radius) but not in
+    float32, where moving that pixel by 8/255 rounds them apart and one logit jumps to 16. Every claim in
+    config.json and the card is rewritten as the exact network would give it (CD 0, radius 16). Returns the
+    exposed image (uint8 pixels, [1, 1, 8, 8]): a forget image with that one pixel moved by 8/255."""
+    from ttp_lightning.release.verify_robust import image_files, read_images
+
+    pixels = read_images(image_files(forget), 1, 8, False)
+    config = _config(release)
+    mean, std = config["input"]["mean"][0], config["input"]["std"][0]
+    flat = pixels.flatten(1).double() / 255
+    # a pixel where one image (the one to expose) is above the mean, above every other image and has room to move
+    # up by 8/255: a positive weight then keeps every image's t = a * x_norm below 0.5 (they round together) and
+    # takes that image's t past 0.5 after the move
+    best, others = flat.max(0), flat.topk(2, dim=0).values[1]
+    room = (best.values <= 1 - 9 / 255) & (best.values > others) & ((best.values - mean) / std > 0.3)
+    pixel = int(torch.argmax(torch.where(room, best.values - others, -1.0)))
+    target = int(best.indices[pixel])
+    normalised = (flat[:, pixel] - mean) / std
+    step = 8 / 255 / std
+    gap = scale * 2.0 ** -24  # float32's spacing just below `scale` (above it the spacing doubles)
+    weight = 0.499 * gap / float(normalised[target])
+    state = {name: torch.zeros_like(tensor) for name, tensor in load_file(str(release / "model.safetensors")).items()}
+    state["1.weight"][0, pixel] = state["1.weight"][1, pixel] = weight
+    state["1.bias"][0], state["1.bias"][1] = scale, scale - gap
+    state["3.weight"][0, 0], state["3.weight"][0, 1], state["3.bias"][0] = -16.0, 16.0, 16.0 * gap
+    save_file(state, str(release / "model.safetensors"))
+    _rehash(release, config)
+    protection = config["protection"]
+    protection.update(forget_conf_dist=0.0, protected=True)
+    protection["per_image"].update(forget_worst_conf_dist=0.0, forget_exposed=0, forget_robust_worst_conf_dist=0.0,
+                                   forget_robust_exposed=0, forget_certified_worst_conf_dist=0.0,
+                                   forget_certified_share_05=1.0, forget_certified_share_10=1.0,
+                                   forget_certified_radius_min=16.0, forget_certified_radius_median=16.0)
+    protection["release_gate"].update(require=["clean", "attacked", "certified"], min_certified_radius=16.0)
+    _write_config(release, config)
+    _rewrite_card(release, config)
+    exposed = pixels[target:target + 1].clone()
+    exposed.view(-1)[pixel] = int(exposed.view(-1)[pixel]) + 8
+    assert float(normalised.abs().max()) * abs(weight) < gap and weight * step > 0.002 * gap
+    return exposed
+
+
+def _exact_bounds(monkeypatch) -> None:
+    """The bound before issue 59: exact for the float64 network, blind to float32 rounding."""
+    from ttp_lightning.ibp.rounding import Rounding
+
+    def zero(self, lower, upper):
+        shape = (len(lower), 10)
+        return torch.zeros(shape, dtype=lower.dtype), torch.zeros(shape, dtype=lower.dtype)
+
+    monkeypatch.setattr(Rounding, "logit_errors", zero)
+
+
+@pytest.mark.parametrize("scale", [2.0 ** 24, 2.0 ** 26])
+def test_a_network_that_rounding_makes_confident_is_never_certified(genuine, tmp_path, monkeypatch, scale):
+    """Issue 59, critical: the float32 forgery verified at 8/255 ("radius 16") and the image it exposes
+    (CD 0.897 under load_released) printed `clean 0.8970, certified 0.0000 ok`. The bound now covers float32's
+    rounding, so neither verifies; with the old exact bound the exposed image is named as an UNSOUND bound (the
+    verdict compares the clean CD measured in float32 with the bound), and the forget set would still pass it."""
+    release = _copy(genuine, tmp_path / "release")
+    exposed = _forge_float32(release, genuine.forget, scale)
+    _write_pngs(tmp_path / "exposed", exposed)
+    net = load_released(release)
+    forget = torch.stack([torch.as_tensor(np.asarray(__import__("PIL.Image").Image.open(p)))[None]
+                          for p in sorted(genuine.forget.rglob("*.png"))]).float() / 255
+    from ttp_lightning.core.metrics import conf_dist_of_probs
+
+    with torch.no_grad():
+        assert float(conf_dist_of_probs(net(forget).softmax(-1)).max()) < 1e-6  # uniform on every forget image
+        assert float(conf_dist_of_probs(net(exposed.float() / 255).softmax(-1))[0]) > 0.85  # 8/255 away: confident
+
+    code, text = _check(release, genuine.forget, "--gamma", "8")
+    assert code == 1 and text.count("ABOVE") == 20 and "certified CD 0.9000" in text, text
+    assert "sound for float32" in text and "verified" not in text.split("FAIL")[-1]
+    code, text = _check(release, tmp_path / "exposed", "--gamma", "8")
+    assert code == 1 and "clean CD 0.9000 at the image itself" in text and "ABOVE" in text, text
+
+    _exact_bounds(monkeypatch)  # the old bound: the hole, and the concrete check that now catches the image
+    code, text = _check(release, genuine.forget, "--gamma", "8")
+    assert code == 0, text  # blind to rounding, the forget set is "certified at radius 16" (why the term exists)
+    code, text = _check(release, tmp_path / "exposed", "--gamma", "8")
+    assert code == 1 and "UNSOUND BOUND" in text and "below the CD" in text, text

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ttp_lightning.ibp import linear
+from ttp_lightning.ibp.rounding import Rounding, softmax_margin, widen
 from ttp_lightning.ibp.propagate import (
     UnsupportedLayer,
     centred_logit_upper_bounds,
@@ -49,18 +50,23 @@ class Certifier:
     back to the interval bound, `bound` says so and `fallback` why). `intermediate` is CROWN's
     (ibp.linear.INTERMEDIATE); where it is crown (a network small enough for it) and some ReLU feeds another
     (on one ReLU layer the optimised slopes changed no bound measured, at 30x the cost), the final bounds also
-    get `slope_steps` of alpha-CROWN's slope optimisation (`slopes_used` says how many)."""
+    get `slope_steps` of alpha-CROWN's slope optimisation (`slopes_used` says how many).
+
+    The bound holds for the network evaluated in `precision` (float32 by default: what load_released runs), not
+    only for the exact function of its weights: every bound is widened by the rounding error that precision's
+    forward pass and softmax can make (ibp.rounding, with what it assumes)."""
 
     def __init__(self, net: nn.Module, bound: str = "interval", device: torch.device | str = "cpu",
                  intermediate: str = "crown", chunk_size: int = 256,
                  budget: int = linear.INTERMEDIATE_BUDGET,
-                 slope_steps: int = linear.SLOPE_STEPS):
+                 slope_steps: int = linear.SLOPE_STEPS, precision: str = "float32"):
         if bound not in BOUNDS:
             raise ValueError(f"bound={bound!r}; choose one of {', '.join(BOUNDS)}")
         self.model = copy.deepcopy(net).to(device=device, dtype=torch.float64).eval().requires_grad_(False)
         self.graph, self.device, self.chunk_size = trace(self.model), device, chunk_size
         self.intermediate, self.bound, self.fallback, self.budget = intermediate, bound, None, budget
         self.slope_steps, self.deep = slope_steps, None
+        self.rounding = Rounding(self.model, self.graph, precision)
 
     @property
     def slopes_used(self) -> int:
@@ -87,8 +93,11 @@ class Certifier:
         for start in range(0, len(images), self.chunk_size):
             x = images[start:start + self.chunk_size].to(device=self.device, dtype=torch.float64)
             lower, upper = input_box(x, radii[start:start + self.chunk_size].to(self.device))
-            differences = self._differences(lower, upper)
-            out.append((confidence_upper_bound(differences) - 1.0 / differences.shape[-1]).clamp(min=0.0).cpu())
+            errors, magnitudes = self.rounding.logit_errors(lower, upper)
+            differences = widen(self._differences(lower, upper), errors, magnitudes, self.rounding.unit)
+            classes = differences.shape[-1]
+            confidence = confidence_upper_bound(differences) * (1 + softmax_margin(classes, self.rounding.unit))
+            out.append((confidence.clamp(max=1.0) - 1.0 / classes).clamp(min=0.0).cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
     def _differences(self, lower: torch.Tensor, upper: torch.Tensor) -> torch.Tensor:
@@ -114,7 +123,8 @@ class Certifier:
         passed = torch.full((len(images),), -1, dtype=torch.long)  # the largest grid index known to pass
         failed = torch.full((len(images),), len(grid), dtype=torch.long)  # the smallest known to fail
         if self.bound == "linear":
-            floor = Certifier(self.model, "interval", self.device, chunk_size=self.chunk_size).radius(
+            floor = Certifier(self.model, "interval", self.device, chunk_size=self.chunk_size,
+                              precision=self.rounding.precision).radius(
                 images, at_most, step, largest)
             passed = torch.where(floor > 0, torch.round(floor / step).long(), passed)
         for gamma, values in (known or {}).items():

@@ -51,6 +51,7 @@ from ttp_lightning.release import (
 
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
 CLAIM_TOLERANCE = 1e-4
+UNSOUND_TOLERANCE = 1e-6  # a bound this far below the measured clean CD is a broken bound, not rounding
 DEFAULT_GAMMA, DEFAULT_AT_MOST, MAX_GAMMA = 8.0, 0.1, 255.0
 NOT_PROTECTED_TITLE = ": NOT PROTECTED"  # the model card's title of a release whose gate failed
 
@@ -271,21 +272,37 @@ def recompute(release: Path, config: dict, images_dir: Path, resize: bool):
     return files, pixels, Recomputation(model, pixels.float() / 255.0)
 
 
+def image_verdict(clean: float, bound: float, at_most: float) -> str | None:
+    """None when an image passes: its clean CD (the float32 network at the image) and its certified bound both
+    finite and at most `at_most`, and the bound not below the clean CD (the ball holds the image, so a bound
+    below a value measured there is no bound: said loudly); else why it fails."""
+    if not (math.isfinite(clean) and math.isfinite(bound)):
+        return f"a value is not finite (clean {clean}, certified {bound})"
+    if bound < clean - UNSOUND_TOLERANCE:
+        return (f"UNSOUND BOUND: certified CD {bound:.4f} is below the CD {clean:.4f} measured at the image itself "
+                "(float32); the bound does not describe the network people run, and nothing it proves holds")
+    if clean > at_most:
+        return f"clean CD {clean:.4f} at the image itself is not <= {at_most:g}"
+    if bound > at_most:
+        return f"certified CD {bound:.4f} (clean {clean:.4f}) is not <= {at_most:g}"
+    return None
+
+
 def image_lines(args, files: list[Path], clean: list[float], bounds: list[float], radii: list[float], used) -> list[str]:
-    """Print the header and one line per image; returns a failure per image not certified at --at-most."""
+    """Print the header and one line per image; returns a failure per image that does not pass (image_verdict)."""
     how = used.bound + (f", intermediate {used.intermediate}" if used.bound == "linear" else "") + \
         (f", {used.slopes_used} slope steps" if used.slopes_used else "") + \
         (f"; linear bounds fell back: {used.fallback}" if used.fallback else "")
     print(f"{'image':<40}  {'clean CD':>8}  {'certified CD':>12}  {'radius':>6}  (L-inf {args.gamma:g}/255, at most "
-          f"{args.at_most:g}; {how} bounds)")
+          f"{args.at_most:g}; {how} bounds, sound for {used.rounding.precision})")
     failures = []
     for path, value, bound, radius in zip(files, clean, bounds, radii):
         name = str(path.relative_to(args.images))
-        ok = bound <= args.at_most and math.isfinite(value)  # NaN is never at most anything
-        print(f"{name[-40:]:<40}  {value:8.4f}  {bound:12.4f}  {radius:6g}  {'ok' if ok else 'ABOVE'}")
-        if not ok:
-            failures.append(f"{name}: certified CD {bound:.4f} (clean {value:.4f}) is not <= {args.at_most:g} within "
-                            f"{args.gamma:g}/255")
+        why = image_verdict(value, bound, args.at_most)
+        verdict = "ok" if why is None else "UNSOUND" if why.startswith("UNSOUND") else "ABOVE"
+        print(f"{name[-40:]:<40}  {value:8.4f}  {bound:12.4f}  {radius:6g}  {verdict}")
+        if why is not None:
+            failures.append(f"{name}: {why} within {args.gamma:g}/255")
     return failures
 
 

@@ -24,13 +24,13 @@ import torch
 from torch import nn
 
 from ttp_lightning.ibp import linear
-from ttp_lightning.ibp.rounding import Rounding, softmax_margin, widen
 from ttp_lightning.ibp.propagate import (
     UnsupportedLayer,
     centred_logit_upper_bounds,
     logit_difference_lower_bounds,
     trace,
 )
+from ttp_lightning.ibp.rounding import Rounding, softmax_margin, widen
 
 BOUNDS = ("interval", "linear")  # linear: CROWN, intersected with the interval bound (never looser)
 RADIUS_STEP, MAX_RADIUS = 0.25, 16.0  # the certified radius's grid, in units of 1/255

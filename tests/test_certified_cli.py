@@ -590,3 +590,32 @@ def test_lam_auto_is_the_lipschitz_mixture(compose_cfg):
     cfg = compose_cfg("method=certified_lissa", "method.lam=auto", "method.theta=0.8",
                       "method.grad_lipschitz_forget=2", "method.grad_lipschitz_retain=0.5", tiny=False)
     assert resolve_lam(cfg.method) == pytest.approx(0.8 * 2 + 0.2 * 0.5)
+
+
+def test_a_larger_lambda_with_delta_and_sigma_recomputed_is_named_as_trusted_and_fails_the_audit(released, tmp_path,
+                                                                                                  capsys):
+    """Issue 59 (c): lam = mu = 1 with every step's distance bound, Delta and sigma recomputed from them is
+    self-consistent, so it passes every public check, --recompute included (the data and the noised weights do not
+    reveal lambda). verify says so: it names the constants it took on trust, lambda among them; --audit, which
+    re-measures them at the private noise-free weights, fails it."""
+    from ttp_lightning.certificates.document import recomputed_sensitivity
+    from ttp_lightning.certify.mechanism import noise_sigma
+
+    out = released("certified_exact")
+    release = release_of(out)
+    cert = json.loads((release / "certificate.json").read_text())
+    forged = {**cert, "lam": 1.0, "mu": 1.0, "steps": [dict(step) for step in cert["steps"]]}
+    for step in forged["steps"]:
+        step["distance_bound"] = recomputed_sensitivity({**forged, "steps": [step]})[0]
+    forged["sensitivity"] = recomputed_sensitivity(forged)[0]
+    forged["sigma"], forged["mechanism"] = noise_sigma(forged["sensitivity"], cert["epsilon"], cert["delta"])
+    assert forged["sensitivity"] < cert["sensitivity"] / 10  # a far smaller Delta: far less noise claimed needed
+    folder = edited(release, tmp_path, **forged)
+    for extra in ([], ["--recompute"]):
+        code, text, _ = verify(capsys, folder, *extra)
+        assert code == 0 and "taken on trust (only --audit re-measures them" in text and "lambda=1 " in text, text
+    audit_beside(folder, out)
+    code, text, _ = verify(capsys, folder, "--audit", folder / "audit.json")
+    assert code == 1, text
+    code, text, _ = verify(capsys, release, "--audit", out / "private" / "audit.json")
+    assert code == 0 and "taken on trust" not in text  # audited: nothing left on trust

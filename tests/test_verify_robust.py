@@ -514,3 +514,79 @@ def test_a_network_that_rounding_makes_confident_is_never_certified(genuine, tmp
     assert code == 0, text  # blind to rounding, the forget set is "certified at radius 16" (why the term exists)
     code, text = _check(release, tmp_path / "exposed", "--gamma", "8")
     assert code == 1 and "UNSOUND BOUND" in text and "below the CD" in text, text
+
+
+def _forged_claims(config: dict) -> dict:
+    """config.json claiming everything a data subject would want: radius 16, every image certified, none exposed."""
+    protection = config["protection"]
+    protection["per_image"].update(forget_certified_worst_conf_dist=0.0, forget_certified_share_05=1.0,
+                                   forget_certified_share_10=1.0, forget_certified_radius_min=16.0,
+                                   forget_certified_radius_median=16.0, forget_robust_worst_conf_dist=0.0,
+                                   forget_robust_exposed=0)
+    return config
+
+
+def test_claims_without_a_set_digest_are_refused(genuine, tmp_path):
+    """Issue 59 (a): forget_set_digest null with forged claims (radius 16, 100 % certified) and a card to match
+    verified ("set digest differs", so nothing was compared). A release that makes claims must name its set."""
+    release = _copy(genuine, tmp_path / "release")
+    config = _forged_claims(_config(release))
+    config["protection"]["forget_set_digest"] = None
+    _write_config(release, config)
+    _rewrite_card(release, config)
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 1 and "states no forget_set_digest" in text and "verified" not in text.split("FAIL")[-1], text
+    config["protection"]["per_image"].update({key: None for key in (
+        "forget_worst_conf_dist", "forget_exposed", "forget_robust_worst_conf_dist", "forget_robust_exposed",
+        "forget_certified_worst_conf_dist", "forget_certified_share_05", "forget_certified_share_10",
+        "forget_certified_radius_min", "forget_certified_radius_median")})
+    config["protection"]["forget_conf_dist"] = None
+    _write_config(release, config)
+    _rewrite_card(release, config)
+    assert "states no forget_set_digest" not in _check(release, genuine.forget, "--gamma", "0")[1]  # no claims
+
+
+def _card_with(release: Path, edit) -> None:
+    lines = (release / "MODEL_CARD.md").read_text().splitlines()
+    (release / "MODEL_CARD.md").write_text("\n".join(edit(lines)))
+
+
+@pytest.mark.parametrize("where", ["above", "below", "outside", "no pipes", "html", "missing", "reordered"])
+def test_a_card_with_a_second_row_for_a_claim_or_any_other_table_is_refused(genuine, tmp_path, where):
+    """Issue 59 (b): a second "smallest certified radius" row above the genuine one (16 over 3.75), or a second
+    attack row showing 0 exposed, verified, because only the last matching row was read. The card is read whole:
+    each claim once, in the Effect table, nothing else shaped like a table."""
+    release = _copy(genuine, tmp_path / "release")
+    config = _config(release)
+    gate = config["protection"]["release_gate"]
+    from ttp_lightning.release import effect_rows
+
+    rows = effect_rows(gate["gamma"], gate["conf_dist_at_most"])
+    radius_label, exposed_label = rows["forget_certified_radius_min"][0], rows["forget_robust_exposed"][0]
+
+    def edit(lines):
+        index = next(i for i, line in enumerate(lines) if line.startswith(f"| {radius_label} |"))
+        exposed = next(i for i, line in enumerate(lines) if line.startswith(f"| {exposed_label} |"))
+        forged, forged_exposed = f"| {radius_label} | 0 | 16 |", f"| {exposed_label} | 20 | 0 |"
+        if where == "above":
+            return lines[:index] + [forged] + lines[index:]
+        if where == "below":
+            return lines[:exposed + 1] + [forged_exposed] + lines[exposed + 1:]
+        if where == "outside":
+            return lines + ["", "| measure | before | after |", "|---|---|---|", forged]
+        if where == "no pipes":
+            return lines + ["", "measure | before | after", "--- | --- | ---", f"{radius_label} | 0 | 16"]
+        if where == "html":
+            return lines + [f"<table><tr><td>{radius_label}</td><td>16</td></tr></table>"]
+        if where == "missing":
+            return lines[:index] + lines[index + 1:]
+        return lines[:index - 1] + [lines[index], lines[index - 1]] + lines[index + 1:]
+
+    assert _check(release, genuine.forget, "--gamma", "0")[0] == 0
+    _card_with(release, edit)
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 1 and "MODEL_CARD.md" in text.split("FAIL")[-1] and "verified" not in text.split("FAIL")[-1], text
+    message = {"above": "two rows for", "below": "two rows for", "outside": "outside the Effect table",
+               "no pipes": "outside the Effect table", "html": "HTML table", "missing": "has no row",
+               "reordered": "not in the order"}[where]
+    assert message in text, text

@@ -12,7 +12,9 @@ constants, lambda_min = min(stated, measured)); estimator depth, scale and resid
 the constants; epsilon, sigma and the mechanism over the releases that compose; the released weights' norm
 against C plus the noise's norm. --recompute rebuilds the data and model from registered configs and
 recomputes the forget confidence distance; --audit reruns the Newton step(s) from the provider's private
-audit record, redraws the noise from its seed and compares the result with the release.
+audit record, redraws the noise from its seed and compares the result with the release. Without --audit,
+lambda and the provider's measurements at the noise-free weights (the residual, its multiplier, ||H||,
+lambda_min) are checked only for consistency with each other: a line names each value taken on trust.
 
 The certificate's folder must be a release (config.json beside certificate.json); one whose config.json says
 "protected": false (its release gate failed) fails, and says so first, unless --allow-unprotected.
@@ -34,6 +36,7 @@ from ttp_lightning.certificates.document import (
     check_certificate,
     guarantee_lines,
     training_set_size,
+    trusted_line,
     vacuous_reasons,
 )
 from ttp_lightning.certificates.schema import check_audit_schema, check_certificate_schema
@@ -168,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.recompute or args.audit):
         print("not checked without --recompute or --audit: that these weights came from this data (anyone can "
               "write a self-consistent certificate for any weights)")
+    if not args.audit:
+        print(trusted_line(cert))
     vacuous = vacuous_reasons(cert, args.vacuous_above)
     for reason in vacuous:
         print(f"VACUOUS: {reason}")

@@ -535,6 +535,24 @@ def _measured_line(cert: dict) -> str:
             f"residual={max(s['residual'] for s in steps):.3g}")
 
 
+def trusted_line(cert: dict) -> str:
+    """The constants no public check can re-measure (the weights are noised, the provider's measurements were made
+    at the private noise-free weights, lambda is a setting the weights do not reveal): verify checks them for
+    consistency with one another only, so a self-consistent edit of them (lambda = mu = 1 with Delta and sigma
+    recomputed shrank Delta 100x) passes every check but --audit, which re-measures them."""
+    steps = cert["steps"]
+    if cert["bound"] == "residual":
+        values = (f"lambda={cert['lam']:.6g} (and mu={cert['mu']:.6g} from it), ||r||="
+                  f"{max(s['stationarity'] for s in steps):.3g}, rounding floor {max(s['rounding_floor'] for s in steps):.3g}, "
+                  f"nu={steps[-1]['multiplier']:.6g}, ||w||={steps[-1]['weights_norm']:.12g}")
+    else:
+        values = (f"lambda={cert['lam']:.6g}, lambda_min(H)={min(s['lam_min_measured'] for s in steps):.6g}, "
+                  f"||H||={cert['hessian_norm']:.6g}, G={cert['gradient_bound']:.6g}, "
+                  f"residual={max(s['residual'] for s in steps):.3g}")
+    return (f"taken on trust (only --audit re-measures them, at the private noise-free weights; Delta and sigma "
+            f"follow from them): {values}")
+
+
 def condition_lines(cert: dict) -> list[str]:
     """What the guarantee is conditional on beyond the stated constants: a Lanczos lambda_min is an estimate,
     not a bound (Ritz values lie above the true minimum)."""

@@ -4,7 +4,7 @@ and how to load it."""
 
 
 from ttp_lightning.assess.protection import masking_note
-from ttp_lightning.release.format import WEIGHTS
+from ttp_lightning.release.format import CARD, WEIGHTS
 
 # ------------------------------------------------------------------------------------------- model card
 ATTACKS_TEXT = ("An adversary who holds these weights perturbs a protected image to recover a confident "
@@ -25,6 +25,9 @@ LIMITATIONS = (
      "the forget images' predictions back; no change to the weights alone can rule that out."),
     "- Accuracy elsewhere was measured on the test set named above only.",
     "- The forget images themselves are not in this release; only their fingerprint is.",
+    ("- What `verify robust` checks in this card: its title and the after column of the Effect table, against "
+     "config.json and against what it recomputes from the weights and the images (each claim once). This prose, "
+     "the before column and the attack table are not checked; `verify attack` re-attacks the images."),
 )
 LOAD_LINE = 'model = ttp_lightning.load_released("release")  # [N, C, H, W] pixels in [0, 1] -> logits'
 PLAIN_LOADING = (f'or with safetensors alone: `load_file("release/{WEIGHTS}")` into the architecture (config.json '
@@ -54,16 +57,50 @@ def effect_rows(gamma: float, threshold: float) -> dict:
     return table
 
 
-def card_cells(card: str, gamma: float, threshold: float) -> dict[str, str]:
-    """{key: the "after" cell} of each Effect row a model card holds (rows are found by their labels)."""
-    labels = {f"| {label} |": key for key, (label, _) in effect_rows(gamma, threshold).items()}
-    cells = {}
-    for line in card.splitlines():
-        for start, key in labels.items():
-            if line.startswith(start):
-                parts = [part.strip() for part in line.strip().strip("|").split("|")]
-                cells[key] = parts[-1] if len(parts) == 3 else "?"
-    return cells
+EFFECT_HEADING, EFFECT_HEADER = "## Effect", "| measure | before | after |"
+
+
+def card_cells(card: str, gamma: float, threshold: float) -> tuple[dict[str, str], list[str]]:
+    """({key: the "after" cell} of the Effect table, why the card cannot be read unambiguously). The card is read
+    whole: its Effect table must hold this format's rows, each once and in order (a release/1 card may lack the
+    radius rows), and nothing outside the table may look like one of its rows, or like any table (a second row
+    for a claim, above or below the genuine one, is a claim that escapes comparison); HTML tables are refused."""
+    rows = effect_rows(gamma, threshold)
+    labels = {label: key for key, (label, _) in rows.items()}
+    lines = card.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == EFFECT_HEADING), None)
+    if start is None:
+        return {}, [f"{CARD} has no {EFFECT_HEADING!r} section"]
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    cells, failures, fenced = {}, [], False
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if text.startswith("```"):
+            fenced = not fenced
+            continue
+        if "<table" in text.lower() or "<td" in text.lower():
+            failures.append(f"{CARD} line {number} holds an HTML table; a release card's claims are its Effect table")
+            continue
+        if fenced or "|" not in text:
+            continue
+        parts = [part.strip() for part in text.strip("|").split("|")]
+        inside = start < number - 1 < end
+        if inside and text in (EFFECT_HEADER, "|---|---|---|"):
+            continue
+        if not inside:
+            failures.append(f"{CARD} line {number} is a table row outside the Effect table ({text[:60]!r}); a "
+                            "claim there escapes comparison")
+        elif parts[0] not in labels:
+            failures.append(f"{CARD}'s Effect table has a row this format does not write: {parts[0][:60]!r}")
+        elif labels[parts[0]] in cells:
+            failures.append(f"{CARD} has two rows for {parts[0]!r}: a claim must be stated once")
+        else:
+            cells[labels[parts[0]]] = parts[-1] if len(parts) == 3 and text.startswith("|") and \
+                text.endswith("|") else "?"
+    order = [key for key in rows if key in cells]
+    if list(cells) != order:
+        failures.append(f"{CARD}'s Effect table rows are not in the order this format writes them")
+    return cells, failures
 
 
 def _metric(values: dict, key: str, percent: bool | None) -> str:

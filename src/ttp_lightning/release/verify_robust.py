@@ -48,6 +48,8 @@ from ttp_lightning.release import (
     not_protected_line,
     read_release_config,
 )
+from ttp_lightning.release.format import RELEASE_FORMAT
+from ttp_lightning.release.publish import PER_IMAGE_KEYS
 
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
 CLAIM_TOLERANCE = 1e-4
@@ -206,7 +208,11 @@ def folder_failures(release: Path, config: dict) -> list[str]:
               "test_acc": protection["test_acc"]}
     gate = protection["release_gate"]
     rows = effect_rows(gate["gamma"], gate["conf_dist_at_most"])
-    cells = card_cells(text, gate["gamma"], gate["conf_dist_at_most"])
+    cells, unreadable = card_cells(text, gate["gamma"], gate["conf_dist_at_most"])
+    failures += unreadable
+    if config["format"] == RELEASE_FORMAT and not unreadable and cells.keys() != rows.keys():
+        missing = next(rows[key][0] for key in rows if key not in cells)
+        failures.append(f"{CARD}'s Effect table has no row {missing!r}")
     for key in rows.keys() & claims.keys():
         expected = rows[key][1]({key: claims[key]})
         if cells.get(key) != expected:
@@ -337,6 +343,20 @@ def is_forget_set(pixels, config: dict) -> bool:
     return set_digest(fingerprint(image) for image in pixels) == config["protection"]["forget_set_digest"]
 
 
+def digest_failures(protection: dict) -> list[str]:
+    """A release that makes claims about its forget set must say which set (its digest): without one no images can
+    be matched to the claims, so none would ever be compared."""
+    if protection["forget_set_digest"] is not None:
+        return []
+    claimed = [key for key in PER_IMAGE_KEYS if protection["per_image"].get(key) is not None]
+    claimed += ["forget_conf_dist"] if protection["forget_conf_dist"] is not None else []
+    if not claimed:
+        return []
+    return [f"config.json claims {claimed[0]} = {protection['per_image'].get(claimed[0], protection['forget_conf_dist'])} "
+            "and more about its forget set but states no forget_set_digest: no images can be matched to those "
+            "claims, so none of them can be compared"]
+
+
 def main(argv: list[str]) -> int:
     """`python -m ttp_lightning.verify robust RELEASE IMAGES [--gamma 8] [--at-most 0.1]`: one line per image
     (clean CD, certified CD within --gamma/255, certified radius); exit 0 every image certified at --at-most, 1 an
@@ -358,6 +378,7 @@ def main(argv: list[str]) -> int:
     failures += image_lines(args, files, recomputed.clean, bounds, radii, used)
     failures += folder_failures(args.release, config)
     protection = config["protection"]
+    failures += digest_failures(protection)
     if is_forget_set(pixels, config):
         print(f"these {len(files)} images are the release's forget set (its set digest matches config.json); its "
               "claims about them are compared with what is recomputed")

@@ -346,3 +346,31 @@ def test_the_records_parts_are_frozen_and_built_once():
         with pytest.raises(dataclasses.FrozenInstanceError):
             record.passed = False
     assert verdict.to_json()["folder"] == PROTECTED_DIR and verdict.to_json()["reasons"] == []
+
+
+@pytest.mark.parametrize("require", ["[clean,clean]", "[clean,attacked,attacked]", "[attacked]"])
+def test_a_gate_the_release_format_cannot_state_is_refused_before_any_work(run_main, tmp_path, require):
+    """Issue 59: release_gate.require=[clean,clean] ran, passed and wrote release/, which load_released then
+    refused ("require=['clean', 'clean'] is not allowed"). The run checks its gate with the format's own rule
+    before any work: one line, nothing written."""
+    code, _, err, results = run_main(f"release_gate.require={require}", "attacks.enabled=true")
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and results is None and len(errors) == 1, err
+    assert "release_gate.require=" in errors[0] and "is not allowed" in errors[0], errors
+    assert not (tmp_path / "out" / "release").exists() and not (tmp_path / "out" / "results.json").exists()
+
+
+def test_a_release_config_the_format_would_refuse_is_never_written(tmp_path):
+    """The last guard: write_hub_release checks config.json against the format before writing any file."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from ttp_lightning.release import write_hub_release
+
+    info = SimpleNamespace(channels=1, image_size=8, num_classes=10, mean=(0.3,), std=(0.4,),
+                           names=lambda: [str(i) for i in range(10)])
+    protection = {"release_gate": {"require": ["clean", "clean"]}}
+    with pytest.raises(TTPUserError, match="refusing to write a release that load_released could not read"):
+        write_hub_release(nn.Linear(64, 10), tmp_path, {"name": "logreg"}, info, protection, "# card")
+    assert not (tmp_path / "release").exists()

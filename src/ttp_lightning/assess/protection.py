@@ -42,6 +42,21 @@ SHOWN_IDS = 10  # images named in the gate's line (all of them are in results.js
 ROBUST_DEFAULT = ("clean", "attacked")  # release_gate.require=null under a robust method
 
 
+def require_problem(kinds) -> str | None:
+    """Why a gate's required CDs are no gate a release can state (None when they are): clean among them, each of
+    KINDS once. The run checks its settings with it before any work, and a release's config.json is read with it
+    (release/format.py), so a run never writes a release load_released refuses."""
+    kinds = list(kinds)
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if unknown:
+        return f"{unknown[0]!r} is no kind of CD; choose among {', '.join(KINDS)}"
+    if len(set(kinds)) != len(kinds):
+        return "name each kind once"
+    if "clean" not in kinds:
+        return "it must include clean"
+    return None
+
+
 @dataclass(frozen=True)
 class GateSettings:
     """`release_gate`: the per-image threshold and which CDs of every forget image must meet it."""
@@ -77,8 +92,9 @@ class GateSettings:
             raise TTPUserError(f"release_gate.conf_dist_at_most={self.conf_dist_at_most:g} is not allowed; with "
                                f"{num_classes} classes a CD is at most {ceiling:.4g}, so choose a value in "
                                f"[0, {ceiling:.4g}) (a gate that cannot fail protects nobody)")
-        if "clean" not in self.require:
-            raise TTPUserError(f"release_gate.require={list(self.require)} is not allowed; it must include clean")
+        problem = require_problem(self.require)
+        if problem:
+            raise TTPUserError(f"release_gate.require=[{','.join(self.require)}] is not allowed; {problem}")
         if "attacked" not in self.require:
             return
         weaker = [kind for kind in self.require if kind != "attacked"]

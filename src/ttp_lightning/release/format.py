@@ -4,7 +4,7 @@ the file names, reading it and checking what a network is given against it."""
 import json
 from pathlib import Path
 
-from ttp_lightning.assess.protection import KINDS
+from ttp_lightning.assess.protection import KINDS, require_problem
 from ttp_lightning.certificates.schema import (
     SchemaError,
     boolean,
@@ -80,8 +80,9 @@ PER_IMAGE_FIELDS = {**PER_IMAGE_FIELDS_1,
 
 def _require(value, key):
     kinds = list_of(one_of(*KINDS), len(KINDS))(value, key)  # the CDs a release gate can require
-    if len(set(kinds)) != len(kinds) or "clean" not in kinds:
-        raise SchemaError(f"{key}={kinds} is not allowed; a gate requires clean and each kind once")
+    problem = require_problem(kinds)  # the very check a run makes of its release_gate.require before any work
+    if problem:
+        raise SchemaError(f"{key}={kinds} is not allowed; a gate requires clean and each kind once ({problem})")
     return kinds
 
 

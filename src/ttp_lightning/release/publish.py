@@ -6,12 +6,12 @@ from pathlib import Path
 
 from torch import nn
 
-from ttp_lightning.certificates.schema import model_spec
+from ttp_lightning.certificates.schema import SchemaError, model_spec, record
 from ttp_lightning.config.build import Part
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import atomic_tensors, atomic_text, atomic_write, sha256_of
 from ttp_lightning.release.card import method_theta
-from ttp_lightning.release.format import CARD, CERTIFIED_PREFIX, CONFIG, RELEASE_FORMAT, WEIGHTS
+from ttp_lightning.release.format import CARD, CERTIFIED_PREFIX, CONFIG, CONFIG_FIELDS, RELEASE_FORMAT, WEIGHTS
 from ttp_lightning.version import __version__
 
 
@@ -32,14 +32,7 @@ def write_hub_release(net: nn.Module, output_dir: str | Path, architecture: dict
     one file per request, gets model.safetensors as a copy of the last one."""
 
     folder = Path(output_dir) / folder_name
-    folder.mkdir(parents=True, exist_ok=True)
-    # a certified release keeps the file its certificate hashes (Alg 4's last request file is copied)
     prefix = CERTIFIED_PREFIX if certified_file else ""
-    if certified_file and certified_file != WEIGHTS:
-        atomic_write(folder / WEIGHTS, lambda tmp: shutil.copyfile(folder / certified_file, tmp))
-    elif not certified_file:
-        backbone = getattr(net, "backbone", net)
-        atomic_tensors(folder / WEIGHTS, backbone.state_dict(), metadata={"format": "pt"})
     config = {
         "format": RELEASE_FORMAT,
         "library": {"name": "ttp_lightning", "version": __version__},
@@ -47,12 +40,31 @@ def write_hub_release(net: nn.Module, output_dir: str | Path, architecture: dict
         "input": {"channels": info.channels, "image_size": info.image_size, "num_classes": info.num_classes,
                   "mean": list(info.mean), "std": list(info.std), "pixel_range": [0.0, 1.0], "layout": "NCHW",
                   "class_names": list(info.names())},
-        "weights": {"file": WEIGHTS, "sha256": sha256_of(folder / WEIGHTS), "prefix": prefix},
+        "weights": {"file": WEIGHTS, "sha256": "0" * 64, "prefix": prefix},  # the hash once the file is written
         "protection": protection,
     }
+    readable(config)  # before any file: a release is written only in the form load_released reads
+    folder.mkdir(parents=True, exist_ok=True)
+    # a certified release keeps the file its certificate hashes (Alg 4's last request file is copied)
+    if certified_file and certified_file != WEIGHTS:
+        atomic_write(folder / WEIGHTS, lambda tmp: shutil.copyfile(folder / certified_file, tmp))
+    elif not certified_file:
+        backbone = getattr(net, "backbone", net)
+        atomic_tensors(folder / WEIGHTS, backbone.state_dict(), metadata={"format": "pt"})
+    config["weights"]["sha256"] = sha256_of(folder / WEIGHTS)
     atomic_text(folder / CONFIG, json.dumps(config, indent=2))
     atomic_text(folder / CARD, card)
     return folder
+
+
+def readable(config: dict) -> None:
+    """config.json as read_release_config will read it (JSON, then every field against the format's allowlist);
+    a TTPUserError naming the first field it would refuse (a bug or a setting the format cannot hold: nothing is
+    written)."""
+    try:
+        record(CONFIG_FIELDS)(json.loads(json.dumps(config)), "")
+    except (SchemaError, ValueError) as exc:
+        raise TTPUserError(f"refusing to write a release that load_released could not read: {exc}") from None
 
 
 PER_IMAGE_KEYS = ("forget_worst_conf_dist", "forget_exposed", "forget_robust_worst_conf_dist", "forget_robust_exposed",

@@ -352,9 +352,9 @@ def digest_failures(protection: dict) -> list[str]:
     claimed += ["forget_conf_dist"] if protection["forget_conf_dist"] is not None else []
     if not claimed:
         return []
-    return [f"config.json claims {claimed[0]} = {protection['per_image'].get(claimed[0], protection['forget_conf_dist'])} "
-            "and more about its forget set but states no forget_set_digest: no images can be matched to those "
-            "claims, so none of them can be compared"]
+    value = protection["per_image"].get(claimed[0], protection["forget_conf_dist"])
+    return [f"config.json claims {claimed[0]} = {value} and more about its forget set but states no "
+            "forget_set_digest: no images can be matched to those claims, so none of them can be compared"]
 
 
 def main(argv: list[str]) -> int:

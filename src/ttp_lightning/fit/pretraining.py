@@ -14,7 +14,6 @@ from safetensors.torch import load as load_tensors
 from torch import nn
 
 from ttp_lightning.assess.evaluation import evaluate
-from ttp_lightning.config.schema import plain
 from ttp_lightning.core import proofs
 from ttp_lightning.core.files import atomic_tensors, atomic_text, sha256_of
 from ttp_lightning.data.datamodule import TTPDataModule
@@ -43,30 +42,31 @@ def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0,
     return fit(ctx, erm_module(ctx, net, mixup_alpha), epochs, stage, key=key, train_dataloaders=loader)
 
 
+# FitSettings fields a pretraining fit does not read, each with why (fit.training.FitSettings.identity)
+NOT_IN_PRETRAINING = {"exposed_above": "the gate's threshold: Alg 1's fits count forget images against it (so it is in "
+                                       "the method's key); pretraining does not read it"}
+
+
 def cache_key(ctx: RunContext, datamodule: TTPDataModule) -> str:
-    """Everything that determines A(D): training data, model, pretraining settings, seed."""
+    """Everything that determines A(D): training data, model, and every fit setting pretraining reads (the
+    trainer's values, pretraining's, the callbacks, seed, speed settings; derived from the typed settings, so a
+    setting added later is in the key unless named as not affecting results)."""
     identity = {
         "format": CACHE_FORMAT,
         "data": datamodule.data_fingerprint(),
         "data_info": asdict(datamodule.info),  # includes the normalisation the model applies
         "augment": datamodule.augment,
         "batch_size": datamodule.batch_size,
-        "model": plain(ctx.fit_settings.model),
         # a provider's checkpoint and pretrained weights are named by their content, not their path
         "files_sha256": {key: _checkpoint_sha(model_file(ctx, key))
                          for key in ("checkpoint", "pretrained_file") if model_file(ctx, key)},
-        "pretrain": plain(ctx.fit_settings.pretrain),
-        "seed": ctx.fit_settings.seed,
-        # the process layout changes batching (each DDP rank takes its own batch), so it is part of the key;
-        # read from the config, never the environment, so every rank computes the same key
-        "processes": {k: ctx.fit_settings.trainer.get(k) for k in ("accelerator", "devices", "num_nodes", "strategy")},
-        # precision and the speed settings change the arithmetic, so A(D) too
-        "numerics": {"precision": str(ctx.fit_settings.trainer.get("precision", 32)),
-                     "performance": plain(ctx.fit_settings.performance)},
+        # the trainer (process layout, precision, clipping, accumulation, ...), model, pretrain, callbacks, seed and
+        # performance settings: read from the config, never the environment, so every rank computes the same key
+        "fit": ctx.fit_settings.identity(leave_out=NOT_IN_PRETRAINING),
         # intra-op threads change the order of floating-point sums, and training amplifies the difference
         "threads": torch.get_num_threads(),
     }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 def model_file(ctx: RunContext, key: str) -> str | None:

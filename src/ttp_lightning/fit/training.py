@@ -1,7 +1,7 @@
 """Builds Trainers from the `trainer` config group and fits a module, timing the fit."""
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -9,7 +9,7 @@ import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from ttp_lightning.config.build import Part
-from ttp_lightning.config.schema import MainSchema, PerformanceSchema, PretrainSchema
+from ttp_lightning.config.schema import MainSchema, PerformanceSchema, PretrainSchema, plain
 from ttp_lightning.fit.callbacks import FiniteGuard, Performance, StepTimer, extra_callbacks
 from ttp_lightning.fit.checkpointing import (
     RandomState,
@@ -19,6 +19,26 @@ from ttp_lightning.fit.checkpointing import (
 )
 from ttp_lightning.fit.interrupts import fitting
 from ttp_lightning.fit.progress import progress_callbacks
+
+# FitSettings fields that take no part in any fit's numbers, each with why; every other field is in the keys of the
+# fits it reaches (A(D)'s cache entry and its checkpoints, the method's checkpoints: FitSettings.identity)
+NOT_IN_RESULTS = {
+    "cache_dir": "where the cache and the checkpoints are kept, not what they hold",
+    "checkpoint_every_n_epochs": "how often a fit saves; a fit resumed from any epoch equals one never stopped "
+                                 "(tests/test_resume.py)",
+    "resume": "whether a saved fit is picked up, not what it holds",
+    "progress_bar_refresh_rate": "the console only",
+}
+# `trainer` values (Lightning's Trainer arguments) that take no part in a fit's numbers, each with why; every other
+# one, set in the trainer group or added with +trainer.KEY=VALUE, is in the keys
+TRAINER_NOT_IN_RESULTS = {
+    "enable_progress_bar": "the console only (a bar or a line per epoch)",
+    "enable_model_summary": "the console only",
+    "log_every_n_steps": "how often the logger writes, not what is trained",
+    "enable_checkpointing": "set by each fit itself (Lightning's checkpoints are its resume files)",
+    "default_root_dir": "set by each fit itself",
+    "logger": "set by the run itself",
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,25 @@ class FitSettings:
     def fused_policy(self) -> str:
         """performance.fused_optimizer as auto | true | false."""
         return _switch(self.performance, "fused_optimizer")
+
+    def identity(self, leave_out: dict[str, str] | None = None) -> dict:
+        """These settings as plain values for a cache or checkpoint key: every field and every `trainer` value,
+        less the ones named (with a reason) in NOT_IN_RESULTS, TRAINER_NOT_IN_RESULTS and `leave_out` (fields a
+        given fit does not read: {name: why})."""
+        skipped = {**NOT_IN_RESULTS, **(leave_out or {})}
+        values = {}
+        for item in fields(self):
+            if item.name in skipped:
+                continue
+            value = getattr(self, item.name)
+            if item.name == "trainer":
+                value = {key: v for key, v in plain(value).items() if key not in TRAINER_NOT_IN_RESULTS}
+            elif item.name == "callbacks":
+                value = {key: plain(part) for key, part in (value or {}).items()}
+            elif not isinstance(value, (int, float, str, bool, type(None))):
+                value = plain(value)
+            values[item.name] = value
+        return values
 
 
 @dataclass

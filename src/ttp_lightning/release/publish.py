@@ -11,7 +11,14 @@ from ttp_lightning.config.build import Part
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import atomic_tensors, atomic_text, atomic_write, sha256_of
 from ttp_lightning.release.card import method_theta
-from ttp_lightning.release.format import CARD, CERTIFIED_PREFIX, CONFIG, CONFIG_FIELDS, RELEASE_FORMAT, WEIGHTS
+from ttp_lightning.release.format import (
+    CARD,
+    CERTIFIED_PREFIX,
+    CONFIG,
+    CONFIG_FIELDS,
+    RELEASE_FORMAT,
+    WEIGHTS,
+)
 from ttp_lightning.version import __version__
 
 

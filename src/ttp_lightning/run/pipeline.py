@@ -151,11 +151,13 @@ def weights_changed(before, after) -> bool:
 
 
 def method_key(ctx: RunContext, method, datamodule) -> str:
-    """What determines the method's fits: A(D) (data, model, pretraining incl. absorb_epochs, seed, process
-    layout), the forget set, and the method's settings; names their checkpoint folders."""
+    """What determines the method's fits: A(D) (data, model, pretraining incl. absorb_epochs, seed, every trainer
+    setting), the forget set, the method's settings and every fit setting (FitSettings.identity); names their
+    checkpoint folders."""
     identity = {"pretrained": cache_key(ctx, datamodule), "forget": datamodule.forget_fingerprint(),
-                "method": {key: value for key, value in plain(method.settings).items() if key != "_target_"}}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+                "method": {key: value for key, value in plain(method.settings).items() if key != "_target_"},
+                "fit": ctx.fit_settings.identity()}  # every fit setting the method's fits read (the gate's threshold too)
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 def publish(record: RunRecord, results: dict, net, settings: MainSchema, datamodule, attack_table, certificate_line,

@@ -353,8 +353,9 @@ def digest_failures(protection: dict) -> list[str]:
     if not claimed:
         return []
     value = protection["per_image"].get(claimed[0], protection["forget_conf_dist"])
-    return [f"config.json claims {claimed[0]} = {value} and more about its forget set but states no "
-            "forget_set_digest: no images can be matched to those claims, so none of them can be compared"]
+    why = (f"config.json claims {claimed[0]} = {value} and more about its forget set but states no "
+           "forget_set_digest: no images can be matched to those claims, so none of them can be compared")
+    return [why]
 
 
 def main(argv: list[str]) -> int:

@@ -164,3 +164,16 @@ def test_labels_csv_variants_are_read_or_refused_in_one_line(tmp_path, text, mat
     with pytest.raises(TTPUserError, match=match) as caught:
         read_forget_images(forget, GREY, ("0", "1"))
     assert "\n" not in str(caught.value)
+
+
+def test_an_animated_png_is_refused_not_read_at_its_first_frame(tmp_path):
+    """Issue 59, minor: an APNG was checked on its first frame only, while a viewer may show another."""
+    frames = [Image.fromarray(_digit(seed)) for seed in (1, 2)]
+    path = tmp_path / "face.png"
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=100, loop=0)
+    assert Image.open(path).n_frames == 2
+    with pytest.raises(TTPUserError, match="is an animated image of 2 frames") as caught:
+        read_file(path, GREY, "forget image")
+    assert "\n" not in str(caught.value)
+    frames[0].save(tmp_path / "still.png")
+    assert read_file(tmp_path / "still.png", GREY, "forget image")[0].shape == (1, 16, 16)

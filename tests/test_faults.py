@@ -283,3 +283,79 @@ def test_files_a_run_publishes_are_readable_by_others_as_its_siblings_are(run_ma
     release = tmp_path / "out" / results["release_gate"]["folder"]
     modes = {p.name: p.stat().st_mode & 0o777 for p in release.iterdir()}
     assert len(set(modes.values())) == 1, modes  # model.safetensors was 0600 beside 0644 files
+
+
+def test_a_sigterm_inside_a_fit_stops_the_long_loops_of_one_certified_step():
+    """Issue 59, minor: SIGTERM during the certified solve ran about 15 more minutes (Lightning stops a fit between
+    batches, and one Newton step is one batch). Inside a fit the handler now asks for a stop, and the solver's
+    Newton and CG iterations, the estimator's chains, Lanczos and every pass over the data raise at their next
+    iteration; the next fit starts with no stop asked for."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from ttp_lightning.certify import hvp, spectrum
+    from ttp_lightning.certify.linear_head import _preconditioned_cg
+    from ttp_lightning.core import stopping
+    from ttp_lightning.core.batching import ImageBatchDataset
+    from ttp_lightning.fit import interrupts
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        interrupts.install(lambda: None)
+        with interrupts.fitting():
+            assert not stopping.requested()
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            assert stopping.requested()
+            vector = torch.ones(4, dtype=torch.float64)
+            with pytest.raises(SIGTERMException):
+                _preconditioned_cg(lambda v: v, vector, lambda v: v, 1e-12, 100)
+            with pytest.raises(SIGTERMException):
+                spectrum.lanczos_tridiagonal(lambda v: v, vector, 3)
+            with pytest.raises(SIGTERMException):
+                next(hvp.chunks(
+                    ImageBatchDataset(torch.zeros(2, 1, 2, 2), torch.zeros(2, dtype=torch.long)), 1,
+                    torch.device("cpu"), torch.float64))
+        with interrupts.fitting():
+            assert not stopping.requested()  # a new fit, no stop asked for
+    finally:
+        stopping.clear()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_during_a_slow_certified_solve_ends_within_seconds(tmp_path):
+    """End to end: the certified exact step's solver made slow (each evaluation of the objective takes 0.5 s, as on
+    a large data set); SIGTERM once the solve runs ends the process with 143 and the one line within seconds."""
+    marker = tmp_path / "solving"
+    script = f"""
+import sys, time
+from pathlib import Path
+from ttp_lightning.certify import linear_head
+real = linear_head.LinearHeadObjective.evaluate
+def slow(self, weights):
+    Path({str(marker)!r}).touch()
+    time.sleep(0.5)
+    return real(self, weights)
+linear_head.LinearHeadObjective.evaluate = slow
+from ttp_lightning.__main__ import main
+sys.argv = ["ttp_lightning", *sys.argv[1:]]
+main()
+"""
+    from conftest import TINY_WITHOUT_METHOD
+
+    env = dict(os.environ, TTP_CACHE_DIR=str(tmp_path / "cache"), WANDB_MODE="disabled")
+    proc = subprocess.Popen([sys.executable, "-c", script, *TINY_WITHOUT_METHOD, "model=logreg",
+                             "pretrain.norm_bound=10", "attacks.enabled=false", "method=certified_exact",
+                             f"hydra.run.dir={tmp_path / 'out'}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()[1][-2000:]
+    time.sleep(1.0)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert time.monotonic() - sent < 10, time.monotonic() - sent
+    assert err.strip().splitlines()[-1].startswith("error: received SIGTERM"), err[-2000:]
+    assert not (tmp_path / "out" / "results.json").exists()

@@ -374,3 +374,31 @@ def test_a_release_config_the_format_would_refuse_is_never_written(tmp_path):
     with pytest.raises(TTPUserError, match="refusing to write a release that load_released could not read"):
         write_hub_release(nn.Linear(64, 10), tmp_path, {"name": "logreg"}, info, protection, "# card")
     assert not (tmp_path / "release").exists()
+
+
+def test_the_card_names_the_judges_strength_and_each_way_it_was_weakened():
+    """Issue 59, minor: the card never named the judge's strength when it was weakened."""
+    import dataclasses
+
+    from ttp_lightning.config.schema import AttacksSchema
+    from ttp_lightning.release.card import judge_line
+
+    suite = {"gaussian": {"_target_": "g"}, "apgd": {"_target_": "a"}}
+    default = AttacksSchema(suite=suite)
+    line = judge_line(default, 8.0)
+    assert "APGD 100 steps x 2 restarts" in line and "targeted" in line and "WEAKER" not in line
+    weak = dataclasses.replace(default, apgd_steps=10, restarts=1, objectives=["logsumexp"], surrogate_betas=[None])
+    line = judge_line(weak, 8.0)
+    assert "WEAKER than the default judge: apgd_steps 10 (default 100); restarts 1 (default 2)" in line
+    assert "objectives without max_softmax, ce_pretrained, targeted" in line and "surrogate_betas without" in line
+    assert "no APGD" in judge_line(dataclasses.replace(default, suite={"gaussian": {"_target_": "g"}}), 8.0)
+    assert "attacks: off" in judge_line(dataclasses.replace(default, enabled=False), 8.0)
+
+
+@pytest.mark.parametrize("override", ["bounds.radius_step=1.7e308", "bounds.max_radius=300", "bounds.radius_step=20"])
+def test_a_radius_grid_outside_the_pixel_range_is_one_line(run_main, override):
+    """Issue 59, minor: bounds.radius_step=1.7e308 ran and wrote a release whose radius grid verify could not
+    recompute (a traceback there)."""
+    code, _, err, results = run_main(override)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and results is None and len(errors) == 1 and "max_radius <= 255" in errors[0], err

@@ -590,3 +590,42 @@ def test_a_card_with_a_second_row_for_a_claim_or_any_other_table_is_refused(genu
                "no pipes": "outside the Effect table", "html": "HTML table", "missing": "has no row",
                "reordered": "not in the order"}[where]
     assert message in text, text
+
+
+@pytest.mark.parametrize("step, largest", [(1.7e308, 1.7e308), (1e308, 1.7e308), (1.7e308, 16.0), (1.0, 300.0)])
+def test_a_radius_grid_no_run_has_is_one_failure_line(genuine, tmp_path, step, largest):
+    """Issue 59, minor: a claimed grid of step 1.7e308 was a traceback (torch's arange of 0 -> inf)."""
+    release = _copy(genuine, tmp_path / "release")
+    config = _config(release)
+    config["protection"]["per_image"].update(radius_step=step, max_radius=largest)
+    _write_config(release, config)
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 1 and "which no run has" in text and "Traceback" not in text, text
+
+
+def test_a_forget_folder_with_a_repeated_image_is_checked_as_the_set_it_is(genuine, tmp_path):
+    """Issue 59, minor: one image twice made verify say "these are 21 images" against forget_size 20 (and the mean
+    and shares differ). Each distinct image is checked once, and the repeat is named."""
+    folder = tmp_path / "forget"
+    shutil.copytree(genuine.forget, folder)
+    first = min(folder.rglob("*.png"))
+    shutil.copyfile(first, folder / "again.png")
+    code, text = _check(genuine.release, folder, "--gamma", "0")
+    assert code == 0 and "again.png" in text.split("holds the same pixels as")[1].split("\n")[0] + \
+        text.split("holds the same pixels as")[0] and "checked once, as one image" in text, text
+    assert "these 20 images are the release's forget set" in text
+
+
+def test_a_huge_sparse_weights_file_is_refused_before_it_is_hashed(genuine, tmp_path):
+    """Issue 59, minor: a 3 GB sparse model.safetensors was hashed whole before any size check."""
+    import time
+
+    release = _copy(genuine, tmp_path / "release")
+    with open(release / "model.safetensors", "r+b") as handle:
+        handle.truncate(3 << 30)  # sparse: no disk used
+    started = time.monotonic()
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 2 and "3,221,225,472 bytes" in text and "at most" in text, text
+    assert time.monotonic() - started < 20  # hashing 3 GB takes longer than this on 2 cores
+    with pytest.raises(TTPUserError, match="bytes; the network config.json describes holds"):
+        load_released(release)

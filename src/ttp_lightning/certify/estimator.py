@@ -5,6 +5,7 @@ from collections.abc import Callable
 
 import torch
 
+from ttp_lightning.core import stopping
 from ttp_lightning.core.errors import TTPUserError
 
 # (part, V (k, d), keep (k,) bool) -> row i: a fresh Hessian sample times V[i] for the kept rows, zeros elsewhere;
@@ -45,6 +46,7 @@ def stochastic_inverse_hvp(gradient: torch.Tensor, sample_hvp: SampleHVP, theta:
     mine_here = mine.to(chains.device)
     shares = {"forget": lam / (2 * theta), "retain": lam / (2 * (1 - theta))}
     for step in range(depth):
+        stopping.check()
         from_forget = torch.rand(repeats, generator=generator) < theta
         curvature = torch.zeros_like(chains)
         for part, drew in (("forget", from_forget), ("retain", ~from_forget)):

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ttp_lightning.core import stopping
 from ttp_lightning.core.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.core.objectives import retain_loss
 
@@ -57,6 +58,7 @@ def chunks(dataset: ImageBatchDataset, chunk_size: int, device: torch.device, dt
            sharded: bool = False):
     """The dataset in order on `device` in `dtype`: all of it, or with `sharded` this DDP rank's share."""
     for images, labels in iterate_shard(dataset, chunk_size, sharded=sharded):
+        stopping.check()  # a pass over the data is the unit of a long certified step's work
         yield images.to(device, dtype), labels.to(device)
 
 

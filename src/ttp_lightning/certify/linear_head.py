@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ttp_lightning.certify.reductions import MEAN, Reduced, Reduction, reduce
+from ttp_lightning.core import stopping
 from ttp_lightning.core.errors import TTPUserError
 
 InstanceLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [K], label []) -> loss []
@@ -192,6 +193,7 @@ def _preconditioned_cg(product, rhs, precondition, tolerance, max_iterations):
     direction = z.clone()
     rz = residual.dot(z)
     for used in range(1, max_iterations + 1):
+        stopping.check()
         image = product(direction)
         curvature = direction.dot(image)
         if not curvature > 0:
@@ -222,6 +224,7 @@ def newton(objective: LinearHeadObjective, start: torch.Tensor, shift: float, se
     weights = start
     at, gradient, value = _penalised(objective, weights, shift)
     for _ in range(settings.max_newton):
+        stopping.check()
         norm = gradient.norm().item()
         if norm <= settings.tolerance:
             break

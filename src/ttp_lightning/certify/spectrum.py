@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ttp_lightning.core import stopping
+
 EXACT, LANCZOS = "exact_eigvalsh", "lanczos"
 
 
@@ -58,6 +60,7 @@ def lanczos_tridiagonal(matvec: Callable[[torch.Tensor], torch.Tensor], start: t
     basis[0] = (start / start.norm()).cpu()
     alphas, betas, beta = [], [], 0.0
     for step in range(iterations):
+        stopping.check()
         product = matvec(basis[step].to(start.device)).to(start.dtype).cpu()
         alpha = torch.dot(product, basis[step]).item()
         alphas.append(alpha)

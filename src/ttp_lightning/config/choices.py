@@ -97,9 +97,32 @@ def check_output_dir(argv: list[str], cwd: Path | None = None) -> None:
             raise TTPUserError(f"output folder {target[:60]!r}... has a name longer than the file system allows "
                                "(255 bytes a folder name); choose a shorter hydra.run.dir")
         existing = nearest_existing(path)
+        if not existing.is_dir():
+            raise TTPUserError(f"output folder {str(path)!r} cannot be made: {str(existing)!r} is a file, not a "
+                               "folder; set hydra.run.dir=<folder> elsewhere (the file is left as it is)")
         if not os.access(existing, os.W_OK):
             raise TTPUserError(f"output folder {str(path)!r} cannot be written ({str(existing)!r} is read-only); "
                                "run from a writable folder or set hydra.run.dir=<writable folder>")
+        if existing == path:
+            check_not_busy(path)
+
+
+def check_not_busy(folder: Path) -> None:
+    """A run folder another run holds (its lock, core.files.run_folder_lock) is refused before Hydra writes its
+    .hydra/ files there, so the first run's record of its own settings is never overwritten."""
+    from filelock import FileLock, Timeout
+
+    from ttp_lightning.core.files import RUN_LOCK
+
+    if not (folder / RUN_LOCK).exists():
+        return
+    lock = FileLock(str(folder / RUN_LOCK))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise TTPUserError(f"run folder {str(folder)!r} is in use by another run (it holds {RUN_LOCK}); wait for it "
+                           "to end, or give this run its own folder (hydra.run.dir=...)") from None
+    lock.release()
 
 
 RENAMED = {  # settings a release renamed: their old spelling gets one line saying what replaced it

@@ -113,6 +113,10 @@ class BoundsSchema:
             checks.positive_int(self.slope_steps, "bounds.slope_steps")
         checks.positive(self.radius_step, "bounds.radius_step")
         checks.positive(self.max_radius, "bounds.max_radius")
+        if self.max_radius > 255 or self.radius_step > self.max_radius:
+            raise TTPUserError(f"bounds.max_radius={self.max_radius:g} with bounds.radius_step={self.radius_step:g} "
+                               "is not allowed; radii are in 1/255 of the pixel range, so choose 0 < radius_step <= "
+                               "max_radius <= 255")
         if self.max_radius / self.radius_step > 4096:
             raise TTPUserError(f"bounds.max_radius={self.max_radius:g} with bounds.radius_step={self.radius_step:g} is "
                                "not allowed; the grid may hold at most 4096 radii")

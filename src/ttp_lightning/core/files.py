@@ -85,26 +85,47 @@ def run_folder_lock(folder: str | Path, rank: int = 0) -> Iterator[None]:
 SUPERSEDED = "superseded"  # where a run folder keeps an earlier run's outputs (supersede_outputs)
 
 
+INCOMING = ".incoming-"  # a superseded/ folder still being filled (renamed to its time once every output is in)
+
+
 def supersede_outputs(folder: str | Path, names: tuple[str, ...]) -> Path | None:
     """Move an earlier run's outputs (`names` present in `folder`, its results.json last) into
     `folder`/superseded/<time of its results.json, UTC>/, each by one rename in the same file system, so the
     folder's outputs are only ever those of the run writing there now: a release/ never stays beside a
     results.json that does not back it. Returns the new folder (None when there was nothing to move).
-    Interrupted half-way, what is left is moved by the next run."""
+    The outputs go first into superseded/.incoming-<time>/, renamed to <time>/ once all are in: interrupted
+    half-way, the next run moves what is left into that same folder, so a release stays beside its results.json.
+    A rename that cannot be made (superseded a file, another file system) is one TTPUserError line; nothing is
+    lost, for every move is a rename that either happened or did not."""
     from datetime import datetime, timezone
 
     folder = Path(folder)
     present = sorted((name for name in names if (folder / name).exists() or (folder / name).is_symlink()),
                      key=lambda name: (name.startswith("results"), name))  # the record that backs them last
-    if not present:
+    keep = folder / SUPERSEDED
+    if keep.exists() and not keep.is_dir():
+        raise TTPUserError(f"{str(keep)!r} is a file, not the folder where a run keeps an earlier run's outputs; "
+                           "move it away (nothing in the run folder was changed)")
+    pending = sorted(keep.glob(f"{INCOMING}*")) if keep.is_dir() else []
+    if not present and not pending:
         return None
-    record = folder / "results.json"
-    when = record.stat().st_mtime if record.is_file() else datetime.now(timezone.utc).timestamp()
-    stamp = datetime.fromtimestamp(when, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    target, n = folder / SUPERSEDED / stamp, 1
-    while target.exists():
-        target, n = folder / SUPERSEDED / f"{stamp}-{n}", n + 1
-    target.mkdir(parents=True)
-    for name in present:
-        os.replace(folder / name, target / name)
+    if pending:  # an earlier move that stopped half-way: finish it in the same folder
+        incoming = pending[0]
+    else:
+        record = folder / "results.json"
+        when = record.stat().st_mtime if record.is_file() else datetime.now(timezone.utc).timestamp()
+        incoming = keep / f"{INCOMING}{datetime.fromtimestamp(when, timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+    try:
+        incoming.mkdir(parents=True, exist_ok=True)
+        for name in present:
+            os.replace(folder / name, incoming / name)
+        stamp = incoming.name[len(INCOMING):]
+        target, n = keep / stamp, 1
+        while target.exists():
+            target, n = keep / f"{stamp}-{n}", n + 1
+        os.replace(incoming, target)
+    except OSError as exc:
+        raise TTPUserError(f"the earlier run's outputs in {str(folder)!r} cannot be moved into {str(keep)!r} "
+                           f"({exc.strerror or type(exc).__name__}: {exc.filename or ''}); nothing was lost: move "
+                           "them yourself, or give this run its own folder (hydra.run.dir=...)") from None
     return target

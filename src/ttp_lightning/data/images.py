@@ -74,6 +74,10 @@ def open_image(path: Path, what: str):
                            f"({', '.join(IMAGE_SUFFIXES)})")
     try:
         with Image.open(path) as image:
+            frames = getattr(image, "n_frames", 1)
+            if frames != 1:  # an APNG: which frame a viewer, a model or this check reads is not one answer
+                raise TTPUserError(f"{what} {str(path)!r} is an animated image of {frames} frames; an image here is "
+                                   "one picture: save the frame you mean as a still PNG or JPEG")
             image.load()
             return image.copy()
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:

@@ -9,6 +9,8 @@ import contextlib
 import signal
 from collections.abc import Callable
 
+from ttp_lightning.core import stopping
+
 _FITS = [0]  # Lightning fits in progress in this process
 _RESUME: dict = {}  # the newest checkpoint this process wrote or resumed from: {"epoch", "folder"}
 
@@ -29,7 +31,10 @@ def resume_hint() -> str:
 
 @contextlib.contextmanager
 def fitting():
-    """Marks a Lightning fit: a SIGTERM inside it is Lightning's to handle."""
+    """Marks a Lightning fit: a SIGTERM inside it is Lightning's to handle (and the long loops' of one step,
+    core.stopping)."""
+    if not _FITS[0]:
+        stopping.clear()  # a fit starts with no stop asked for (a SIGTERM outside fits ends the process at once)
     _FITS[0] += 1
     try:
         yield
@@ -43,5 +48,6 @@ def install(stop: Callable[[], None]) -> None:
     def on_sigterm(signum, frame) -> None:
         if not _FITS[0]:
             stop()
+        stopping.request()  # inside a fit: Lightning stops at the next batch, long steps at their next check
 
     signal.signal(signal.SIGTERM, on_sigterm)

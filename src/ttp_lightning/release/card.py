@@ -3,6 +3,8 @@ and how to load it."""
 
 
 
+from types import SimpleNamespace
+
 from ttp_lightning.assess.protection import masking_note
 from ttp_lightning.release.format import CARD, WEIGHTS
 
@@ -146,6 +148,7 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
          f"{data['test_size']} images"),
         (f"- forget set: {data['forget_size']} images ({data.get('forget_from_test', 0)} from outside the "
          f"training data); SHA-256 fingerprint `{data['forget_fingerprint']}`"),
+        judge_line(settings.attacks, gate["gamma"]),
     ]
     title = f"# Model card: {results['experiment']} ({method_label})" + ("" if gate["passed"] else ": NOT PROTECTED")
     lines = [title, ""]
@@ -167,6 +170,32 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
               "## Loading", "", "```python", "import ttp_lightning", "",
               LOAD_LINE, "```", "", PLAIN_LOADING, ""]
     return "\n".join(lines)
+
+
+def judge_line(attacks, gamma: float) -> str:
+    """The attacks that measured the attacked CD (and the gate, where it requires it), with every way they are
+    weaker than the default judge (conf/attacks/adaptive.yaml) named: a weakened judge is a weaker claim."""
+    if attacks is None or not attacks.enabled:
+        return "- attacks: off (no attacked CD was measured; nothing here is claimed under attack)"
+    from dataclasses import MISSING, fields
+
+    from ttp_lightning.config.schema import AttacksSchema
+
+    default = SimpleNamespace(**{item.name: item.default if item.default is not MISSING else item.default_factory()
+                                 for item in fields(AttacksSchema)})  # the schema's defaults, unvalidated
+    suite = [name for name, part in attacks.suite.items() if part is not None]
+    objectives, betas = [str(o) for o in attacks.objectives], list(attacks.surrogate_betas)
+    weaker = [f"{key} {getattr(attacks, key)} (default {getattr(default, key)})" for key in ("apgd_steps", "restarts")
+              if getattr(attacks, key) < getattr(default, key)]
+    weaker += [f"objectives without {', '.join(missing)}" for missing in
+               [[str(o) for o in default.objectives if str(o) not in objectives]] if missing]
+    weaker += [f"surrogate_betas without {missing}" for missing in
+               [[b for b in default.surrogate_betas if b not in betas]] if missing]
+    weaker += [] if "apgd" in suite else ["no APGD in the suite"]
+    line = (f"- attacks measuring the attacked CD within {gamma:g}/255: {', '.join(suite)} (APGD {attacks.apgd_steps} "
+            f"steps x {attacks.restarts} restarts; objectives {', '.join(objectives)}; ReLU surrogates "
+            f"{', '.join('exact' if b is None else f'{b:g}' for b in betas)})")
+    return line + (f"; WEAKER than the default judge: {'; '.join(weaker)}" if weaker else "")
 
 
 def _unrequired_sentence(gate: dict, forget_size: int) -> str:

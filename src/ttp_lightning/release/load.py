@@ -23,6 +23,7 @@ class NotProtectedWarning(UserWarning):
 
 
 MAX_PARAMETERS = 2_000_000_000  # a weights file above this many numbers is refused before anything is built
+MAX_BYTES_PER_NUMBER, MAX_HEADER_BYTES = 8, 100 << 20  # float64 at most; safetensors caps its header at 100 MB
 
 
 def read_weights(weights: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
@@ -74,8 +75,8 @@ def network_of(folder: Path, config: dict, device: str | torch.device = "cpu") -
         raise TTPUserError(f"{str(folder)!r} was built from a model config that is not part of ttp_lightning; "
                            f"load {WEIGHTS} into your own module (its input is described in {CONFIG})")
     weights = folder / WEIGHTS
-    if not weights.is_file() or sha256_of(weights) != config["weights"]["sha256"]:
-        raise TTPUserError(f"{str(weights)!r} is missing or is not the file {CONFIG} names (SHA-256 differs)")
+    if not weights.is_file():
+        raise TTPUserError(f"{str(weights)!r} is missing; a release folder holds {WEIGHTS}, {CONFIG} and its card")
     spec = config["architecture"]
     model_cfg = registered_file("model", spec["name"])
     for key, value in model_settings(spec).items():
@@ -99,6 +100,12 @@ def network_of(folder: Path, config: dict, device: str | torch.device = "cpu") -
     if total > MAX_PARAMETERS:
         raise TTPUserError(f"{str(folder / CONFIG)!r} describes a network of {total:,} numbers, above the "
                            f"{MAX_PARAMETERS:,} a release may hold")
+    largest = total * MAX_BYTES_PER_NUMBER + MAX_HEADER_BYTES  # checked before a byte of it is hashed or read
+    if weights.stat().st_size > largest:
+        raise TTPUserError(f"{str(weights)!r} is {weights.stat().st_size:,} bytes; the network {CONFIG} describes "
+                           f"holds {total:,} numbers, at most {largest:,} bytes as safetensors")
+    if sha256_of(weights) != config["weights"]["sha256"]:
+        raise TTPUserError(f"{str(weights)!r} is not the file {CONFIG} names (SHA-256 differs)")
     tensors = read_weights(weights, shapes)
     net = build_classifier(model, info)
     net.backbone.load_state_dict({k[len(prefix):]: v for k, v in tensors.items()})

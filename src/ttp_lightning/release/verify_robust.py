@@ -137,7 +137,7 @@ def claim_failures(protection: dict, recomputed: "Recomputation", num_classes: i
         why = f"config.json claims a release gate at CD <= {threshold}, which cannot fail with {num_classes} classes"
         return [*failures, why]
     grid = (claims.get("radius_step", RADIUS_STEP), claims.get("max_radius", MAX_RADIUS))
-    if not (0 < grid[0] and 0 < grid[1] <= 4096 * grid[0]):
+    if not (0 < grid[0] <= grid[1] <= MAX_GAMMA and grid[1] <= 4096 * grid[0]):
         return [*failures, f"config.json claims a radius grid of step {grid[0]} up to {grid[1]}, which no run has"]
     bound = (claims.get("bound") or "interval", claims.get("intermediate") or "crown",  # release/1: intervals
              claims.get("slope_steps") or 0)
@@ -274,8 +274,23 @@ def recompute(release: Path, config: dict, images_dir: Path, resize: bool):
     model = network_of(release, config)
     files = image_files(images_dir)
     given = config["input"]
-    pixels = read_images(files, given["channels"], given["image_size"], resize)
+    files, pixels = distinct_images(files, read_images(files, given["channels"], given["image_size"], resize))
     return files, pixels, Recomputation(model, pixels.float() / 255.0)
+
+
+def distinct_images(files: list[Path], pixels) -> tuple:
+    """Each distinct image once (the first file that holds it), with a line naming every file that repeats
+    another's pixels: the forget set is a set, so its counts and means are over distinct images, as the run's."""
+    first: dict[str, int] = {}
+    keep = []
+    for i, image in enumerate(pixels):
+        digest = fingerprint(image)
+        if digest in first:
+            print(f"{files[i]} holds the same pixels as {files[first[digest]]}: checked once, as one image")
+            continue
+        first[digest] = i
+        keep.append(i)
+    return [files[i] for i in keep], pixels[keep]
 
 
 def image_verdict(clean: float, bound: float, at_most: float) -> str | None:

@@ -25,7 +25,9 @@ cheaper on convolutional networks, looser). The final bounds are intersected wit
 are never looser. A layer without a rule (adaptive or ceil-mode max pooling, GELU, softmax, attention, a product of
 two bounded values) raises UnsupportedLayer naming it.
 
-Arithmetic is the network's own dtype (callers use float64); rounding is not accounted for.
+Arithmetic is the network's own dtype (callers use float64). With `rounding` (ibp.rounding) the bounds are those
+of the network evaluated in float32 (or the precision given): every rounding operation adds a delta in [-D, D],
+which the interval pass adds to its box and the backward pass to its constant (-|A| . D).
 """
 
 import operator
@@ -142,12 +144,14 @@ class LinearBounds:
     own backward passes, computed once, on first use)."""
 
     def __init__(self, net: nn.Module, lower: torch.Tensor, upper: torch.Tensor, graph: fx.GraphModule | None = None,
-                 intermediate: str = "crown", memory: int = MEMORY):
+                 intermediate: str = "crown", memory: int = MEMORY, rounding=None):
         if intermediate not in INTERMEDIATE:
             raise ValueError(f"intermediate={intermediate!r}; choose one of {', '.join(INTERMEDIATE)}")
         self.net, self.graph = net, trace(net) if graph is None else graph
-        self.intermediate, self.memory = intermediate, memory
-        self.env = run_graph(net, self.graph, Box(lower, upper))  # the interval pass: every node's Box
+        self.intermediate, self.memory, self.rounding = intermediate, memory, rounding
+        self.noise: dict[fx.Node, torch.Tensor] = {}  # with `rounding`: each rounding operation's error bound D
+        # the interval pass: every node's Box (of the network evaluated in `rounding`'s precision, when given)
+        self.env = run_graph(net, self.graph, Box(lower, upper), rounding=rounding, noise=self.noise)
         self.nodes = list(self.graph.graph.nodes)
         self.input = next(node for node in self.nodes if node.op == "placeholder")
         self.output = next(node for node in self.nodes if node.op == "output").args[0]
@@ -179,7 +183,8 @@ class LinearBounds:
         box = self.env[node]
         if self.intermediate == "ibp" or node is self.input:
             return box
-        refined = run_graph(self.net, self.graph, self.env[self.input], until=node, known=self.tightened)[node]
+        refined = run_graph(self.net, self.graph, self.env[self.input], until=node, known=self.tightened,
+                            rounding=self.rounding)[node]
         box = Box(torch.maximum(box.lower, refined.lower), torch.minimum(box.upper, refined.upper))
         images, shape = box.lower.shape[0], box.lower.shape[1:]
         flat_lower, flat_upper = box.lower.flatten(1).clone(), box.upper.flatten(1).clone()
@@ -219,6 +224,8 @@ class LinearBounds:
                 continue
             offset, passed = self._through_affine(node, weights)
             constant = constant + offset
+            if node in self.noise:  # the float network adds delta in [-D, D] here: the worst case is -|A| . D
+                constant = constant - (weights.abs() * self.noise[node]).sum(tuple(range(2, weights.dim())))
             for source, weights_in in passed.items():
                 _add_to(coefficients, source, weights_in)
         weights = coefficients.get(self.input)
@@ -375,10 +382,10 @@ def _map(value, function):
 
 
 def _output_lower_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor, graph: fx.GraphModule | None,
-                         intermediate: str, memory: int, rows, slope_steps: int = 0):
+                         intermediate: str, memory: int, rows, slope_steps: int = 0, rounding=None):
     """(LinearBounds, [N, S]): lower bounds on rows[s] . logits over each image's box, rows ([S, K], the same for
     every image) made by `rows(classes)`, in chunks of specifications that keep within `memory`."""
-    propagation = LinearBounds(net, lower, upper, graph, intermediate, memory)
+    propagation = LinearBounds(net, lower, upper, graph, intermediate, memory, rounding)
     if propagation.output not in propagation.bounded:
         raise UnsupportedLayer("the network's output does not depend on its input")
     images, classes = propagation.env[propagation.output].lower.shape
@@ -392,18 +399,20 @@ def _output_lower_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tenso
 @torch.no_grad()  # the transposes are torch.func's own; nothing here needs the weights' gradients
 def logit_difference_lower_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor,
                                   graph: fx.GraphModule | None = None, intermediate: str = "crown",
-                                  memory: int = MEMORY, slope_steps: int = 0) -> torch.Tensor:
+                                  memory: int = MEMORY, slope_steps: int = 0, rounding=None) -> torch.Tensor:
     """[N, K, K]: entry (n, j, c) bounds z_j - z_c from below over image n's box (0 where j = c), by CROWN
     (with `slope_steps` > 0: alpha-CROWN's optimised slopes for these final bounds), never looser than the
-    interval bound (propagate.logit_difference_lower_bounds)."""
+    interval bound (propagate.logit_difference_lower_bounds); with `rounding`, of the network evaluated in that
+    precision."""
     def differences(eye):  # row j * K + c: e_j - e_c
         return (eye[:, None, :] - eye[None, :, :]).reshape(-1, eye.shape[0])
 
-    propagation, crown = _output_lower_bounds(net, lower, upper, graph, intermediate, memory, differences, slope_steps)
+    propagation, crown = _output_lower_bounds(net, lower, upper, graph, intermediate, memory, differences, slope_steps,
+                                              rounding)
     classes = propagation.env[propagation.output].lower.shape[1]
     crown = crown.reshape(len(crown), classes, classes)  # (n, j, c)
     crown = crown - torch.diag_embed(torch.diagonal(crown, dim1=1, dim2=2))
-    return torch.maximum(crown, interval_differences(net, lower, upper, propagation.graph))
+    return torch.maximum(crown, interval_differences(net, lower, upper, propagation.graph, rounding))
 
 
 def centred_logit_upper_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor,

@@ -16,7 +16,8 @@ raises UnsupportedLayer naming it: a bound that silently skipped a layer would n
 be in eval mode (running statistics: the function a released model computes).
 
 The arithmetic is the network's own dtype; callers that need a bound to survive rounding run it in float64
-(uniformity.py does). Rounding is not accounted for: at float64 it is of order 1e-15 relative.
+(uniformity.py does), and with `rounding` (ibp.rounding) the bounds hold for the network evaluated in float32 (or
+the precision given), every rounding operation's error bound added to its box.
 """
 
 import operator
@@ -219,11 +220,13 @@ def _lookup(env: dict, value):
 
 
 def run_graph(net: nn.Module, graph: fx.GraphModule, box: Box, until: fx.Node | None = None,
-              known: dict | None = None) -> dict:
+              known: dict | None = None, rounding=None, noise: dict | None = None) -> dict:
     """Every node's value (a Box where it depends on the input) in the graph's order, up to and including
     `until` (default: all). Modules, parameters and buffers are looked up on `net` itself, so a graph traced
     once stays right after `net` moves to another device or its weights change. `known` holds tighter boxes
-    already proven for some nodes (linear bounds): each replaces the interval one where it is computed."""
+    already proven for some nodes (linear bounds): each replaces the interval one where it is computed.
+    With `rounding` (ibp.rounding.Rounding) the boxes are those of the network evaluated in its precision: each
+    rounding operation's box is widened by its error bound D, recorded in `noise` ({node: D}) when given."""
     env: dict = {}
     known = known or {}
     for node in graph.graph.nodes:
@@ -241,6 +244,12 @@ def run_graph(net: nn.Module, graph: fx.GraphModule, box: Box, until: fx.Node | 
             env[node] = _method(node, args, kwargs)
         elif node.op == "output":
             env[node] = args[0]
+        if rounding is not None and node.op in ("call_module", "call_function", "call_method"):
+            amount = rounding.noise(net, node, env)
+            if amount is not None:
+                env[node] = Box(env[node].lower - amount, env[node].upper + amount)
+                if noise is not None:
+                    noise[node] = amount
         if node in known:
             env[node] = known[node]
         if node is until:
@@ -256,11 +265,12 @@ def _attribute(net: nn.Module, target: str):
 
 
 def interval_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor,
-                    graph: fx.GraphModule | None = None) -> Box:
-    """Bounds on the network's output for every input x with lower <= x <= upper (elementwise)."""
+                    graph: fx.GraphModule | None = None, rounding=None) -> Box:
+    """Bounds on the network's output for every input x with lower <= x <= upper (elementwise; with `rounding`,
+    of the network evaluated in that precision)."""
     graph = trace(net) if graph is None else graph
     output = next(node for node in graph.graph.nodes if node.op == "output")
-    result = run_graph(net, graph, Box(lower, upper))[output]
+    result = run_graph(net, graph, Box(lower, upper), rounding=rounding)[output]
     if not _is_box(result):
         raise UnsupportedLayer("the network's output does not depend on its input")
     return result
@@ -278,27 +288,35 @@ def last_linear(net: nn.Module, graph: fx.GraphModule) -> tuple[nn.Linear, fx.No
     return None
 
 
-def _final_layer(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor, graph: fx.GraphModule | None):
-    """(weight [K, D], bias [K], bounds of the final Linear layer's input) when the network ends in one; else
-    (None, None, bounds of the logits)."""
+def _final_layer(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor, graph: fx.GraphModule | None,
+                 rounding=None):
+    """(weight [K, D], bias [K], bounds of the final Linear layer's input, [N, K] that layer's own rounding
+    error bound or None) when the network ends in one; else (None, None, bounds of the logits, None)."""
     graph = trace(net) if graph is None else graph
     found = last_linear(net, graph)
     if found is None:
-        return None, None, interval_bounds(net, lower, upper, graph)
+        return None, None, interval_bounds(net, lower, upper, graph, rounding), None
     layer, features_node = found
-    features = run_graph(net, graph, Box(lower, upper), until=features_node)[features_node]
+    env = run_graph(net, graph, Box(lower, upper), until=features_node, rounding=rounding)
+    features = env[features_node]
     if not _is_box(features):
         raise UnsupportedLayer("the network's output does not depend on its input")
     bias = layer.bias if layer.bias is not None else torch.zeros_like(layer.weight[:, 0])
-    return layer.weight, bias, features
+    noise = None
+    if rounding is not None:
+        output = next(node for node in graph.graph.nodes if node.op == "output").args[0]
+        env[output] = _affine_module(layer, features)
+        noise = rounding.noise(net, output, env)
+    return layer.weight, bias, features, noise
 
 
 def logit_difference_lower_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor,
-                                  graph: fx.GraphModule | None = None) -> torch.Tensor:
+                                  graph: fx.GraphModule | None = None, rounding=None) -> torch.Tensor:
     """[N, K, K]: entry (n, j, c) bounds z_j - z_c from below for every input of image n's box (0 where j = c).
     Through the final Linear layer's rows W_j - W_c when the network ends in one (exact given the box of that
-    layer's input), else from the logits' own intervals (lower_j - upper_c)."""
-    weight, bias, box = _final_layer(net, lower, upper, graph)
+    layer's input; with `rounding`, less that layer's own rounding of z_j and z_c), else from the logits' own
+    intervals (lower_j - upper_c)."""
+    weight, bias, box, noise = _final_layer(net, lower, upper, graph, rounding)
     if weight is None:
         bound = box.lower[:, :, None] - box.upper[:, None, :]
         return bound - torch.diag_embed(torch.diagonal(bound, dim1=1, dim2=2))
@@ -306,7 +324,11 @@ def logit_difference_lower_bounds(net: nn.Module, lower: torch.Tensor, upper: to
     columns = []
     for c in range(len(weight)):
         difference = weight - weight[c]  # row j: W_j - W_c (row c is zero: the bound there is exactly 0)
-        columns.append(centre @ difference.T - radius @ difference.abs().T + (bias - bias[c]))
+        column = centre @ difference.T - radius @ difference.abs().T + (bias - bias[c])
+        if noise is not None:
+            column = column - (noise + noise[:, c:c + 1])
+            column[:, c] = 0.0  # z_c - z_c is exactly 0
+        columns.append(column)
     return torch.stack(columns, dim=2)
 
 
@@ -314,7 +336,7 @@ def centred_logit_upper_bounds(net: nn.Module, lower: torch.Tensor, upper: torch
                                graph: fx.GraphModule | None = None) -> torch.Tensor:
     """[N, K]: entry (n, j) bounds z_j - mean(z) from above for every input of image n's box (through the
     final Linear layer's centred rows when the network ends in one, else from the logits' intervals)."""
-    weight, bias, box = _final_layer(net, lower, upper, graph)
+    weight, bias, box, _ = _final_layer(net, lower, upper, graph)
     if weight is None:
         num_classes = box.upper.shape[-1]
         others = box.lower.sum(-1, keepdim=True) - box.lower  # z_j - mean z = (1 - 1/K) z_j - sum_{i!=j} z_i / K

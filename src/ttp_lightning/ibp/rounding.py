@@ -1,36 +1,37 @@
-"""How far the network people run (float32 arithmetic) can be from the network the bounds describe.
+"""The network people run rounds: its float32 forward pass, as an exact network with a bounded error added at every
+operation that rounds, so that interval and linear bounds hold for it and not only for the exact function of the
+weights.
 
-Interval and linear bounds (propagate.py, linear.py) bound the exact function of the released weights, computed
-in float64. The released network runs in float32, whose rounding a forger can make count: two hidden units with
-biases 2^24 and 2^24 - 1 cancel exactly but not in float32 (Jia & Rinard 2021, "Exploiting verified neural
-networks via floating point numerical error"). This module bounds, for every input of an image's box and every
-value v of the network's graph, the distance |v_float - v_exact| <= E_v, in one pass over the graph that follows
-the standard error analysis of floating-point arithmetic (Higham, "Accuracy and Stability of Numerical
-Algorithms", ch. 3), with u the unit roundoff (2^-24 for float32) and gamma(n) = n u / (1 - n u):
+Interval and linear bounds (propagate.py, linear.py) are computed in float64 for the real-number function of the
+released weights. The released network runs in float32, whose rounding a forger can make count: two hidden units
+with biases 2^24 and 2^24 - 1 cancel exactly but not in float32 (Jia & Rinard 2021, "Exploiting verified neural
+networks via floating point numerical error"). Every operation v = op(inputs) the float network evaluates returns
+op(its float inputs) + delta_v, and the standard error analysis of floating-point arithmetic (Higham, "Accuracy and
+Stability of Numerical Algorithms", ch. 3) bounds |delta_v| <= D_v from the magnitude M of its inputs (u the unit
+roundoff, 2^-24 for float32, gamma(n) = n u / (1 - n u)):
 
   dot products   Linear and Conv (n terms with the bias, in any order, with or without fused multiply-adds):
-                 |fl(W y + b) - (W y + b)| <= gamma(n + 1) (|W| |y| + |b|), and the input's own error passes
-                 through |W|: E_out = |W| E_in + gamma(n + 1) (|W| M_in + |b|);
-  BatchNorm      (eval) y = s x + t with s, t computed in float from the running statistics: 16 u (|s| (M_in +
-                 |mean|) + |bias|) on top of |s| E_in (a generous count of its half-dozen roundings);
-  sums, means    average pooling, mean, sum: gamma(n + 1) times the same reduction of the magnitudes;
-  one operation  addition, subtraction, multiplication or division by a constant: u times the result's
-                 magnitude, the inputs' errors added (scaled by |constant|);
-  exact          ReLU, max pooling, flatten / view / indexing / concatenation and the like round nothing and are
-                 1-Lipschitz, so the error passes through them (the same operation applied to E);
-  smooth         sigmoid (Lipschitz 1/4), tanh, softplus, ELU (alpha <= 1), leaky ReLU: their Lipschitz constant
-                 times E_in plus 4 u times the result's magnitude (a libm function within 2 ulp).
+                 D = gamma(n + 1) (|W| M_in + |b|);
+  BatchNorm      (eval) y = s x + t with s, t computed in float from the running statistics: D = 16 u (|s| (M_in +
+                 |mean|) + |bias|) (a generous count of its half-dozen roundings);
+  sums, means    average pooling, mean, sum of n numbers: gamma(n + 1) times the same reduction of M_in;
+  one operation  addition, subtraction, multiplication or division by a constant: D = u M_out;
+  libm           sigmoid, tanh, softplus, ELU: D = 4 u M_out (a library function within 2 ulp); leaky ReLU u M_out;
+  exact          ReLU, max pooling, negation, flatten / view / indexing / concatenation round nothing: D = 0.
 
-M_v = max(|lower_v|, |upper_v|) + E_v bounds |v_float| from the exact bounds (the interval pass). Each term also
-gets n times the dtype's smallest normal number (underflow). A magnitude beyond the dtype's largest finite number
-(the float network may overflow) makes the error infinite, so the bound becomes vacuous, never wrong.
+Each D also gets n times the dtype's smallest normal number (underflow). The float network is then the exact one
+with an extra input delta_v in [-D_v, D_v] at each such operation: the interval pass widens v's box by D_v
+(run_graph with `rounding`), and CROWN's backward pass gains -|A_v| . D_v at v (linear.LinearBounds), so the error
+is weighed by the output's actual coefficient on it rather than amplified layer by layer. M comes from the boxes
+of the float network itself (they include the earlier deltas). A magnitude beyond the dtype's largest finite
+number (the float network may overflow) makes D infinite and the bound NaN, which never passes.
 
-What it assumes, stated wherever the bound is reported: IEEE arithmetic with rounding to nearest in the dtype or
-finer, dot products accumulated in it (any order); not TF32 (PyTorch's default for convolutions on Ampere GPUs,
-u = 2^-11), not Winograd or FFT convolution, not a compiler that reassociates beyond a dot product. The float64
-arithmetic of the bounds themselves rounds to nearest; its errors are of the same form with float64's u, so twice
-that u is added to the precision's own (a margin for them, not a proof: the bounds are not computed with directed
-rounding).
+What it assumes, stated wherever the bound is reported: IEEE arithmetic rounding to nearest in the dtype or finer,
+dot products accumulated in it (any order); not TF32 (PyTorch's default for convolutions on Ampere GPUs, u =
+2^-11), not Winograd or FFT convolution, not a compiler that reassociates beyond a dot product. The float64
+arithmetic of the bounds themselves rounds to nearest too; its errors have the same form with float64's u, so
+twice that u is added to the precision's own (a margin for them, not a proof: the bounds are not computed with
+directed rounding).
 """
 
 import math
@@ -40,29 +41,25 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from ttp_lightning.ibp.propagate import (
-    ADDITIONS,
-    Box,
-    UnsupportedLayer,
-    _batchnorm_affine,
-    _is_box,
-    run_graph,
-)
+from ttp_lightning.ibp.propagate import ADDITIONS, Box, UnsupportedLayer, _batchnorm_affine, _is_box
 
 PRECISIONS = ("float32", "float64", "bfloat16", "float16")  # what a release may be run in; the bound covers it
 BOUND_ARITHMETIC = 2.0 * 2.0 ** -53  # added to u: the float64 arithmetic of the bounds themselves rounds too
 BATCHNORM_OPERATIONS = 16  # roundings counted for an eval-mode BatchNorm (generous)
 LIBM_ULPS = 4  # a transcendental function's error, in units of u (libm is within 2 ulp)
+SOFTMAX_GAP = 100.0  # logit gaps above this contribute less than exp(-100) to a softmax (softmax_margin)
 
 EXACT_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Identity, nn.Dropout, nn.Flatten, nn.Unflatten, nn.MaxPool1d,
                  nn.MaxPool2d, nn.AdaptiveMaxPool2d)
 EXACT_FUNCTIONS = {F.relu, torch.relu, F.relu6, F.hardtanh, F.max_pool1d, F.max_pool2d, F.adaptive_max_pool2d,
                    torch.flatten, torch.reshape, torch.cat, operator.getitem, torch.squeeze, torch.unsqueeze,
-                   torch.permute, torch.transpose, F.dropout}
+                   torch.permute, torch.transpose, F.dropout, operator.neg, torch.neg}
 EXACT_METHODS = {"relu", "flatten", "view", "reshape", "permute", "transpose", "contiguous", "squeeze", "unsqueeze",
-                 "expand", "clone", "view_as"}
-IDENTITY_METHODS = {"float", "to"}  # dtype conversions: the network runs in one dtype; the error stays as it is
-ELEMENTWISE_EXACT = (nn.ReLU, nn.ReLU6, nn.Hardtanh)  # 1-Lipschitz elementwise: the error passes unchanged
+                 "expand", "clone", "view_as", "float", "to", "neg"}
+LIBM_MODULES = (nn.Sigmoid, nn.Tanh, nn.Softplus, nn.ELU)
+LIBM = {torch.sigmoid, torch.tanh, F.softplus, F.elu, "sigmoid", "tanh"}
+ONE_ROUNDING = {*ADDITIONS, operator.sub, torch.sub, operator.mul, torch.mul, operator.truediv, torch.div,
+                F.leaky_relu, "add", "add_", "__add__", "sub", "__sub__", "mul", "__mul__", "div", "__truediv__"}
 AVERAGES = (nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
 AVERAGE_FUNCTIONS = {F.avg_pool1d, F.avg_pool2d, F.adaptive_avg_pool1d, F.adaptive_avg_pool2d}
 
@@ -75,10 +72,11 @@ def unit_roundoff(precision: str) -> float:
 
 
 class Rounding:
-    """The error pass of one network in one precision (its graph traced once, its weights those of `net`)."""
+    """The rounding error bound of one precision: `noise(net, node, env)` is D for one node of a graph whose
+    inputs' boxes `env` holds (None where the operation is exact)."""
 
-    def __init__(self, net: nn.Module, graph: fx.GraphModule, precision: str = "float32"):
-        self.net, self.graph, self.precision = net, graph, precision
+    def __init__(self, precision: str = "float32"):
+        self.precision = precision
         self.unit = unit_roundoff(precision) + BOUND_ARITHMETIC
         info = torch.finfo(getattr(torch, precision))
         self.largest, self.tiny = float(info.max), float(info.tiny)
@@ -88,151 +86,99 @@ class Rounding:
         product = terms * self.unit
         return product / (1 - product) if product < 1 else math.inf
 
-    @torch.no_grad()
-    def logit_errors(self, lower: torch.Tensor, upper: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """([N, K] E, [N, K] M): per image's box, a bound on |logits_float - logits_exact| and on |logits_float|."""
-        env = run_graph(self.net, self.graph, Box(lower, upper))
-        errors: dict = {}
-        for node in self.graph.graph.nodes:
-            value = env.get(node)
-            if node.op == "output":
-                last = node.args[0]
-                if not (isinstance(last, fx.Node) and last in errors):
-                    raise UnsupportedLayer("the network's output does not depend on its input")
-                return errors[last], _magnitude(env[last]) + errors[last]
-            if not _is_box(value):
-                continue
-            if node.op == "placeholder":
-                errors[node] = torch.zeros_like(value.lower)
-                continue
-            error = self._node(node, env, errors)
-            magnitude = _magnitude(value) + error
-            # the float network may overflow, or an infinite error times a zero weight: no bound, never a wrong one
-            error = torch.where(torch.isnan(error) | (magnitude > self.largest), torch.inf, error)
-            errors[node] = error
-        raise UnsupportedLayer("the network's graph has no output")
+    def noise(self, net: nn.Module, node: fx.Node, env: dict) -> torch.Tensor | None:
+        """D_v >= |fl(op(inputs)) - op(inputs)| for every input in the boxes of `env` (infinite where the float
+        network may overflow); None for an exact operation."""
+        if not _is_box(env.get(node)):
+            return None
+        amount = self._amount(net, node, env)
+        if amount is None:
+            return None
+        out = _magnitude(env[node]) + amount
+        return torch.where(torch.isnan(amount) | (out > self.largest), torch.inf, amount)
 
-    # ------------------------------------------------------------------------------------------ one node
-    def _node(self, node: fx.Node, env: dict, errors: dict) -> torch.Tensor:
-        sources = [arg for arg in node.all_input_nodes if arg in errors]
-
-        def error(arg):
-            return errors[arg]
-
-        def magnitude(arg):
-            return _magnitude(env[arg]) + errors[arg]
-
+    def _amount(self, net: nn.Module, node: fx.Node, env: dict) -> torch.Tensor | None:
+        sources = [arg for arg in node.all_input_nodes if _is_box(env.get(arg))]
         result = _magnitude(env[node])
         if node.op == "call_module":
-            return self._module(node, self.net.get_submodule(node.target), sources, error, magnitude, result)
+            return self._module(net.get_submodule(node.target), node, _magnitude(env[sources[0]]), result)
         target = node.target
+        name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
         if node.op == "call_function" and target in EXACT_FUNCTIONS or \
                 node.op == "call_method" and target in EXACT_METHODS:
-            return self._replay(node, env, errors)
-        if node.op == "call_method" and target in IDENTITY_METHODS:
-            return error(sources[0])
-        if node.op == "call_function" and target in AVERAGE_FUNCTIONS:
-            size = _window(node, env[sources[0]].lower, env[node].lower)
-            return self._replay(node, env, errors) + self.gamma(size + 1) * self._replay(node, env, errors, magnitude)
-        name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
-        reduction = name in ("mean", "sum")
-        if reduction:
-            size = max(1, env[sources[0]].lower.numel() // max(1, env[node].lower.numel()))
-            return self._replay(node, env, errors) + self.gamma(size + 1) * self._replay(node, env, errors, magnitude)
-        return self._arithmetic(node, name, sources, env, error, magnitude, result)
+            return None
+        if node.op == "call_function" and target in AVERAGE_FUNCTIONS or name in ("mean", "sum"):
+            size = _reduced(node, env[sources[0]].lower, env[node].lower)
+            return self.gamma(size + 1) * _replay(node, env, lambda arg: _magnitude(env[arg])) + size * self.tiny
+        if target in ONE_ROUNDING:
+            if "alpha" in node.kwargs:
+                raise UnsupportedLayer(f"the rounding bound has no rule for {name} with alpha (node {node.name})")
+            return self.unit * result + self.tiny
+        if target in LIBM:
+            return LIBM_ULPS * self.unit * result + self.tiny
+        raise UnsupportedLayer(f"the rounding bound has no rule for {name} (node {node.name})")
 
-    def _module(self, node, module, sources, error, magnitude, result) -> torch.Tensor:
-        (source,) = sources[:1]
+    def _module(self, module: nn.Module, node: fx.Node, given: torch.Tensor, result: torch.Tensor):
         if isinstance(module, nn.Linear):
             terms = module.in_features + 1
             bias = module.bias.abs() if module.bias is not None else None
-            return F.linear(error(source), module.weight.abs()) + \
-                self.gamma(terms) * F.linear(magnitude(source), module.weight.abs(), bias) + terms * self.tiny
+            return self.gamma(terms) * F.linear(given, module.weight.abs(), bias) + terms * self.tiny
         if isinstance(module, (nn.Conv1d, nn.Conv2d)):
             terms = module.in_channels // module.groups * math.prod(module.kernel_size) + 1
             bias = module.bias.abs() if module.bias is not None else None
-            return module._conv_forward(error(source), module.weight.abs(), None) + \
-                self.gamma(terms) * module._conv_forward(magnitude(source), module.weight.abs(), bias) + \
-                terms * self.tiny
+            return self.gamma(terms) * module._conv_forward(given, module.weight.abs(), bias) + terms * self.tiny
         if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
             scale, _ = _batchnorm_affine(module)
-            shape = (1, -1) + (1,) * (error(source).dim() - 2)
+            shape = (1, -1) + (1,) * (given.dim() - 2)
             scale = scale.abs().view(shape)
             offset = module.running_mean.abs().view(shape) * scale
             if module.bias is not None:
                 offset = offset + module.bias.abs().view(shape)
-            return scale * error(source) + BATCHNORM_OPERATIONS * self.unit * (scale * magnitude(source) + offset) \
-                + BATCHNORM_OPERATIONS * self.tiny
-        if isinstance(module, ELEMENTWISE_EXACT):
-            return error(source)
+            return BATCHNORM_OPERATIONS * (self.unit * (scale * given + offset) + self.tiny)
         if isinstance(module, EXACT_MODULES):
-            return module(error(source))
+            return None
         if isinstance(module, AVERAGES):
-            size = _module_window(module, error(source))
-            return module(error(source)) + self.gamma(size + 1) * module(magnitude(source))
-        lipschitz = _lipschitz(module)
-        if lipschitz is not None:
-            return lipschitz * error(source) + LIBM_ULPS * self.unit * result + self.tiny
+            size = _module_window(module, given)
+            return self.gamma(size + 1) * module(given) + size * self.tiny
+        if isinstance(module, nn.LeakyReLU):
+            return self.unit * result + self.tiny
+        if isinstance(module, LIBM_MODULES):
+            return LIBM_ULPS * self.unit * result + self.tiny
         raise UnsupportedLayer(f"the rounding bound has no rule for {type(module).__name__} (module {node.target})")
 
-    def _arithmetic(self, node, name, sources, env, error, magnitude, result) -> torch.Tensor:
-        target = node.target
-        additive = target in ADDITIONS or name in ("add", "add_", "__add__", "sub", "__sub__", "neg") or \
-            target in (operator.sub, torch.sub, operator.neg, torch.neg)
-        if additive:
-            if "alpha" in node.kwargs:
-                raise UnsupportedLayer(f"the rounding bound has no rule for {name} with alpha (node {node.name})")
-            total = sum(error(source) for source in sources)
-            exact = name == "neg" or target in (operator.neg, torch.neg)
-            return total if exact else total + self.unit * result + self.tiny
-        if target in (operator.mul, torch.mul, operator.truediv, torch.div) or \
-                name in ("mul", "__mul__", "div", "__truediv__"):
-            (source,) = sources
-            other = next(arg for arg in node.args if not (isinstance(arg, fx.Node) and arg is source))
-            factor = torch.as_tensor(env[other] if isinstance(other, fx.Node) else other,
-                                     dtype=result.dtype, device=result.device).abs()
-            if target in (operator.truediv, torch.div) or name in ("div", "__truediv__"):
-                factor = 1.0 / factor
-            return factor * error(source) + self.unit * result + self.tiny
-        function = {torch.sigmoid: 0.25, torch.tanh: 1.0, F.softplus: 1.0, "sigmoid": 0.25, "tanh": 1.0}.get(target)
-        if function is not None:
-            return function * error(sources[0]) + LIBM_ULPS * self.unit * result + self.tiny
-        raise UnsupportedLayer(f"the rounding bound has no rule for {name} (node {node.name})")
 
-    def _replay(self, node: fx.Node, env: dict, errors: dict, of=None) -> torch.Tensor:
-        """The node's own operation applied to its inputs' errors (or to `of(arg)` per bounded input)."""
-        def value(arg):
-            if isinstance(arg, fx.Node):
-                if arg in errors:
-                    return errors[arg] if of is None else of(arg)
-                return env[arg]
-            if isinstance(arg, (list, tuple)):
-                return type(arg)(value(a) for a in arg)
-            if isinstance(arg, dict):
-                return {k: value(v) for k, v in arg.items()}
-            return arg
+def widened(box: Box, amount: torch.Tensor | None) -> Box:
+    """`box` grown by D on both sides (as it is when D is None)."""
+    return box if amount is None else Box(box.lower - amount, box.upper + amount)
 
-        args, kwargs = value(node.args), value(node.kwargs)
-        kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
-        if node.op == "call_function":
-            return node.target(*args, **kwargs)
-        return getattr(args[0], node.target)(*args[1:], **kwargs)
+
+def softmax_margin(classes: int, unit: float) -> float:
+    """The relative error of a float softmax's top probability: K exponentials of gaps z_j - max z (each gap rounded
+    by u times itself, which moves its exponential by a factor e^(100 u) at most where the gap is within 100 and by
+    less than e^-100 beyond), their sum and one division; the confidence bound is multiplied by 1 + this."""
+    return 2 * (classes + 4) * unit + 2 * SOFTMAX_GAP * unit + classes * math.exp(-SOFTMAX_GAP)
 
 
 def _magnitude(box: Box) -> torch.Tensor:
     return torch.maximum(box.lower.abs(), box.upper.abs())
 
 
-def _lipschitz(module: nn.Module) -> float | None:
-    if isinstance(module, nn.Sigmoid):
-        return 0.25
-    if isinstance(module, (nn.Tanh, nn.Softplus)):
-        return 1.0
-    if isinstance(module, nn.ELU):
-        return max(1.0, abs(module.alpha))
-    if isinstance(module, nn.LeakyReLU):
-        return max(1.0, abs(module.negative_slope))
-    return None
+def _replay(node: fx.Node, env: dict, value_of) -> torch.Tensor:
+    """The node's own operation applied to `value_of(arg)` for each bounded input (and the graph's values else)."""
+    def value(arg):
+        if isinstance(arg, fx.Node):
+            return value_of(arg) if _is_box(env.get(arg)) else env[arg]
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(value(a) for a in arg)
+        if isinstance(arg, dict):
+            return {k: value(v) for k, v in arg.items()}
+        return arg
+
+    args, kwargs = value(node.args), value(node.kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)
+    return getattr(args[0], node.target)(*args[1:], **kwargs)
 
 
 def _module_window(module: nn.Module, value: torch.Tensor) -> int:
@@ -243,23 +189,13 @@ def _module_window(module: nn.Module, value: torch.Tensor) -> int:
     return math.prod(value.shape[2:])  # adaptive: never more than the whole input
 
 
-def _window(node: fx.Node, before: torch.Tensor, after: torch.Tensor) -> int:
-    """An average pooling function's window: its kernel when given, else the whole input."""
-    kernel = node.kwargs.get("kernel_size", node.args[1] if len(node.args) > 1 else None)
-    if node.target in (F.avg_pool1d, F.avg_pool2d) and kernel is not None:
-        return math.prod(kernel) if isinstance(kernel, (tuple, list)) else kernel ** (before.dim() - 2)
-    return math.prod(before.shape[2:])
-
-
-def widen(differences: torch.Tensor, errors: torch.Tensor, magnitudes: torch.Tensor, unit: float) -> torch.Tensor:
-    """[N, K, K] lower bounds on z_j - z_c of the exact network, turned into ones of the float network's logits
-    (each off by at most errors[n, j]) and of the softmax's own subtraction z_j - z_c (u times their magnitude)."""
-    spread = errors[:, :, None] + errors[:, None, :] + unit * (magnitudes[:, :, None] + magnitudes[:, None, :])
-    spread = spread - torch.diag_embed(torch.diagonal(spread, dim1=1, dim2=2))  # z_c - z_c is exactly 0
-    return torch.nan_to_num(differences - spread, nan=-torch.inf)
-
-
-def softmax_margin(classes: int, unit: float) -> float:
-    """The relative error of a float softmax's top probability: K exponentials summed, one division, within
-    (K + 4) u of the exact one (so the confidence bound is multiplied by 1 + 2 (K + 4) u)."""
-    return 2 * (classes + 4) * unit
+def _reduced(node: fx.Node, before: torch.Tensor, after: torch.Tensor) -> int:
+    """How many numbers one output of a reduction sums: an average pooling's kernel when given, else at most the
+    input's numbers per output."""
+    if node.target in (F.avg_pool1d, F.avg_pool2d):
+        kernel = node.kwargs.get("kernel_size", node.args[1] if len(node.args) > 1 else None)
+        if kernel is not None:
+            return math.prod(kernel) if isinstance(kernel, (tuple, list)) else kernel ** (before.dim() - 2)
+    if node.target in AVERAGE_FUNCTIONS:
+        return math.prod(before.shape[2:])
+    return max(1, before.numel() // max(1, after.numel()))

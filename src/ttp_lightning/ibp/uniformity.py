@@ -30,7 +30,7 @@ from ttp_lightning.ibp.propagate import (
     logit_difference_lower_bounds,
     trace,
 )
-from ttp_lightning.ibp.rounding import Rounding, softmax_margin, widen
+from ttp_lightning.ibp.rounding import Rounding, softmax_margin
 
 BOUNDS = ("interval", "linear")  # linear: CROWN, intersected with the interval bound (never looser)
 RADIUS_STEP, MAX_RADIUS = 0.25, 16.0  # the certified radius's grid, in units of 1/255
@@ -54,7 +54,8 @@ class Certifier:
 
     The bound holds for the network evaluated in `precision` (float32 by default: what load_released runs), not
     only for the exact function of its weights: every bound is widened by the rounding error that precision's
-    forward pass and softmax can make (ibp.rounding, with what it assumes)."""
+    forward pass and softmax can make (ibp.rounding, with what it assumes; precision float64 is, in effect, the
+    exact function of the weights)."""
 
     def __init__(self, net: nn.Module, bound: str = "interval", device: torch.device | str = "cpu",
                  intermediate: str = "crown", chunk_size: int = 256,
@@ -66,7 +67,7 @@ class Certifier:
         self.graph, self.device, self.chunk_size = trace(self.model), device, chunk_size
         self.intermediate, self.bound, self.fallback, self.budget = intermediate, bound, None, budget
         self.slope_steps, self.deep = slope_steps, None
-        self.rounding = Rounding(self.model, self.graph, precision)
+        self.rounding = Rounding(precision)
 
     @property
     def slopes_used(self) -> int:
@@ -93,8 +94,7 @@ class Certifier:
         for start in range(0, len(images), self.chunk_size):
             x = images[start:start + self.chunk_size].to(device=self.device, dtype=torch.float64)
             lower, upper = input_box(x, radii[start:start + self.chunk_size].to(self.device))
-            errors, magnitudes = self.rounding.logit_errors(lower, upper)
-            differences = widen(self._differences(lower, upper), errors, magnitudes, self.rounding.unit)
+            differences = self._differences(lower, upper)
             classes = differences.shape[-1]
             confidence = confidence_upper_bound(differences) * (1 + softmax_margin(classes, self.rounding.unit))
             out.append((confidence.clamp(max=1.0) - 1.0 / classes).clamp(min=0.0).cpu())
@@ -105,10 +105,10 @@ class Certifier:
             try:
                 self.resolve(lower[:1])
                 return linear.logit_difference_lower_bounds(self.model, lower, upper, self.graph, self.intermediate,
-                                                            slope_steps=self.slopes_used)
+                                                            slope_steps=self.slopes_used, rounding=self.rounding)
             except UnsupportedLayer as exc:  # the interval bound has rules for more layers
                 self.bound, self.fallback = "interval", str(exc)
-        return logit_difference_lower_bounds(self.model, lower, upper, self.graph)
+        return logit_difference_lower_bounds(self.model, lower, upper, self.graph, rounding=self.rounding)
 
     def radius(self, images: torch.Tensor, at_most: float, step: float = RADIUS_STEP, largest: float = MAX_RADIUS,
                known: dict[float, torch.Tensor] | None = None) -> torch.Tensor:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ttp_lightning.data.datamodule import build_datamodule
+from ttp_lightning.ibp.rounding import PRECISIONS
 from ttp_lightning.ibp.uniformity import MAX_RADIUS, RADIUS_STEP, Certifier
 from ttp_lightning.release import NotProtectedWarning, load_released
 
@@ -46,8 +47,9 @@ def load_run(run: Path):
     return net, build_datamodule(json.loads((run / "results.json").read_text())["config"]["data"])
 
 
-def measure(net, images: torch.Tensor, bound: str, intermediate: str, at_most: float) -> dict:
-    certifier = Certifier(net, bound, intermediate=intermediate)
+def measure(net, images: torch.Tensor, bound: str, intermediate: str, at_most: float,
+            precision: str = "float32") -> dict:
+    certifier = Certifier(net, bound, intermediate=intermediate, precision=precision)
     start, by_gamma = time.perf_counter(), {}
     for gamma in GAMMAS:
         by_gamma[gamma] = certifier.conf_dist(images, gamma)
@@ -57,6 +59,7 @@ def measure(net, images: torch.Tensor, bound: str, intermediate: str, at_most: f
     radius_s = time.perf_counter() - start
     return {
         "bound": certifier.bound, "intermediate": certifier.intermediate if certifier.bound == "linear" else None,
+        "precision": precision,
         "fallback": certifier.fallback,
         "share_05": {f"{g:g}": float((v <= 0.05).double().mean()) for g, v in by_gamma.items()},
         "share_at_most": {f"{g:g}": float((v <= at_most).double().mean()) for g, v in by_gamma.items()},
@@ -68,7 +71,8 @@ def measure(net, images: torch.Tensor, bound: str, intermediate: str, at_most: f
 
 
 def row(name: str, images: int, result: dict) -> str:
-    bound = result["bound"] + (f" ({result['intermediate']})" if result["intermediate"] else "")
+    bound = result["bound"] + (f" ({result['intermediate']})" if result["intermediate"] else "") + \
+        f", {result['precision']}"
     shares = " / ".join(f"{100 * result['share_05'][f'{g:g}']:.0f}" for g in GAMMAS)
     shares_at = " / ".join(f"{100 * result['share_at_most'][f'{g:g}']:.0f}" for g in GAMMAS)
     radius = result["radius"]
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="finished run folders")
     parser.add_argument("--at-most", type=float, default=0.1, help="the radius's CD threshold (default 0.1)")
     parser.add_argument("--intermediate", default="auto", help="CROWN's pre-activation bounds (auto, crown, ibp)")
+    parser.add_argument("--precision", nargs="+", default=["float32"], choices=PRECISIONS,
+                        help="the precision each bound is sound for (default float32, what load_released runs; "
+                             "float64 is, in effect, the exact function of the weights: the rounding term's price)")
     parser.add_argument("--out", type=Path, default=Path("bench/bounds.json"))
     args = parser.parse_args(argv)
     report = {"machine": platform.platform(), "torch_threads": torch.get_num_threads(), "at_most": args.at_most,
@@ -93,10 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         images, _ = datamodule.dataset("forget").everything()
         report["runs"][str(run)] = {}
         for bound in ("interval", "linear"):
-            result = measure(net, images, bound, args.intermediate, args.at_most)
-            report["runs"][str(run)][bound] = result
-            lines.append(row(run.name, len(images), result))
-            print(lines[-1], flush=True)
+            for precision in args.precision:
+                result = measure(net, images, bound, args.intermediate, args.at_most, precision)
+                report["runs"][str(run)][f"{bound}_{precision}"] = result
+                lines.append(row(run.name, len(images), result))
+                print(lines[-1], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print("\n".join(lines))

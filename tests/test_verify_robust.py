@@ -625,3 +625,15 @@ def test_a_huge_sparse_weights_file_is_refused_before_it_is_hashed(genuine, tmp_
     assert time.monotonic() - started < 20  # hashing 3 GB takes longer than this on 2 cores
     with pytest.raises(TTPUserError, match="bytes; the network config.json describes holds"):
         load_released(release)
+
+
+def test_a_pipe_in_the_cards_prose_is_no_table(genuine, tmp_path):
+    """An experiment named `a|b` puts a pipe in the card's title: prose, not a table (no delimiter row), so the
+    genuine release still verifies; the same words as a table do not."""
+    release = _copy(genuine, tmp_path / "release")
+    _card_with(release, lambda lines: [lines[0] + " a|b", *lines[1:], "", "see runs a | b for more"])
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 0, text
+    _card_with(release, lambda lines: [*lines, "", "~~~", "| forget images certified <= 0.1 within 2/255 | 0 % | 100 % |",
+                                       "~~~"])
+    assert _check(release, genuine.forget, "--gamma", "0")[0] == 1

@@ -3,6 +3,7 @@ and how to load it."""
 
 
 
+import re
 from types import SimpleNamespace
 
 from ttp_lightning.assess.protection import masking_note
@@ -60,6 +61,7 @@ def effect_rows(gamma: float, threshold: float) -> dict:
 
 
 EFFECT_HEADING, EFFECT_HEADER = "## Effect", "| measure | before | after |"
+DELIMITER_ROW = re.compile(r"^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)+\|?$")  # what makes the lines around it a table
 
 
 def card_cells(card: str, gamma: float, threshold: float) -> tuple[dict[str, str], list[str]]:
@@ -89,6 +91,8 @@ def card_cells(card: str, gamma: float, threshold: float) -> tuple[dict[str, str
         inside = start < number - 1 < end
         if inside and text in (EFFECT_HEADER, "|---|---|---|"):
             continue
+        if not inside and not (text.startswith("|") or DELIMITER_ROW.match(text)):
+            continue  # prose with a pipe in it (an experiment's name): no table without a delimiter row
         if not inside:
             failures.append(f"{CARD} line {number} is a table row outside the Effect table ({text[:60]!r}); a "
                             "claim there escapes comparison")

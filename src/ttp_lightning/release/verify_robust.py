@@ -401,7 +401,9 @@ def main(argv: list[str]) -> int:
         failures += claim_failures(protection, recomputed, config["input"]["num_classes"])
     else:
         print(f"these {len(files)} images are not exactly the release's forget set (set digest differs from "
-              "config.json); each bound above is still a proof for its own image")
+              "config.json); each bound above is still a proof for its own image" +
+              ("; if they are the images you asked to protect, the release names another set, and none of its "
+               "claims is about them" if len(files) == protection["forget_size"] else ""))
     for failure in failures:
         print(f"FAIL: {failure}")
     if failures:

@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.files import RUN_LOCK
 
 CONF_DIR = Path(__file__).parents[1] / "conf"
 GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "attack", "experiment", "optimizer", "schedule",
@@ -107,15 +108,16 @@ def check_output_dir(argv: list[str], cwd: Path | None = None) -> None:
             check_not_busy(path)
 
 
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID")  # set in a DDP run's processes (Lightning, SLURM, torchrun)
+
+
 def check_not_busy(folder: Path) -> None:
     """A run folder another run holds (its lock, core.files.run_folder_lock) is refused before Hydra writes its
     .hydra/ files there, so the first run's record of its own settings is never overwritten."""
     from filelock import FileLock, Timeout
 
-    from ttp_lightning.core.files import RUN_LOCK
-
-    if not (folder / RUN_LOCK).exists():
-        return
+    if any(os.environ.get(key, "0") != "0" for key in RANK_VARIABLES) or not (folder / RUN_LOCK).exists():
+        return  # a DDP run's other processes share the folder with its first, which holds the lock
     lock = FileLock(str(folder / RUN_LOCK))
     try:
         lock.acquire(timeout=0)

@@ -4,9 +4,11 @@ and how to load it."""
 
 
 import re
+from dataclasses import MISSING, fields
 from types import SimpleNamespace
 
 from ttp_lightning.assess.protection import masking_note
+from ttp_lightning.config.schema import AttacksSchema
 from ttp_lightning.release.format import CARD, WEIGHTS
 
 # ------------------------------------------------------------------------------------------- model card
@@ -181,10 +183,6 @@ def judge_line(attacks, gamma: float) -> str:
     weaker than the default judge (conf/attacks/adaptive.yaml) named: a weakened judge is a weaker claim."""
     if attacks is None or not attacks.enabled:
         return "- attacks: off (no attacked CD was measured; nothing here is claimed under attack)"
-    from dataclasses import MISSING, fields
-
-    from ttp_lightning.config.schema import AttacksSchema
-
     default = SimpleNamespace(**{item.name: item.default if item.default is not MISSING else item.default_factory()
                                  for item in fields(AttacksSchema)})  # the schema's defaults, unvalidated
     suite = [name for name, part in attacks.suite.items() if part is not None]

@@ -3,9 +3,10 @@ release's certified uniformity without the training data.
 
 For every image under IMAGES_DIR (PNG or JPEG, in any subfolders; labels are not needed) it computes, from the
 release's weights alone, an upper bound on the confidence distance (CD) anywhere in the L-inf ball of radius
-gamma / 255 around the image (linear bound propagation, CROWN, never looser than interval bounds, in float64;
-ttp_lightning.ibp): no perturbation of the image within that radius can make the released model more confident
-than that; and the image's certified radius, the largest radius (0, 1/4, ..., 16 per 255) at which that bound is
+gamma / 255 around the image (linear bound propagation, CROWN, never looser than interval bounds, computed in
+float64 and sound for the network evaluated in float32, rounding included: ttp_lightning.ibp, ibp/rounding.py):
+no perturbation of the image within that radius can make the released model, as load_released runs it, more
+confident than that; and the image's certified radius, the largest radius (0, 1/4, ..., 16 per 255) at which that bound is
 at most --at-most. A provider, an auditor or a data subject holding the images can run it; nothing is trusted
 but the weights file, whose SHA-256 must match the release's config.json, and the images.
 
@@ -17,9 +18,9 @@ config.json) every claim about them that can be recomputed is (the worst clean a
 and shares, the mean CD, its own gate's verdict; the attacked values must lie between the clean value and the
 certified bound). Every comparison fails on NaN.
 
-Exit status: 0 every image is certified at most --at-most within --gamma; 1 an image is above it or a value is
-not finite, the release says it is not protected, or a claim does not match what is recomputed (one FAIL line
-each); 2 unusable or hostile input (a release folder or config.json outside the format, weights that are not
+Exit status: 0 every image's clean and certified CD are at most --at-most within --gamma; 1 an image is above it,
+a value is not finite, a bound is below the CD measured at the image itself (UNSOUND), the release says it is not
+protected, or a claim does not match what is recomputed or escapes comparison (one FAIL line each); 2 unusable or hostile input (a release folder or config.json outside the format, weights that are not
 the file config.json names, an unreadable image, an image of the wrong shape, a network the bound does not
 support).
 """

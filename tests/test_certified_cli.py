@@ -619,3 +619,13 @@ def test_a_larger_lambda_with_delta_and_sigma_recomputed_is_named_as_trusted_and
     assert code == 1, text
     code, text, _ = verify(capsys, release, "--audit", out / "private" / "audit.json")
     assert code == 0 and "taken on trust" not in text  # audited: nothing left on trust
+
+
+def test_a_key_twice_in_a_certificate_is_one_error_line(released, tmp_path, capsys):
+    """The last of two "epsilon" keys is what Python reads, the first what other readers may: refused."""
+    release = release_of(released("certified_exact"))
+    folder = edited(release, tmp_path)
+    text = (folder / "certificate.json").read_text()
+    (folder / "certificate.json").write_text(text.replace('"epsilon":', '"epsilon": 1e9, "epsilon":', 1))
+    code, out, err = verify(capsys, folder)
+    assert code == 2 and "'epsilon' appears twice" in err and err.count("\n") == 1, out + err

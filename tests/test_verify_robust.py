@@ -637,3 +637,15 @@ def test_a_pipe_in_the_cards_prose_is_no_table(genuine, tmp_path):
     _card_with(release, lambda lines: [*lines, "", "~~~", "| forget images certified <= 0.1 within 2/255 | 0 % | 100 % |",
                                        "~~~"])
     assert _check(release, genuine.forget, "--gamma", "0")[0] == 1
+
+
+def test_a_key_twice_in_config_json_is_refused(genuine, tmp_path):
+    """A JSON object with "protected" twice is read as its last value by Python and its first by other readers: an
+    ambiguity no checker should resolve for the folder."""
+    release = _copy(genuine, tmp_path / "release")
+    text = (release / "config.json").read_text()
+    (release / "config.json").write_text(text.replace('"protected": true', '"protected": false, "protected": true'))
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 2 and "'protected' appears twice" in text and text.count("\n") == 1, text
+    with pytest.raises(TTPUserError, match="appears twice"):
+        load_released(release)

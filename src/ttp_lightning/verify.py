@@ -25,7 +25,6 @@ n training records: the certificate guarantees nothing meaningful).
 """
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -39,7 +38,7 @@ from ttp_lightning.certificates.document import (
     trusted_line,
     vacuous_reasons,
 )
-from ttp_lightning.certificates.schema import check_audit_schema, check_certificate_schema
+from ttp_lightning.certificates.schema import check_audit_schema, check_certificate_schema, strict_json
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.methods.certified.audit import Mismatch, audit_failures, rebuild_model
 from ttp_lightning.release import not_protected_line, read_release_config
@@ -55,7 +54,7 @@ OVERRIDE = re.compile(r"^data\.[A-Za-z0-9_.]+=")
 def read_json(path: Path) -> dict:
     if path.stat().st_size > MAX_DOCUMENT_BYTES:
         raise ValueError(f"{path} is larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
-    return json.loads(path.read_text())
+    return strict_json(path.read_text())
 
 
 def recompute_failures(cert: dict, weights: Path, overrides: list[str]) -> list[str]:

@@ -9,6 +9,7 @@ path in it is a `SchemaError` (verify: one `error:` line, exit 2). Non-finite nu
 fail verify's checks instead (they are a false statement, not an unreadable one).
 """
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -42,6 +43,20 @@ class SchemaError(TTPUserError):
 
 
 Check = Callable[[object, str], object]
+
+
+def strict_json(text: str):
+    """JSON as a checker must read it: a key twice in one object is refused (SchemaError), since readers disagree
+    on which of the two counts (Python's json takes the last, others the first) and so would a second checker."""
+    def pairs(items):
+        seen = {}
+        for key, value in items:
+            if key in seen:
+                raise SchemaError(f"the key {key!r} appears twice in one object; a claim is stated once")
+            seen[key] = value
+        return seen
+
+    return json.loads(text, object_pairs_hook=pairs)
 
 
 def _fail(key: str, value, allowed: str):

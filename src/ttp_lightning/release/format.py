@@ -1,7 +1,6 @@
 """config.json of a release, read as untrusted input: its allowlist (the same typed fields as a certificate),
 the file names, reading it and checking what a network is given against it."""
 
-import json
 from pathlib import Path
 
 from ttp_lightning.assess.protection import KINDS, require_problem
@@ -18,6 +17,7 @@ from ttp_lightning.certificates.schema import (
     one_of,
     optional,
     record,
+    strict_json,
 )
 from ttp_lightning.core.errors import TTPUserError
 
@@ -121,7 +121,9 @@ def read_release_config(folder: str | Path) -> dict:
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise SchemaError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        document = json.loads(path.read_text())
+        document = strict_json(path.read_text())
+    except SchemaError as exc:  # a key twice
+        raise SchemaError(f"{str(path)!r} is not JSON this format can hold ({exc})") from None
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, an integer of thousands of digits
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
         raise SchemaError(f"{str(path)!r} is not JSON this format can hold ({reason})") from None

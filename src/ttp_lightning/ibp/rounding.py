@@ -147,11 +147,6 @@ class Rounding:
         raise UnsupportedLayer(f"the rounding bound has no rule for {type(module).__name__} (module {node.target})")
 
 
-def widened(box: Box, amount: torch.Tensor | None) -> Box:
-    """`box` grown by D on both sides (as it is when D is None)."""
-    return box if amount is None else Box(box.lower - amount, box.upper + amount)
-
-
 def softmax_margin(classes: int, unit: float) -> float:
     """The relative error of a float softmax's top probability: K exponentials of gaps z_j - max z (each gap rounded
     by u times itself, which moves its exponential by a factor e^(100 u) at most where the gap is within 100 and by

@@ -629,3 +629,14 @@ def test_a_key_twice_in_a_certificate_is_one_error_line(released, tmp_path, caps
     (folder / "certificate.json").write_text(text.replace('"epsilon":', '"epsilon": 1e9, "epsilon":', 1))
     code, out, err = verify(capsys, folder)
     assert code == 2 and "'epsilon' appears twice" in err and err.count("\n") == 1, out + err
+
+
+def test_a_huge_sparse_weights_file_beside_a_certificate_is_refused_before_it_is_hashed(released, tmp_path, capsys):
+    """Issue 59, minor, for `verify CERT`: the certificate's weights were hashed whole before any size check."""
+    release = release_of(released("certified_exact"))
+    folder = edited(release, tmp_path)
+    for entry in json.loads((folder / "certificate.json").read_text())["weights"]:
+        with open(folder / entry["file"], "r+b") as handle:
+            handle.truncate(3 << 30)  # sparse: no disk used
+    code, out, err = verify(capsys, folder)
+    assert code == 2 and "3,221,225,472 bytes" in err and err.count("\n") == 1, out + err

@@ -25,6 +25,7 @@ n training records: the certificate guarantees nothing meaningful).
 """
 
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
@@ -42,6 +43,7 @@ from ttp_lightning.certificates.schema import check_audit_schema, check_certific
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.methods.certified.audit import Mismatch, audit_failures, rebuild_model
 from ttp_lightning.release import not_protected_line, read_release_config
+from ttp_lightning.release.load import architecture_of_release, check_size
 from ttp_lightning.release.verify_attack import main as verify_attack
 from ttp_lightning.release.verify_robust import main as verify_robust
 
@@ -121,6 +123,10 @@ def checked_certificate(args, cert_path: Path, overrides: list[str]) -> tuple[di
     for path in weights:
         if not path.is_file():
             raise FileNotFoundError(f"weights file {path} does not exist")
+    if config["architecture"] is not None:  # every weights file is the release's network: sized before hashed
+        shapes = architecture_of_release(cert_path.parent, config)[2]
+        for path in weights:
+            check_size(path, sum(math.prod(shape) for shape in shapes.values()))
     failures = check_certificate(cert, weights)
     checked = ["weights SHA-256", "finite values", "hypotheses vs measured values", "Delta", "sigma/epsilon",
                "||w|| <= C + noise"]

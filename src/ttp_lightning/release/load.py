@@ -71,12 +71,27 @@ def load_released(folder: str | Path, device: str | torch.device = "cpu") -> nn.
 
 def network_of(folder: Path, config: dict, device: str | torch.device = "cpu") -> nn.Module:
     """load_released's network from a config.json already read by read_release_config."""
-    if config["architecture"] is None:
-        raise TTPUserError(f"{str(folder)!r} was built from a model config that is not part of ttp_lightning; "
-                           f"load {WEIGHTS} into your own module (its input is described in {CONFIG})")
     weights = folder / WEIGHTS
     if not weights.is_file():
         raise TTPUserError(f"{str(weights)!r} is missing; a release folder holds {WEIGHTS}, {CONFIG} and its card")
+    model, info, shapes = architecture_of_release(folder, config)
+    check_size(weights, sum(math.prod(shape) for shape in shapes.values()))
+    if sha256_of(weights) != config["weights"]["sha256"]:
+        raise TTPUserError(f"{str(weights)!r} is not the file {CONFIG} names (SHA-256 differs)")
+    tensors = read_weights(weights, shapes)
+    net = build_classifier(model, info)
+    prefix = config["weights"]["prefix"]
+    net.backbone.load_state_dict({k[len(prefix):]: v for k, v in tensors.items()})
+    return net.to(device).eval()
+
+
+def architecture_of_release(folder: Path, config: dict) -> tuple[Part, DatasetInfo, dict[str, tuple[int, ...]]]:
+    """(the model Part, the data's description, {tensor name: shape} of the weights file) from config.json alone:
+    the network is built on the meta device (no memory), and one that would hold more than MAX_PARAMETERS numbers
+    is refused."""
+    if config["architecture"] is None:
+        raise TTPUserError(f"{str(folder)!r} was built from a model config that is not part of ttp_lightning; "
+                           f"load {WEIGHTS} into your own module (its input is described in {CONFIG})")
     spec = config["architecture"]
     model_cfg = registered_file("model", spec["name"])
     for key, value in model_settings(spec).items():
@@ -100,13 +115,14 @@ def network_of(folder: Path, config: dict, device: str | torch.device = "cpu") -
     if total > MAX_PARAMETERS:
         raise TTPUserError(f"{str(folder / CONFIG)!r} describes a network of {total:,} numbers, above the "
                            f"{MAX_PARAMETERS:,} a release may hold")
-    largest = total * MAX_BYTES_PER_NUMBER + MAX_HEADER_BYTES  # checked before a byte of it is hashed or read
-    if weights.stat().st_size > largest:
-        raise TTPUserError(f"{str(weights)!r} is {weights.stat().st_size:,} bytes; the network {CONFIG} describes "
-                           f"holds {total:,} numbers, at most {largest:,} bytes as safetensors")
-    if sha256_of(weights) != config["weights"]["sha256"]:
-        raise TTPUserError(f"{str(weights)!r} is not the file {CONFIG} names (SHA-256 differs)")
-    tensors = read_weights(weights, shapes)
-    net = build_classifier(model, info)
-    net.backbone.load_state_dict({k[len(prefix):]: v for k, v in tensors.items()})
-    return net.to(device).eval()
+    return model, info, shapes
+
+
+def check_size(weights: Path, numbers: int) -> None:
+    """A weights file no larger than `numbers` float64 values and safetensors' largest header, checked before a byte
+    of it is hashed or read (a 3 GB sparse file was hashed whole first)."""
+    largest = numbers * MAX_BYTES_PER_NUMBER + MAX_HEADER_BYTES
+    size = weights.stat().st_size
+    if size > largest:
+        raise TTPUserError(f"{str(weights)!r} is {size:,} bytes; the network {CONFIG} describes holds {numbers:,} "
+                           f"numbers, at most {largest:,} bytes as safetensors")

@@ -399,7 +399,7 @@ def test_a_release_of_the_earlier_format_loads_and_verifies_without_radius_claim
     del config["protection"]["release_gate"]["min_certified_radius"]
     net = load_released(release)
     images = read_images(image_files(genuine.forget), 1, 8, False).float() / 255
-    interval = Certifier(net, "interval").conf_dist(images, 2.0)
+    interval = Certifier(net, "interval", precision="float64").conf_dist(images, 2.0)  # release/1: exact bounds
     config["protection"]["per_image"].update(forget_certified_worst_conf_dist=round(float(interval.max()), 6),
                                              forget_certified_share_05=float((interval <= 0.05).double().mean()),
                                              forget_certified_share_10=float((interval <= 0.1).double().mean()))
@@ -408,9 +408,34 @@ def test_a_release_of_the_earlier_format_loads_and_verifies_without_radius_claim
     load_released(release)
     code, text = _check(release, genuine.forget, "--gamma", "0")
     assert code == 0, text
-    config["format"] = "ttp_lightning.release/2"  # the new format without its new fields is refused
+    config["format"] = "ttp_lightning.release/3"  # the new format without its new fields is refused
     _write_config(release, config)
     assert _check(release, genuine.forget, "--gamma", "0")[0] == 2
+
+
+def test_a_release_2_written_before_the_float32_bound_verifies_its_exact_claims(genuine, tmp_path):
+    """Issue 59: ttp_lightning.release/2 claims were computed by bounds exact for the float64 network. They are
+    compared with bounds of that function (said in a line); the verdict is still the float32-sound one."""
+    from ttp_lightning.ibp.uniformity import Certifier
+    from ttp_lightning.release.verify_robust import image_files, read_images
+
+    release = _copy(genuine, tmp_path / "release")
+    config = _config(release)
+    assert config["format"] == "ttp_lightning.release/3"
+    net = load_released(release)
+    images = read_images(image_files(genuine.forget), 1, 8, False).float() / 255
+    claims = config["protection"]["per_image"]
+    exact = Certifier(net, "linear", intermediate=claims["intermediate"], precision="float64")
+    float32 = Certifier(net, "linear", intermediate=claims["intermediate"])
+    worst = float(exact.conf_dist(images, claims["gamma"]).max())
+    assert float(float32.conf_dist(images, claims["gamma"]).max()) - worst > 1e-6  # the two do differ here
+    config["protection"]["per_image"]["forget_certified_worst_conf_dist"] = round(worst, 6)
+    config["format"] = "ttp_lightning.release/2"
+    _write_config(release, config)
+    _rewrite_card(release, config)
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert "for the exact function of the weights" in text and "sound for float32" in text, text
+    assert code == 0, text
 
 
 def _rewrite_card(release: Path, config: dict) -> None:

@@ -21,8 +21,11 @@ from ttp_lightning.certificates.schema import (
 )
 from ttp_lightning.core.errors import TTPUserError
 
-RELEASE_FORMAT = "ttp_lightning.release/2"  # /2: the certified radius and the bound that gave the claims
-EARLIER_FORMATS = ("ttp_lightning.release/1",)  # read as well (loading, and verify robust without radius claims)
+# /3: the claims' certified values are those of bounds sound for the float32 network (ibp/rounding); /2: the certified
+# radius and the bound that gave the claims (exact for the float64 network); /1: neither
+RELEASE_FORMAT = "ttp_lightning.release/3"
+EARLIER_FORMATS = ("ttp_lightning.release/1", "ttp_lightning.release/2")  # read as well (loading and verify robust)
+EXACT_CLAIMS = EARLIER_FORMATS  # formats whose certified claims were computed for the exact (float64) network
 CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "MODEL_CARD.md"
 MAX_CONFIG_BYTES = 1 << 20
@@ -110,7 +113,8 @@ def _config_fields(gate: dict, per_image: dict, form: str) -> dict:
 
 
 CONFIG_FIELDS = _config_fields(GATE_FIELDS, PER_IMAGE_FIELDS, RELEASE_FORMAT)
-EARLIER_FIELDS = {form: _config_fields(GATE_FIELDS_1, PER_IMAGE_FIELDS_1, form) for form in EARLIER_FORMATS}
+EARLIER_FIELDS = {"ttp_lightning.release/1": _config_fields(GATE_FIELDS_1, PER_IMAGE_FIELDS_1, "ttp_lightning.release/1"),
+                  "ttp_lightning.release/2": _config_fields(GATE_FIELDS, PER_IMAGE_FIELDS, "ttp_lightning.release/2")}
 
 
 def read_release_config(folder: str | Path) -> dict:

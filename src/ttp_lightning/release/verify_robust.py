@@ -49,7 +49,7 @@ from ttp_lightning.release import (
     not_protected_line,
     read_release_config,
 )
-from ttp_lightning.release.format import RELEASE_FORMAT
+from ttp_lightning.release.format import EXACT_CLAIMS
 from ttp_lightning.release.publish import PER_IMAGE_KEYS
 
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
@@ -123,10 +123,12 @@ def _between(stated, low: float, high: float) -> bool:
     return low - CLAIM_TOLERANCE <= stated <= high + CLAIM_TOLERANCE
 
 
-def claim_failures(protection: dict, recomputed: "Recomputation", num_classes: int) -> list[str]:
+def claim_failures(protection: dict, recomputed: "Recomputation", num_classes: int,
+                   precision: str = "float32") -> list[str]:
     """config.json's claims about its forget set (these images) against what is recomputed from the weights,
-    by the bound the release states it used: each number that can be recomputed (certified CDs, radii), the
-    attacked values between the clean CD and the certified bound, and the release's own gate verdict."""
+    by the bound the release states it used (sound for `precision`: float64, the exact function, for releases
+    before /3): each number that can be recomputed (certified CDs, radii), the attacked values between the clean
+    CD and the certified bound, and the release's own gate verdict."""
     claims, gate = protection["per_image"], protection["release_gate"]
     gamma, threshold = claims["gamma"], gate["conf_dist_at_most"]
     failures = []
@@ -142,8 +144,9 @@ def claim_failures(protection: dict, recomputed: "Recomputation", num_classes: i
         return [*failures, f"config.json claims a radius grid of step {grid[0]} up to {grid[1]}, which no run has"]
     bound = (claims.get("bound") or "interval", claims.get("intermediate") or "crown",  # release/1: intervals
              claims.get("slope_steps") or 0)
-    clean, certified = recomputed.clean, recomputed.certified(gamma, *bound)
-    radii = recomputed.radius(threshold, *bound, *grid) if "forget_certified_radius_min" in claims else None
+    clean, certified = recomputed.clean, recomputed.certified(gamma, *bound, precision=precision)
+    radii = recomputed.radius(threshold, *bound, *grid, precision=precision) \
+        if "forget_certified_radius_min" in claims else None
 
     def above(values):
         return sum(not value <= threshold for value in values)
@@ -211,7 +214,7 @@ def folder_failures(release: Path, config: dict) -> list[str]:
     rows = effect_rows(gate["gamma"], gate["conf_dist_at_most"])
     cells, unreadable = card_cells(text, gate["gamma"], gate["conf_dist_at_most"])
     failures += unreadable
-    if config["format"] == RELEASE_FORMAT and not unreadable and cells.keys() != rows.keys():
+    if config["format"] != "ttp_lightning.release/1" and not unreadable and cells.keys() != rows.keys():
         missing = next(rows[key][0] for key in rows if key not in cells)
         failures.append(f"{CARD}'s Effect table has no row {missing!r}")
     for key in rows.keys() & claims.keys():
@@ -239,28 +242,32 @@ class Recomputation:
         with torch.no_grad():
             self.clean = conf_dist_of_probs(model(images).softmax(-1).double()).tolist()
 
-    def certifier(self, bound: str, intermediate: str, slope_steps: int = SLOPE_STEPS) -> Certifier:
-        """One Certifier per bound actually used (`auto` resolved first, so it shares the mode it resolves to)."""
+    def certifier(self, bound: str, intermediate: str, slope_steps: int = SLOPE_STEPS,
+                  precision: str = "float32") -> Certifier:
+        """One Certifier per bound actually used (`auto` resolved first, so it shares the mode it resolves to);
+        `precision` the one the bound is sound for (float64: the exact function, as releases before /3 claimed)."""
         if intermediate == "auto" and bound == "linear":
             intermediate = Certifier(self.model, bound, budget=self.budget, intermediate="auto").resolve(self.images[:1])
         linear = bound == "linear"
-        key = (bound, intermediate if linear else None, slope_steps if linear and intermediate == "crown" else 0)
+        key = (bound, intermediate if linear else None, slope_steps if linear and intermediate == "crown" else 0,
+               precision)
         if key not in self._certifiers:
             self._certifiers[key] = Certifier(self.model, bound, intermediate=intermediate, budget=self.budget,
-                                              slope_steps=slope_steps)
+                                              slope_steps=slope_steps, precision=precision)
         return self._certifiers[key]
 
     def certified(self, gamma: float, bound: str = "linear", intermediate: str = "auto",
-                  slope_steps: int = SLOPE_STEPS) -> list[float]:
-        certifier = self.certifier(bound, intermediate, slope_steps)
+                  slope_steps: int = SLOPE_STEPS, precision: str = "float32") -> list[float]:
+        certifier = self.certifier(bound, intermediate, slope_steps, precision)
         key = ("certified", gamma, id(certifier))
         if key not in self._values:
             self._values[key] = certifier.conf_dist(self.images, gamma).tolist()
         return self._values[key]
 
     def radius(self, at_most: float, bound: str = "linear", intermediate: str = "auto",
-               slope_steps: int = SLOPE_STEPS, step: float = RADIUS_STEP, largest: float = MAX_RADIUS) -> list[float]:
-        certifier = self.certifier(bound, intermediate, slope_steps)
+               slope_steps: int = SLOPE_STEPS, step: float = RADIUS_STEP, largest: float = MAX_RADIUS,
+               precision: str = "float32") -> list[float]:
+        certifier = self.certifier(bound, intermediate, slope_steps, precision)
         key = ("radius", at_most, id(certifier), step, largest)
         if key not in self._values:
             self._values[key] = certifier.radius(self.images, at_most, step, largest).tolist()
@@ -399,7 +406,12 @@ def main(argv: list[str]) -> int:
     if is_forget_set(pixels, config):
         print(f"these {len(files)} images are the release's forget set (its set digest matches config.json); its "
               "claims about them are compared with what is recomputed")
-        failures += claim_failures(protection, recomputed, config["input"]["num_classes"])
+        exact = config["format"] in EXACT_CLAIMS  # its claims were computed for the exact function (the verdict never)
+        if exact:
+            print(f"its claims were written by {config['format']}, for the exact function of the weights: compared "
+                  "with bounds of that function (the verdict above is for the float32 network)")
+        failures += claim_failures(protection, recomputed, config["input"]["num_classes"],
+                                   "float64" if exact else "float32")
     else:
         print(f"these {len(files)} images are not exactly the release's forget set (set digest differs from "
               "config.json); each bound above is still a proof for its own image" +

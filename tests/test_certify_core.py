@@ -268,7 +268,7 @@ def test_vit_hvp_matches_finite_differences_with_fused_attention_off():
 
 
 def test_certificate_sensitivity_and_depth_come_from_the_stated_constants():
-    from ttp_lightning.certificates.document import EXACT, ONLINE, recomputed_sensitivity, required_depth
+    from ttp_lightning.certificates.arithmetic import EXACT, ONLINE, recomputed_sensitivity, required_depth
 
     estimator = {"repeats": 4}
     steps = [{"lam_min_measured": -0.1, "residual": 0.01, "gradient_norm": 0.2},

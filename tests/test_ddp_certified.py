@@ -18,8 +18,8 @@ from ttp_lightning.certify.newton import (
     step_dtype,
     step_generator,
 )
-from ttp_lightning.methods.certified.audit import method_config, rebuild_model
 from ttp_lightning.methods.certified.common import KINDS, request_parts
+from ttp_lightning.verify.audit import method_config, rebuild_model
 
 CASES = {
     "alg2_digits_logreg": LOGREG + PAPER + ["method=certified_exact", "method.warmup_epochs=0"],

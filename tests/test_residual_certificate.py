@@ -155,7 +155,7 @@ def _far_past(out):
     the run's, on the data rebuilt from the certificate, and the certificate's Delta."""
     from ttp_lightning.certificates.document import load_weights
     from ttp_lightning.certify.residual_step import final_linear, head_objective
-    from ttp_lightning.methods.certified.audit import method_config, rebuild_model
+    from ttp_lightning.verify.audit import method_config, rebuild_model
 
     cert = json.loads((release_of(out) / "certificate.json").read_text())
     datamodule, net = rebuild_model(cert, out / "private" / "start.safetensors",

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from test_verify_robust import _config, _copy, _rehash, _write_config, genuine  # noqa: F401 -- the fixture
-from ttp_lightning.release.verify_attack import attacked_conf_dist
 from ttp_lightning.verify import main as verify
+from ttp_lightning.verify.attack import attacked_conf_dist
 
 CHEAP = ["--steps", "5", "--restarts", "1"]
 
@@ -79,7 +79,7 @@ def test_nan_never_passes_and_bad_arguments_end_in_one_error_line(genuine, tmp_p
     code, text = _attack(release, genuine.forget, "--gamma", "1", "--seeds", "0")
     assert code == 2 and "non-finite values" in text, text  # NaN weights are no model
 
-    from ttp_lightning.release import verify_attack
+    from ttp_lightning.verify import attack as verify_attack
 
     real = verify_attack.conf_dist_of_probs
     monkeypatch.setattr(verify_attack, "conf_dist_of_probs", lambda probs: real(probs) * math.nan)  # whatever made it

@@ -133,7 +133,7 @@ def test_a_std_that_float32_cannot_hold_is_refused_and_nan_never_passes(genuine,
     with pytest.raises(TTPUserError, match=r"std=\[1e-300\] is not allowed"):
         load_released(release)
 
-    from ttp_lightning.release import verify_robust
+    from ttp_lightning.verify import robust as verify_robust
 
     release = _copy(genuine, tmp_path / "nan")
     monkeypatch.setattr(verify_robust.Certifier, "conf_dist",
@@ -276,7 +276,7 @@ def _name(path: tuple) -> str:
 def _verdicts(folder: Path, images: Path) -> tuple[int, str]:
     """(verify robust's exit, what load_released did): load_released may refuse in one TTPUserError line or load
     a network whose outputs on the images are finite; anything else (a raw exception, NaN) fails the test."""
-    from ttp_lightning.release.verify_robust import image_files, read_images
+    from ttp_lightning.verify.common import image_files, read_images
 
     code, _ = _check(folder, images, "--gamma", "0")
     try:
@@ -388,7 +388,7 @@ def test_a_release_of_the_earlier_format_loads_and_verifies_without_radius_claim
     """ttp_lightning.release/1 (before the certified radius): still loaded and verified; its claims were computed
     with interval bounds, and it claims no radius."""
     from ttp_lightning.ibp.uniformity import Certifier
-    from ttp_lightning.release.verify_robust import image_files, read_images
+    from ttp_lightning.verify.common import image_files, read_images
 
     release = _copy(genuine, tmp_path / "release")
     config = _config(release)
@@ -417,7 +417,7 @@ def test_a_release_2_written_before_the_float32_bound_verifies_its_exact_claims(
     """Issue 59: ttp_lightning.release/2 claims were computed by bounds exact for the float64 network. They are
     compared with bounds of that function (said in a line); the verdict is still the float32-sound one."""
     from ttp_lightning.ibp.uniformity import Certifier
-    from ttp_lightning.release.verify_robust import image_files, read_images
+    from ttp_lightning.verify.common import image_files, read_images
 
     release = _copy(genuine, tmp_path / "release")
     config = _config(release)
@@ -461,7 +461,7 @@ def _forge_float32(release: Path, forget: Path, scale: float = 2.0 ** 24):
     float32, where moving that pixel by 8/255 rounds them apart and one logit jumps to 16. Every claim in
     config.json and the card is rewritten as the exact network would give it (CD 0, radius 16). Returns the
     exposed image (uint8 pixels, [1, 1, 8, 8]): a forget image with that one pixel moved by 8/255."""
-    from ttp_lightning.release.verify_robust import image_files, read_images
+    from ttp_lightning.verify.common import image_files, read_images
 
     pixels = read_images(image_files(forget), 1, 8, False)
     config = _config(release)

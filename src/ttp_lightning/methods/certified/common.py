@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ttp_lightning.assess.evaluation import evaluate
-from ttp_lightning.certificates.document import (
+from ttp_lightning.certificates.arithmetic import (
     ESTIMATOR,
     EXACT,
     ONLINE,

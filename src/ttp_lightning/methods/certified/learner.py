@@ -17,7 +17,7 @@ chooses how the Newton step is solved, and all three share one procedure (common
 
 from torch import nn
 
-from ttp_lightning.certificates.document import ONLINE, delta_allowed
+from ttp_lightning.certificates.arithmetic import ONLINE, delta_allowed
 from ttp_lightning.certify.newton import resolve_lam
 from ttp_lightning.config.schema import MainSchema
 from ttp_lightning.core import checks

@@ -1,7 +1,5 @@
-"""`python -m ttp_lightning.verify CERT [WEIGHTS ...] [--recompute] [--audit AUDIT] [data.KEY=VALUE ...]`:
-check a certified release. (`python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR --gamma 8` checks
-any release's certified uniformity around given images instead: release/verify_robust.py; `verify attack
-RELEASE_DIR IMAGES_DIR --seeds 0 1 2 3 4` attacks it there from seeds of your choosing: release/verify_attack.py.)
+"""`python -m ttp_lightning.verify certificate CERT [WEIGHTS ...] [--recompute] [--audit AUDIT] [data.KEY=VALUE ...]`
+(or without `certificate`, as before): check a certified release's (epsilon, delta) certificate.
 
 CERT is a release's certificate.json (or its folder); the weights are the files it names, next to it,
 unless given. The certificate is untrusted input: it is read as typed data against an allowlist (no
@@ -27,27 +25,29 @@ n training records: the certificate guarantees nothing meaningful).
 import argparse
 import math
 import re
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from ttp_lightning.assess.evaluation import evaluate
-from ttp_lightning.certificates.document import (
-    CERTIFICATE_FILE,
-    check_certificate,
-    guarantee_lines,
-    training_set_size,
-    trusted_line,
-    vacuous_reasons,
-)
+from ttp_lightning.certificates.arithmetic import training_set_size
+from ttp_lightning.certificates.checks import check_certificate, vacuous_reasons
+from ttp_lightning.certificates.document import CERTIFICATE_FILE
 from ttp_lightning.certificates.schema import check_audit_schema, check_certificate_schema, strict_json
+from ttp_lightning.certificates.statement import guarantee_lines, trusted_line
 from ttp_lightning.core.errors import TTPUserError
-from ttp_lightning.methods.certified.audit import Mismatch, audit_failures, rebuild_model
-from ttp_lightning.release import not_protected_line, read_release_config
+from ttp_lightning.release import read_release_config
 from ttp_lightning.release.load import architecture_of_release, check_size
-from ttp_lightning.release.verify_attack import main as verify_attack
-from ttp_lightning.release.verify_robust import main as verify_robust
+from ttp_lightning.verify.audit import Mismatch, audit_failures, rebuild_model
+from ttp_lightning.verify.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_VACUOUS,
+    INPUT_ERRORS,
+    cannot_verify,
+    failed,
+    unprotected_failures,
+)
 
-EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE, EXIT_VACUOUS = 0, 1, 2, 3
 FORGET_CD_TOLERANCE = 1e-4
 MAX_DOCUMENT_BYTES = 64 << 20
 OVERRIDE = re.compile(r"^data\.[A-Za-z0-9_.]+=")
@@ -77,9 +77,7 @@ def recompute_failures(cert: dict, weights: Path, overrides: list[str]) -> list[
     return failures
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1], formatter_class=argparse.RawTextHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("certificate", type=Path, help="release/certificate.json (or the release folder)")
     parser.add_argument("weights", type=Path, nargs="*", help="weights files, in the certificate's order "
                         "(default: the files it names, next to it)")
@@ -94,7 +92,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="relative tolerance of --audit's rerun (default 1e-4)")
     parser.add_argument("--allow-unprotected", action="store_true",
                         help='check a release whose config.json says "protected": false (its gate failed)')
-    return parser
 
 
 def check_arguments(args) -> None:
@@ -140,34 +137,19 @@ def checked_certificate(args, cert_path: Path, overrides: list[str]) -> tuple[di
     return cert, config, failures, checked
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m ttp_lightning.verify RELEASE [--recompute] [--audit FILE]` (or `verify robust|attack ...`): the exit
-    status is 0 verified, 1 a check failed or the release is not protected, 2 unusable input, 3 vacuous."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["robust"]:
-        return verify_robust(argv[1:])
-    if argv[:1] == ["attack"]:
-        return verify_attack(argv[1:])
-    overrides = [a for a in argv if OVERRIDE.match(a)]
-    args = _parser().parse_args([a for a in argv if a not in overrides])
-
+def run(args) -> int:
+    """`verify certificate`: exit 0 verified, 1 a check failed or the release is not protected, 2 unusable input, 3
+    vacuous. `args.overrides`: the data.KEY=VALUE settings for --recompute / --audit."""
     from safetensors import SafetensorError
 
     cert_path = args.certificate / CERTIFICATE_FILE if args.certificate.is_dir() else args.certificate
     try:
-        cert, config, failures, checked = checked_certificate(args, cert_path, overrides)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SafetensorError) as exc:
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"error: cannot verify: {message}", file=sys.stderr)
-        return EXIT_UNUSABLE
-    unprotected = not_protected_line(cert_path.parent, config)
-    if unprotected:  # the first line says so, whatever follows
-        print(f"{'checked as asked (--allow-unprotected): ' if args.allow_unprotected else 'FAIL: '}{unprotected}")
-        if not args.allow_unprotected:
-            failures.append(f"{unprotected}; --allow-unprotected checks its certificate anyway")
-    for failure in failures:
-        print(f"FAIL: {failure}")
-    if failures:
+        cert, config, failures, checked = checked_certificate(args, cert_path, args.overrides)
+    except (*INPUT_ERRORS, SafetensorError) as exc:
+        return cannot_verify(exc)
+    release = SimpleNamespace(release=cert_path.parent, allow_unprotected=args.allow_unprotected)
+    failures = unprotected_failures(release, config, "checks its certificate anyway") + failures  # said first
+    if failed(failures):
         return EXIT_FAIL
     print(f"verified: {cert['algorithm']}, epsilon={cert['epsilon']:.6g}, delta={cert['delta']:.3g}, "
           f"sigma={cert['sigma']:.6g}, Delta={cert['sensitivity']:.6g} ({', '.join(checked)})")
@@ -184,5 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_VACUOUS if vacuous else EXIT_OK
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: list[str]) -> int:
+    """`python -m ttp_lightning.verify certificate CERT ...` (run) from its arguments; the data.KEY=VALUE settings
+    may stand anywhere among them."""
+    overrides = [a for a in argv if OVERRIDE.match(a)]
+    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify certificate", description=DESCRIPTION,
+                                     epilog=EPILOG, formatter_class=argparse.RawTextHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args([a for a in argv if a not in overrides])
+    args.overrides = overrides
+    return run(args)
+
+
+DESCRIPTION, EPILOG = __doc__.split("\n\n")[0], __doc__.split("\n\n")[-1]

@@ -31,22 +31,23 @@ import torch
 
 from ttp_lightning.attacks.apgd import adaptive_attack
 from ttp_lightning.attacks.objectives import TARGETED
-from ttp_lightning.certificates.schema import SchemaError
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.metrics import conf_dist_of_probs
 from ttp_lightning.core.nn_modes import evaluating
 from ttp_lightning.release import read_release_config
-from ttp_lightning.release.verify_robust import (
+from ttp_lightning.verify.common import (
     CLAIM_TOLERANCE,
     DEFAULT_AT_MOST,
     DEFAULT_GAMMA,
     EXIT_FAIL,
     EXIT_OK,
+    INPUT_ERRORS,
     add_release_arguments,
     cannot_verify,
     check_arguments,
+    failed,
     is_forget_set,
-    recompute,
+    load_subjects,
     unprotected_failures,
 )
 
@@ -57,12 +58,7 @@ SURROGATE_BETAS = (None, 10.0, 1.0)  # as conf/attacks: exact gradients, then tw
 CHUNK = 256  # images attacked at once
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify attack",
-                                     description=__doc__.split("\n\n")[0],
-                                     epilog="Exit status: 0 no image found above --at-most, 1 an image above it, a "
-                                            "non-finite value, an unprotected release or a contradicted claim, 2 "
-                                            "unusable input.")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("release", type=Path, help="the release folder (model.safetensors, config.json)")
     parser.add_argument("images", type=Path, help="a folder of the images to attack (PNG or JPEG, any subfolders)")
     parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, metavar="G",
@@ -78,7 +74,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="also maximise each class's log-probability in turn (default on; costs one objective "
                              "per class)")
     add_release_arguments(parser)
-    return parser
 
 
 def check_attack_arguments(seeds: list[int], steps: int, restarts: int) -> None:
@@ -161,33 +156,44 @@ def image_lines(args, files: list[Path], clean: list[float], per_seed: "torch.Te
     return worst, failures
 
 
-def main(argv: list[str]) -> int:
-    """`python -m ttp_lightning.verify attack RELEASE IMAGES [--gamma 8] [--at-most 0.1] [--seeds ...]`: one line
-    per image (clean CD, worst attacked CD and the seed that found it); exit 0 none above --at-most, 1 an image
-    above it, a non-finite value, an unprotected release or a contradicted claim, 2 unusable input."""
-    args = _parser().parse_args(argv)
+def run(args) -> int:
+    """`verify attack`: one line per image (clean CD, worst attacked CD and the seed that found it); exit 0 none above
+    --at-most, 1 an image above it, a non-finite value, an unprotected release or a contradicted claim, 2 unusable
+    input."""
     try:
         check_arguments(args.gamma, args.at_most)
         check_attack_arguments(args.seeds, args.steps, args.restarts)
         config = read_release_config(args.release)
-        files, pixels, recomputed = recompute(args.release, config, args.images, args.resize)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SchemaError) as exc:
+        subjects = load_subjects(args.release, config, args.images, args.resize)
+    except INPUT_ERRORS as exc:
         return cannot_verify(exc)
 
+    files = subjects.files
     failures = unprotected_failures(args, config, "attacks it anyway")
-    per_seed = [attacked_conf_dist(recomputed.model, recomputed.images, args.gamma / 255.0, seed, args.steps,
+    per_seed = [attacked_conf_dist(subjects.model, subjects.images, args.gamma / 255.0, seed, args.steps,
                                    args.restarts, args.every_class) for seed in args.seeds]
-    worst, lines = image_lines(args, files, recomputed.clean, torch.stack(per_seed))
+    worst, lines = image_lines(args, files, subjects.clean, torch.stack(per_seed))
     failures += lines
-    if is_forget_set(pixels, config):
+    if is_forget_set(subjects.pixels, config):
         print(f"these {len(files)} images are the release's forget set (its set digest matches config.json); its "
               "attacked claims at this radius are compared with what this attack found")
         failures += claim_failures(config["protection"], args.gamma, args.at_most, worst)
-    for failure in failures:
-        print(f"FAIL: {failure}")
-    if failures:
+    if failed(failures):
         return EXIT_FAIL
     print(f"no attack found any of the {len(files)} images above CD {args.at_most:g} within {args.gamma:g}/255 from "
           f"{len(args.seeds)} seeds (worst {max(worst):.4f}); an attack is evidence, not proof: `verify robust` "
           "proves a bound")
     return EXIT_OK
+
+
+def main(argv: list[str]) -> int:
+    """`python -m ttp_lightning.verify attack RELEASE IMAGES ...` (run) from its arguments."""
+    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify attack", description=DESCRIPTION,
+                                     epilog=EPILOG, formatter_class=argparse.RawTextHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+DESCRIPTION = __doc__.split("\n\n")[0]
+EPILOG = ("Exit status: 0 no image found above --at-most, 1 an image above it, a non-finite value, an unprotected "
+          "release or a contradicted claim, 2 unusable input.")

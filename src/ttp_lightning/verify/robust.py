@@ -28,41 +28,39 @@ support).
 import argparse
 import math
 import statistics
-import sys
 from pathlib import Path
 
 from ttp_lightning.assess.protection import stage_summary
-from ttp_lightning.certificates.schema import SchemaError
 from ttp_lightning.core.errors import TTPUserError
-from ttp_lightning.core.metrics import conf_dist_of_probs
-from ttp_lightning.data.forget import fingerprint, set_digest
-from ttp_lightning.data.images import IMAGE_SUFFIXES, Preprocess, inside, read_file
 from ttp_lightning.ibp import UnsupportedLayer
 from ttp_lightning.ibp.linear import INTERMEDIATE, INTERMEDIATE_BUDGET, SLOPE_STEPS
 from ttp_lightning.ibp.uniformity import BOUNDS, MAX_RADIUS, RADIUS_STEP, Certifier
-from ttp_lightning.release import (
-    CARD,
-    MAX_SLOPE_STEPS,
-    card_cells,
-    effect_rows,
-    network_of,
-    not_protected_line,
-    read_release_config,
-)
+from ttp_lightning.release import CARD, MAX_SLOPE_STEPS, card_cells, effect_rows, read_release_config
 from ttp_lightning.release.format import EXACT_CLAIMS
 from ttp_lightning.release.publish import PER_IMAGE_KEYS
+from ttp_lightning.verify.common import (
+    CLAIM_TOLERANCE,
+    DEFAULT_AT_MOST,
+    DEFAULT_GAMMA,
+    EXIT_FAIL,
+    EXIT_OK,
+    INPUT_ERRORS,
+    MAX_GAMMA,
+    Subjects,
+    add_release_arguments,
+    cannot_verify,
+    check_arguments,
+    failed,
+    is_forget_set,
+    load_subjects,
+    unprotected_failures,
+)
 
-EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
-CLAIM_TOLERANCE = 1e-4
 UNSOUND_TOLERANCE = 1e-6  # a bound this far below the measured clean CD is a broken bound, not rounding
-DEFAULT_GAMMA, DEFAULT_AT_MOST, MAX_GAMMA = 8.0, 0.1, 255.0
 NOT_PROTECTED_TITLE = ": NOT PROTECTED"  # the model card's title of a release whose gate failed
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify robust",
-                                     description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n")[-1], formatter_class=argparse.RawTextHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("release", type=Path, help="the release folder (model.safetensors, config.json)")
     parser.add_argument("images", type=Path, help="a folder of the images to check (PNG or JPEG, any subfolders)")
     parser.add_argument("--gamma", type=float, default=DEFAULT_GAMMA, metavar="G",
@@ -80,37 +78,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="with intermediate crown, where a ReLU feeds another: alpha-CROWN's steps on the final "
                              f"bounds' ReLU slopes, 0..1000 (default {SLOPE_STEPS}; 0: CROWN's own slopes)")
     add_release_arguments(parser)
-    return parser
 
 
-def check_arguments(gamma: float, at_most: float, slope_steps: int = SLOPE_STEPS) -> None:
-    """verify's own radius, threshold and slope steps: finite, in range (argparse reads 'nan' as a float)."""
-    if not 0.0 <= gamma <= MAX_GAMMA:
-        raise TTPUserError(f"--gamma={gamma:g} is not allowed; choose a radius in [0, {MAX_GAMMA:g}] (units of 1/255)")
-    if not 0.0 <= at_most < 1.0:
-        raise TTPUserError(f"--at-most={at_most:g} is not allowed; choose a CD in [0, 1)")
+def check_slope_steps(slope_steps: int) -> None:
     if not 0 <= slope_steps <= MAX_SLOPE_STEPS:
         raise TTPUserError(f"--slope-steps={slope_steps} is not allowed; choose an integer in [0, {MAX_SLOPE_STEPS}]")
-
-
-def image_files(folder: Path) -> list[Path]:
-    """Every PNG or JPEG file under `folder` (sorted; hidden files skipped; symbolic links are not followed
-    out of it)."""
-    if not folder.is_dir():
-        raise TTPUserError(f"{str(folder)!r} is not a folder of images")
-    files = [inside(path, folder, "image") for path in sorted(folder.rglob("*"))
-             if not path.name.startswith(".") and path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES]
-    if not files:
-        raise TTPUserError(f"{str(folder)!r} holds no PNG or JPEG images")
-    return files
-
-
-def read_images(files: list[Path], channels: int, image_size: int, resize: bool):
-    """uint8 [N, C, H, W] pixels of `files`, decoded as the pipeline decodes forget images."""
-    import torch
-
-    prep = Preprocess(channels, image_size, resize=resize)
-    return torch.stack([read_file(path, prep, "image")[0] for path in files])
 
 
 def _close(stated, value: float) -> bool:
@@ -233,14 +205,10 @@ class Recomputation:
     (linear or interval, CROWN's intermediate mode), certified CDs at a radius and certified radii at a
     threshold, each computed once."""
 
-    def __init__(self, model, images, budget: int = INTERMEDIATE_BUDGET):
-        import torch
-
-        self.model, self.images, self.budget = model, images, budget
+    def __init__(self, subjects: Subjects, budget: int = INTERMEDIATE_BUDGET):
+        self.model, self.images, self.clean, self.budget = subjects.model, subjects.images, subjects.clean, budget
         self._certifiers: dict = {}
         self._values: dict = {}
-        with torch.no_grad():
-            self.clean = conf_dist_of_probs(model(images).softmax(-1).double()).tolist()
 
     def certifier(self, bound: str, intermediate: str, slope_steps: int = SLOPE_STEPS,
                   precision: str = "float32") -> Certifier:
@@ -272,33 +240,6 @@ class Recomputation:
         if key not in self._values:
             self._values[key] = certifier.radius(self.images, at_most, step, largest).tolist()
         return self._values[key]
-
-
-def recompute(release: Path, config: dict, images_dir: Path, resize: bool):
-    """(files, pixels, Recomputation) from the weights and the images alone."""
-    if not (release / CARD).is_file():
-        raise TTPUserError(f"{str(release)!r} holds no {CARD}; a release folder holds model.safetensors, config.json "
-                           f"and {CARD}")
-    model = network_of(release, config)
-    files = image_files(images_dir)
-    given = config["input"]
-    files, pixels = distinct_images(files, read_images(files, given["channels"], given["image_size"], resize))
-    return files, pixels, Recomputation(model, pixels.float() / 255.0)
-
-
-def distinct_images(files: list[Path], pixels) -> tuple:
-    """Each distinct image once (the first file that holds it), with a line naming every file that repeats
-    another's pixels: the forget set is a set, so its counts and means are over distinct images, as the run's."""
-    first: dict[str, int] = {}
-    keep = []
-    for i, image in enumerate(pixels):
-        digest = fingerprint(image)
-        if digest in first:
-            print(f"{files[i]} holds the same pixels as {files[first[digest]]}: checked once, as one image")
-            continue
-        first[digest] = i
-        keep.append(i)
-    return [files[i] for i in keep], pixels[keep]
 
 
 def image_verdict(clean: float, bound: float, at_most: float) -> str | None:
@@ -335,37 +276,6 @@ def image_lines(args, files: list[Path], clean: list[float], bounds: list[float]
     return failures
 
 
-def add_release_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments `verify robust` and `verify attack` share after their own: how the images are read and
-    whether a release that says it is not protected is checked anyway."""
-    parser.add_argument("--resize", action="store_true",
-                        help="resize (shorter side) and centre-crop each image to the model's input size, as "
-                             "data.image_size did; without it every image must already have that size")
-    parser.add_argument("--allow-unprotected", action="store_true",
-                        help='check a release whose config.json says "protected": false (its gate failed)')
-
-
-def cannot_verify(exc: BaseException) -> int:
-    """One `error:` line for unusable or hostile input; the exit status to return."""
-    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    print(f"error: cannot verify: {message}", file=sys.stderr)
-    return EXIT_UNUSABLE
-
-
-def unprotected_failures(args, config: dict, anyway: str) -> list[str]:
-    """A release whose config.json says it is not protected fails, unless --allow-unprotected (said either way)."""
-    unprotected = not_protected_line(args.release, config)
-    if not unprotected:
-        return []
-    print(f"{'checked as asked (--allow-unprotected): ' if args.allow_unprotected else 'FAIL: '}{unprotected}")
-    return [] if args.allow_unprotected else [f"{unprotected}; --allow-unprotected {anyway}"]
-
-
-def is_forget_set(pixels, config: dict) -> bool:
-    """The images are exactly the release's forget set: their set digest is the one config.json states."""
-    return set_digest(fingerprint(image) for image in pixels) == config["protection"]["forget_set_digest"]
-
-
 def digest_failures(protection: dict) -> list[str]:
     """A release that makes claims about its forget set must say which set (its digest): without one no images can
     be matched to the claims, so none would ever be compared."""
@@ -381,47 +291,63 @@ def digest_failures(protection: dict) -> list[str]:
     return [why]
 
 
-def main(argv: list[str]) -> int:
-    """`python -m ttp_lightning.verify robust RELEASE IMAGES [--gamma 8] [--at-most 0.1]`: one line per image
-    (clean CD, certified CD within --gamma/255, certified radius); exit 0 every image certified at --at-most, 1 an
-    image above it, a non-finite value, an unprotected release or a claim the recomputation contradicts, 2 unusable
-    input."""
-    args = _parser().parse_args(argv)
+def run(args) -> int:
+    """`verify robust`: one line per image (clean CD, certified CD within --gamma/255, certified radius); exit 0
+    every image's clean and certified CD at --at-most, 1 an image above it, a non-finite value, an unsound bound, an
+    unprotected release or a claim the recomputation contradicts or that escapes comparison, 2 unusable input."""
     try:
-        check_arguments(args.gamma, args.at_most, args.slope_steps)
+        check_arguments(args.gamma, args.at_most)
+        check_slope_steps(args.slope_steps)
         config = read_release_config(args.release)
-        files, pixels, recomputed = recompute(args.release, config, args.images, args.resize)
+        subjects = load_subjects(args.release, config, args.images, args.resize)
+        recomputed = Recomputation(subjects)
         how = (args.bound, args.intermediate, args.slope_steps)
         bounds, radii, used = recomputed.certified(args.gamma, *how), recomputed.radius(args.at_most, *how), \
             recomputed.certifier(*how)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SchemaError,
-            UnsupportedLayer) as exc:
+    except (*INPUT_ERRORS, UnsupportedLayer) as exc:
         return cannot_verify(exc)
 
+    files = subjects.files
     failures = unprotected_failures(args, config, "checks its bounds anyway")
     failures += image_lines(args, files, recomputed.clean, bounds, radii, used)
     failures += folder_failures(args.release, config)
-    protection = config["protection"]
-    failures += digest_failures(protection)
-    if is_forget_set(pixels, config):
-        print(f"these {len(files)} images are the release's forget set (its set digest matches config.json); its "
-              "claims about them are compared with what is recomputed")
-        exact = config["format"] in EXACT_CLAIMS  # its claims were computed for the exact function (the verdict never)
-        if exact:
-            print(f"its claims were written by {config['format']}, for the exact function of the weights: compared "
-                  "with bounds of that function (the verdict above is for the float32 network)")
-        failures += claim_failures(protection, recomputed, config["input"]["num_classes"],
-                                   "float64" if exact else "float32")
-    else:
-        print(f"these {len(files)} images are not exactly the release's forget set (set digest differs from "
-              "config.json); each bound above is still a proof for its own image" +
-              ("; if they are the images you asked to protect, the release names another set, and none of its "
-               "claims is about them" if len(files) == protection["forget_size"] else ""))
-    for failure in failures:
-        print(f"FAIL: {failure}")
-    if failures:
+    failures += forget_set_failures(config, subjects, recomputed)
+    if failed(failures):
         return EXIT_FAIL
     print(f"verified: every one of the {len(files)} images has certified CD <= {args.at_most:g} anywhere within "
           f"{args.gamma:g}/255 (worst {max(bounds):.4f}; certified radius min {min(radii):g}/255, median "
           f"{statistics.median(radii):g}/255), from the weights alone")
     return EXIT_OK
+
+
+def forget_set_failures(config: dict, subjects: Subjects, recomputed: Recomputation) -> list[str]:
+    """The claims about the forget set: none without a digest naming it, and, when these images are that set, every
+    claim that can be recomputed (by the bounds the release's format wrote its claims with)."""
+    protection = config["protection"]
+    failures = digest_failures(protection)
+    files = subjects.files
+    if not is_forget_set(subjects.pixels, config):
+        print(f"these {len(files)} images are not exactly the release's forget set (set digest differs from "
+              "config.json); each bound above is still a proof for its own image" +
+              ("; if they are the images you asked to protect, the release names another set, and none of its "
+               "claims is about them" if len(files) == protection["forget_size"] else ""))
+        return failures
+    print(f"these {len(files)} images are the release's forget set (its set digest matches config.json); its "
+          "claims about them are compared with what is recomputed")
+    exact = config["format"] in EXACT_CLAIMS  # its claims were computed for the exact function (the verdict never)
+    if exact:
+        print(f"its claims were written by {config['format']}, for the exact function of the weights: compared "
+              "with bounds of that function (the verdict above is for the float32 network)")
+    return failures + claim_failures(protection, recomputed, config["input"]["num_classes"],
+                                     "float64" if exact else "float32")
+
+
+def main(argv: list[str]) -> int:
+    """`python -m ttp_lightning.verify robust RELEASE IMAGES ...` (run) from its arguments."""
+    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify robust", description=DESCRIPTION,
+                                     epilog=EPILOG, formatter_class=argparse.RawTextHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+DESCRIPTION, EPILOG = __doc__.split("\n\n")[0], __doc__.split("\n\n")[-1]

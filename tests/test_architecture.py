@@ -14,7 +14,7 @@ DEFERRED = {  # the only project imports inside functions, each for a reason
     "ttp_lightning -> ttp_lightning.release",  # `ttp_lightning.load_released`: importing the package loads no torch
     "ttp_lightning.__main__ -> ttp_lightning.run.pipeline",  # bad input gets its one line before torch and Lightning load
     "ttp_lightning.__main__ -> ttp_lightning.assess.protection",
-    "ttp_lightning.run.pipeline -> ttp_lightning.reporting.plots",  # matplotlib is optional (the plots extra)
+    "ttp_lightning.reporting.run_logger -> ttp_lightning.reporting.plots",  # matplotlib is optional (the plots extra)
     "ttp_lightning.methods -> ttp_lightning.methods.base",  # the methods' schemas are registered without torch
     "ttp_lightning.methods -> ttp_lightning.methods.output",
 }

@@ -31,6 +31,7 @@ from ttp_lightning.attacks.apgd import adaptive_attack
 from ttp_lightning.attacks.objectives import OBJECTIVES, TARGETED
 from ttp_lightning.attacks.surrogate import smooth_relu_gradients
 from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.metrics import conf_dist_of_confidence
 from ttp_lightning.core.nn_modes import evaluating
 
 
@@ -164,5 +165,5 @@ def robust_conf_dist(net: nn.Module, forget: ImageBatchDataset, targets: torch.T
             with torch.no_grad():
                 clean = net(x).softmax(-1)
                 worst = torch.maximum(clean.max(-1).values, net(attacked).softmax(-1).max(-1).values)
-            per_image.append((worst.double() - 1.0 / clean.shape[-1]).clamp(min=0).cpu())
+            per_image.append(conf_dist_of_confidence(worst.double(), clean.shape[-1]).cpu())
     return torch.cat(per_image) if per_image else torch.zeros(1, dtype=torch.float64)

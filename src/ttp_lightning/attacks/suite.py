@@ -33,6 +33,7 @@ from ttp_lightning.config.build import build_part
 from ttp_lightning.config.schema import AttacksSchema
 from ttp_lightning.core.batching import ImageBatchDataset
 from ttp_lightning.core.inference import eval_device
+from ttp_lightning.core.metrics import conf_dist_of_confidence
 
 WORST = "worst"
 UNBOUNDED = 255
@@ -107,7 +108,7 @@ def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg: AttacksSc
         checks["unbounded"] = _unbounded(per_image["unbounded"][UNBOUNDED], num_classes, reference_conf_dist)
     model.train(was_training)
     checks["wall_s"] = round(time.perf_counter() - started, 3)
-    worst = {_key(g): (confidence.double() - 1.0 / num_classes).clamp(min=0).tolist()
+    worst = {_key(g): conf_dist_of_confidence(confidence.double(), num_classes).tolist()
              for g, (confidence, _) in per_image[WORST].items()}
     return {"scores": scores, "checks": checks, "worst_per_image": worst}
 
@@ -182,7 +183,7 @@ def _key(gamma: float) -> str:
 
 
 def _summary(confidence: torch.Tensor, correct: torch.Tensor, num_classes: int) -> dict:
-    conf_dist = (confidence.double() - 1.0 / num_classes).clamp(min=0).mean()
+    conf_dist = conf_dist_of_confidence(confidence.double(), num_classes).mean()
     return {"forget_conf_dist": round(float(conf_dist), 6), "forget_acc": round(float(correct.double().mean()), 6)}
 
 

@@ -146,7 +146,7 @@ class MainSchema:
     model: Any = None  # settings_of: a config.build.Part (Hydra's schema check sees the YAML: Any)
     method: Any = None
     trainer: Any = None  # a Part
-    logger: Any = None  # built by the run itself, at its start (run.pipeline.build_logger)
+    logger: Any = None  # built by the run itself, at its start (reporting.run_logger.build_logger)
     paths: Any = None
     attacks: Any = None
     callbacks: Any = None  # {name: Part or None}

@@ -27,9 +27,15 @@ class _MeanOverInstances(Metric):
         return (self.total / self.count.clamp(min=1)).float()
 
 
+def conf_dist_of_confidence(top: torch.Tensor, classes: int) -> torch.Tensor:
+    """Sec. 5's confidence distance from a top-class probability (measured, attacked or bounded): max(0, top - 1/K);
+    the one definition every metric, attack and bound uses."""
+    return (top - 1.0 / classes).clamp(min=0.0)
+
+
 def conf_dist_of_probs(probs: torch.Tensor) -> torch.Tensor:
     """Sec. 5's confidence distance of each softmax row: max(0, max_c p_c - 1/K); 0 means uniform."""
-    return (probs.max(dim=-1).values - 1.0 / probs.shape[-1]).clamp(min=0.0)
+    return conf_dist_of_confidence(probs.max(dim=-1).values, probs.shape[-1])
 
 
 class ConfidenceDistance(_MeanOverInstances):

@@ -23,6 +23,7 @@ import math
 import torch
 from torch import nn
 
+from ttp_lightning.core.metrics import conf_dist_of_confidence
 from ttp_lightning.ibp import linear
 from ttp_lightning.ibp.propagate import (
     UnsupportedLayer,
@@ -97,7 +98,7 @@ class Certifier:
             differences = self._differences(lower, upper)
             classes = differences.shape[-1]
             confidence = confidence_upper_bound(differences) * (1 + softmax_margin(classes, self.rounding.unit))
-            out.append((confidence.clamp(max=1.0) - 1.0 / classes).clamp(min=0.0).cpu())
+            out.append(conf_dist_of_confidence(confidence.clamp(max=1.0), classes).cpu())
         return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
     def _differences(self, lower: torch.Tensor, upper: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from ttp_lightning.assess.protection import GateSettings
 from ttp_lightning.attacks import build_suite
 from ttp_lightning.certificates.document import AUDIT_FILE, PRIVATE_DIR, write_release
 from ttp_lightning.certificates.schema import data_spec, model_spec
-from ttp_lightning.config.build import Node, instantiate, to_plain
+from ttp_lightning.config.build import Node
 from ttp_lightning.config.schema import MainSchema, plain
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import supersede_outputs
@@ -47,12 +47,16 @@ from ttp_lightning.reporting.results import (
     write_results,
     write_weights,
 )
-from ttp_lightning.reporting.run_identity import flat_config, run_identity
+from ttp_lightning.reporting.run_logger import (
+    abort_logger,
+    build_logger,
+    finish_logger,
+    route_lightning_logs_to_hydra,
+)
 from ttp_lightning.reporting.tables import method_label
-from ttp_lightning.reporting.wandb_charts import log_run_charts
 from ttp_lightning.run.assessment import Assessment, assess, run_relearn_sources
 from ttp_lightning.run.record import Release, RunRecord, StageMetrics, Weights
-from ttp_lightning.run.validation import build_method, setting, validate_config
+from ttp_lightning.run.validation import build_method, validate
 
 log = logging.getLogger(__name__)
 
@@ -60,68 +64,6 @@ log = logging.getLogger(__name__)
 def is_global_zero() -> bool:
     """Rank 0 (or the only process): the one that evaluates, writes and prints."""
     return rank_zero_only.rank == 0
-
-
-def route_lightning_logs_to_hydra() -> None:
-    """Lightning's own console handler would print every message twice next to Hydra's root handlers."""
-    lightning_logger = logging.getLogger("lightning")
-    for handler in list(lightning_logger.handlers):
-        lightning_logger.removeHandler(handler)
-
-
-def is_wandb(logger: Node) -> bool:
-    return str(logger.get("_target_", "")).endswith("WandbLogger")
-
-
-def build_logger(logger: Node | None, record: dict, identity: dict):
-    """The configured Lightning logger (False for `logger=none`), holding the resolved config (`record`) as flat
-    hyperparameters (wandb.config; the CSV logger's hparams.yaml). A wandb run is named after the swept
-    values, grouped by sweep, with the method as job type."""
-    if not logger:
-        return False
-    extra = {k: identity[k] for k in ("name", "group", "job_type")} if is_wandb(logger) else {}
-    built = instantiate(logger, **extra)
-    built.log_hyperparams(flat_config(record))
-    return built
-
-
-def run_figures(results: dict, output_dir: str) -> list:
-    """The run's figures (dynamics, softmax bars, attack curves) in <output_dir>/figures; none without
-    matplotlib (the `plots` extra)."""
-    from pathlib import Path
-
-    try:
-        from ttp_lightning.reporting.plots import draw_figures
-    except ImportError as exc:
-        log.warning("figures not drawn for wandb (%s); install the plots extra", exc)
-        return []
-    return draw_figures([results], Path(output_dir) / "figures")
-
-
-def finish_logger(logger, results: dict, output_dir: str) -> None:
-    """Send the final metrics (and to wandb the run's tables and figures) and end the run, so every
-    multirun job gets its own wandb run. Rank 0 only."""
-    if not logger:
-        return
-    flat = {f"final/{stage}/{k}": v for stage, values in results["metrics"].items() for k, v in values.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    flat["final/protected"] = int(results["release_gate"]["passed"])  # the release gate's verdict, 1 or 0
-    if type(logger).__name__ == "WandbLogger":  # final values are the run's summary, not one-point charts
-        logger.experiment.summary.update(flat)
-        log_run_charts(logger.experiment, results, run_figures(results, output_dir))
-    else:
-        logger.log_metrics(flat)
-    end_logger(logger, "success")
-
-
-def end_logger(logger, status: str) -> None:
-    """Finalize the logger with `status` ("success" or "failed") and close its wandb run, so the next
-    wandb.init (the next multirun job, or the next run in the same process) starts a new one."""
-    logger.finalize(status)
-    if type(logger).__name__ == "WandbLogger":
-        import wandb
-
-        wandb.finish(exit_code=0 if status == "success" else 1)
 
 
 def identity(settings: MainSchema, datamodule) -> dict:
@@ -179,17 +121,17 @@ def publish(record: RunRecord, results: dict, net, settings: MainSchema, datamod
 
 def run(cfg: Node, output_dir: str) -> RunRecord | None:
     """Execute one job; returns its record on rank 0 (results.json is its `to_json()`; None on other DDP ranks).
-    The composed `cfg` is checked once and becomes the typed settings the stages read; it is kept only as the
-    record of the run (results.json's `config`, the logger's hyperparameters, the run's name) and builds the
-    logger."""
+    The composed `cfg` is checked once (run.validation.validate): the typed settings the stages read, the record of
+    the run (results.json's `config`, the logger's hyperparameters, the run's name) and the logger's config; the
+    raw config goes no further."""
     route_lightning_logs_to_hydra()
     quiet_lightning()
-    settings = validate_config(cfg)  # every value checked once, as typed objects (config.schema.MainSchema)
+    validated = validate(cfg)  # every value checked once, as typed objects (config.schema.MainSchema)
+    settings, record, identity = validated.settings, validated.record, validated.identity
     method = build_method(settings)  # from method._target_, given its typed settings; checks its own
     attacks = build_suite(settings.attacks.suite) if settings.attacks.enabled else {}  # conf/attack, by _target_
     datamodule = build_datamodule(settings.data)
-    gate = GateSettings.from_config(settings.release_gate, robust_method=setting(settings.method, "adversarial")
-                                    is not None)
+    gate = validated.gate
     gate.check(datamodule.info.num_classes, settings.attacks.enabled,
                tuple(name for name, attack in attacks.items() if not attack.random))
     method.check_data(datamodule)
@@ -198,22 +140,13 @@ def run(cfg: Node, output_dir: str) -> RunRecord | None:
         L.seed_everything(settings.seed, workers=True, verbose=False)
         return build_classifier(settings.model, datamodule.info)
 
-    identity = run_identity(cfg)
-    record = to_plain(cfg, resolve=True, enum_to_str=True)  # results.json's `config`
-    ctx = RunContext.of(settings, logger=build_logger(cfg.get("logger"), record, identity), output_dir=output_dir,
+    ctx = RunContext.of(settings, logger=build_logger(validated.logger, record, identity), output_dir=output_dir,
                         identity=identity)
     try:
         return _stages(settings, record, ctx, method, attacks, datamodule, make_net, gate)
     except BaseException:
         abort_logger(ctx.logger)
         raise
-
-
-def abort_logger(logger) -> None:
-    """A run that stops with an error ends its logger's run as failed (a wandb run left open would be
-    reused by the next wandb.init in the same process)."""
-    if logger:
-        end_logger(logger, "failed")
 
 
 def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks: dict, datamodule, make_net,

@@ -4,14 +4,18 @@ one MainSchema object (config.schema.settings_of; types and closed choices faile
 and what depends on more than one setting. build_method then builds the method from its typed settings,
 and the method checks what only it knows (Method.check)."""
 
+from dataclasses import dataclass
+
 from omegaconf import DictConfig, OmegaConf
 
-from ttp_lightning.config.build import build_class
+from ttp_lightning.assess.protection import GateSettings
+from ttp_lightning.config.build import build_class, to_plain
 from ttp_lightning.config.choices import check_cache_dir, check_devices
 from ttp_lightning.config.schema import MainSchema, settings_of
 from ttp_lightning.core.checks import positive_int as _positive_int
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.methods.base import Method
+from ttp_lightning.reporting.run_identity import run_identity
 
 
 def _accelerator(trainer: DictConfig) -> None:
@@ -99,3 +103,27 @@ def validate_config(cfg: DictConfig) -> MainSchema:
         raise TTPUserError(f"performance.data_on_device=true needs data.num_workers=0 (it is "
                            f"{settings.data.num_workers}): loader worker processes cannot gather from GPU tensors")
     return settings
+
+
+@dataclass(frozen=True)
+class Validated:
+    """All a run takes from its composed config, taken once: the typed settings (everything the stages read), the
+    resolved config as plain data (results.json's `config`, the logger's hyperparameters), the run's identity (its
+    name, sweep group and swept values) and the logger group's plain config (built at the start of the run). The raw
+    config travels no further."""
+
+    settings: MainSchema
+    record: dict
+    identity: dict
+    logger: dict | None
+    gate: GateSettings  # release_gate, with the method's own promise where `require` is null
+
+
+def validate(cfg: DictConfig) -> Validated:
+    """validate_config, and what the run records of its config, in one step."""
+    settings = validate_config(cfg)
+    logger = cfg.get("logger")
+    gate = GateSettings.from_config(settings.release_gate, robust_method=setting(settings.method, "adversarial")
+                                    is not None)
+    return Validated(settings, to_plain(cfg, resolve=True, enum_to_str=True), run_identity(cfg),
+                     None if not logger else to_plain(logger, resolve=True), gate)

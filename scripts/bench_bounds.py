@@ -1,12 +1,12 @@
-"""Certified uniformity of released models, interval bounds and linear bounds (CROWN) side by side, with their
+"""Proven uniformity of released models, interval bounds and linear bounds (CROWN) side by side, with their
 cost (`python scripts/bench_bounds.py RUN_DIR [RUN_DIR ...]`; issue 37).
 
 For each run folder (a finished `python -m ttp_lightning` job: results.json and release/ or
 release_not_protected/) it loads the released weights (ttp_lightning.load_released, as a user would), rebuilds the
 forget images from the run's own data settings (results.json's `config.data`), and for each bound:
 
-  - the share of forget images certified at CD <= 0.05 and <= --at-most (default 0.1) within 1 / 2 / 4 / 8 per 255;
-  - each image's certified radius at --at-most (0, 1/4, ..., 16 per 255): minimum, median, maximum;
+  - the share of forget images proven at CD <= 0.05 and <= --at-most (default 0.1) within 1 / 2 / 4 / 8 per 255;
+  - each image's proven radius at --at-most (0, 1/4, ..., 16 per 255): minimum, median, maximum;
   - the wall time of the shares and of the radius search, and the time per image.
 
 Rows go to stdout as a Markdown table and to --out (JSON, default bench/bounds.json). Run it alone on the machine
@@ -25,7 +25,7 @@ import torch
 
 from ttp_lightning.data.datamodule import build_datamodule
 from ttp_lightning.ibp.rounding import PRECISIONS
-from ttp_lightning.ibp.uniformity import MAX_RADIUS, RADIUS_STEP, Certifier
+from ttp_lightning.ibp.uniformity import MAX_RADIUS, RADIUS_STEP, Prover
 from ttp_lightning.release import NotProtectedWarning, load_released
 
 GAMMAS = (1.0, 2.0, 4.0, 8.0)
@@ -49,18 +49,18 @@ def load_run(run: Path):
 
 def measure(net, images: torch.Tensor, bound: str, intermediate: str, at_most: float,
             precision: str = "float32") -> dict:
-    certifier = Certifier(net, bound, intermediate=intermediate, precision=precision)
+    prover = Prover(net, bound, intermediate=intermediate, precision=precision)
     start, by_gamma = time.perf_counter(), {}
     for gamma in GAMMAS:
-        by_gamma[gamma] = certifier.conf_dist(images, gamma)
+        by_gamma[gamma] = prover.conf_dist(images, gamma)
     shares_s = time.perf_counter() - start
     start = time.perf_counter()
-    radius = certifier.radius(images, at_most, RADIUS_STEP, MAX_RADIUS, known=by_gamma).tolist()
+    radius = prover.radius(images, at_most, RADIUS_STEP, MAX_RADIUS, known=by_gamma).tolist()
     radius_s = time.perf_counter() - start
     return {
-        "bound": certifier.bound, "intermediate": certifier.intermediate if certifier.bound == "linear" else None,
+        "bound": prover.bound, "intermediate": prover.intermediate if prover.bound == "linear" else None,
         "precision": precision,
-        "fallback": certifier.fallback,
+        "fallback": prover.fallback,
         "share_05": {f"{g:g}": float((v <= 0.05).double().mean()) for g, v in by_gamma.items()},
         "share_at_most": {f"{g:g}": float((v <= at_most).double().mean()) for g, v in by_gamma.items()},
         "worst": {f"{g:g}": float(v.max()) for g, v in by_gamma.items()},
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = {"machine": platform.platform(), "torch_threads": torch.get_num_threads(), "at_most": args.at_most,
               "runs": {}}
-    lines = [("| run | images | bound | certified <= 0.05 at 1/2/4/8 per 255 (%) | "
+    lines = [("| run | images | bound | proven <= 0.05 at 1/2/4/8 per 255 (%) | "
               f"<= {args.at_most:g} (%) | radius min / median (1/255) | seconds (shares + radius) | s / image |"),
              "|---|---:|---|---|---|---|---:|---:|"]
     for run in args.runs:

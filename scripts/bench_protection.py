@@ -9,13 +9,13 @@ numbers, each a real CLI job, one at a time, into bench/protection.json.
   heldout_alg1       +experiment=mnist_mlp on a stand-in for data the defaults were not chosen on: MNIST with
   heldout_robust     strong pixel noise and an erased square per image (written by write_heldout; an MLP
                      reaches about 87 % on it, where MNIST's reaches 96 %)
-  cnn_robust         digits, ResNet8 (BatchNorm), robust Alg 1 with the interval term (certified training)
+  cnn_robust         digits, ResNet8 (BatchNorm), robust Alg 1 with the interval term (the bound term)
   cnn_plain_robust   the same without the interval term
   provider_resnet10t +workflow=protect on the provider example with a timm resnet10t (BatchNorm,
                      trained outside the project; 5 PNGs)
 
 Per run: the exit code and the release gate's verdict, test accuracy and test CD before and after, the forget
-CD (mean, worst image, images above 0.1) clean and attacked at 8/255, the certified shares at 2/255 and 8/255,
+CD (mean, worst image, images above 0.1) clean and attacked at 8/255, the proven shares at 2/255 and 8/255,
 the relearning attack's forget CD after 1 / 10 / 100 steps, and wall times (the method's fit and the command).
 """
 
@@ -92,7 +92,7 @@ def summary(results: dict, code: int, wall: float) -> dict:
     # a provider's checkpoint: compare with the model as it was given (before the sent images were absorbed)
     pre = results["metrics"].get("pretrain_original", results["metrics"]["pretrain"])
     post = results["metrics"][method]
-    certified = results.get("certified", {}).get(method, {})
+    proven = results.get("proven", {}).get(method, {})
     relearn = results.get("relearn", {})
     return {
         "exit": code, "protected": results["release_gate"]["passed"], "reasons": results["release_gate"]["reasons"],
@@ -102,9 +102,9 @@ def summary(results: dict, code: int, wall: float) -> dict:
         "forget_exposed": post["forget_exposed"], "forget_size": results["data"]["forget_size"],
         "attacked_8": {k: post.get(k) for k in ("forget_robust_conf_dist", "forget_robust_worst_conf_dist",
                                                 "forget_robust_exposed")},
-        "certified": {gamma: {k: values[k] for k in ("forget_certified_share_05", "forget_certified_share_10",
-                                                     "forget_certified_worst_conf_dist")}
-                      for gamma, values in certified.items()},
+        "proven": {gamma: {k: values[k] for k in ("forget_proven_share_05", "forget_proven_share_10",
+                                                     "forget_proven_worst_conf_dist")}
+                      for gamma, values in proven.items()},
         "relearn": {stage: {steps: values["forget_conf_dist"] for steps, values in by_steps.items()}
                     for stage, by_steps in relearn.items()},
         "method_wall_s": post.get("wall_s"), "best_epoch": post.get("best_epoch"), "epochs_run": post.get("epochs_run"),
@@ -124,7 +124,7 @@ def run(name: str, overrides: list[str], work: Path) -> dict:
     row = summary(json.loads((out / "results.json").read_text()), proc.returncode, wall)
     print(f"{name}: exit {row['exit']}, test {row['test_acc'][0]:.4f} -> {row['test_acc'][1]:.4f}, forget CD "
           f"{row['forget_conf_dist']:.4f} (worst {row['forget_worst_conf_dist']:.4f}, {row['forget_exposed']} above "
-          f"0.1), certified <= 0.05 at 8/255: {row['certified'].get('8', {}).get('forget_certified_share_05')}, "
+          f"0.1), proven <= 0.05 at 8/255: {row['proven'].get('8', {}).get('forget_proven_share_05')}, "
           f"method {row['method_wall_s']} s", flush=True)
     return row
 

@@ -757,7 +757,7 @@ def _confident_with_claims(folder, config, weights):
     protection = config["protection"]
     protection["protected"] = True
     protection["release_gate"].update(conf_dist_at_most=0.95, reasons=[])
-    protection["per_image"].update(forget_worst_conf_dist=0.9, forget_exposed=0, forget_certified_worst_conf_dist=0.9)
+    protection["per_image"].update(forget_worst_conf_dist=0.9, forget_exposed=0, forget_proven_worst_conf_dist=0.9)
     card = (folder / "MODEL_CARD.md").read_text().replace(": NOT PROTECTED", "", 1)
     (folder / "MODEL_CARD.md").write_text(card)
 

@@ -33,7 +33,7 @@ RUNS = {
 }
 TIMING = ("wall", "elapsed", "_s_", "seconds")
 PLACES = ("_file", "_dir")  # where a run's files are (its work folder), not a number
-SECTIONS = ("metrics", "history", "forget_softmax", "attacks", "attack_checks", "relearn", "certified",
+SECTIONS = ("metrics", "history", "forget_softmax", "attacks", "attack_checks", "relearn", "proven",
             "forget_per_image", "release_gate", "noise_free", "data")
 
 
@@ -61,12 +61,16 @@ def _weights_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-NOISED = ("metrics", "forget_softmax", "attacks", "relearn", "certified", "forget_per_image")  # a certified
+NOISED = ("metrics", "forget_softmax", "attacks", "relearn", "proven", "forget_per_image")  # a certified
 # release's: they measure the released weights, which carry fresh secret noise every run
 
 
 def fingerprint(run_dir: Path) -> dict:
-    results = json.loads((run_dir / "results.json").read_text())
+    """The digests of a run folder's results, read in the current words (results.json /1 said certified where /2
+    says proven: values are compared, not the names they are filed under)."""
+    from ttp_lightning.reporting.tables import load_results
+
+    results = {k: v for k, v in load_results([run_dir / "results.json"])[0].items() if k != "format"}
     noise_free = run_dir / "private" / "noise_free.safetensors"
     certified = noise_free.exists()
     record = {section: _digest(_timeless(results[section])) for section in SECTIONS
@@ -75,7 +79,7 @@ def fingerprint(run_dir: Path) -> dict:
         record["pretrain_metrics"] = _digest(_timeless(results["metrics"]["pretrain"]))
         record["noise_free_weights"] = _weights_digest(noise_free)
         record["certificate"] = _digest(_timeless({key: value for key, value in results["certificate"].items()
-                                                   if key not in ("metrics", "weights")}))
+                                                   if key not in ("metrics", "weights", "format")}))
         results["metrics"] = {"pretrain": results["metrics"]["pretrain"], "noise_free": results["noise_free"]}
     else:
         folder = "release" if results["release_gate"]["passed"] else "release_not_protected"

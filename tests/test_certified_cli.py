@@ -30,7 +30,7 @@ RELEASES = {
     # the paper's sigma = 1e-3: vacuous
     "certified_lissa": LOGREG + PAPER + ESTIMATOR + ["method=certified_lissa", "method.warmup_epochs=5",
                                                      "method.compare_exact=true", "method.sigma=0.001"],
-    # two requests, each solved to stationarity and certified by its residual
+    # two requests, each solved to stationarity and proven by its residual
     "certified_online": RESIDUAL + ["method=certified_online", "data.forget.requests=[8,12]", "method.epsilon=1"],
     # the worst-image term: a smooth maximum of the forget losses (still convex, so mu = lambda)
     "certified_smoothmax": RESIDUAL + ["method=certified_exact", "method.epsilon=1", "method.forget_reduction=smoothmax",

@@ -25,23 +25,23 @@ from ttp_lightning.core.batching import ShardedBatchSampler
 from ttp_lightning.core.errors import EXIT_NOT_PROTECTED, TTPUserError
 
 
-def _rows(clean, attacked=None, certified=None):
-    stage = {"clean": clean, "attacked": attacked, "certified": certified}
+def _rows(clean, attacked=None, proven=None):
+    stage = {"clean": clean, "attacked": attacked, "proven": proven}
     return per_image_rows([f"train:{i}" for i in range(len(clean))], {"pareto": stage})
 
 
 def test_the_gate_judges_every_image_and_names_the_failing_ones():
-    rows = _rows([0.01, 0.5, 0.02], attacked=[0.05, 0.9, 0.2], certified=[0.03, 0.9, 0.9])
+    rows = _rows([0.01, 0.5, 0.02], attacked=[0.05, 0.9, 0.2], proven=[0.03, 0.9, 0.9])
     passed = judge(_rows([0.01, 0.09]), "pareto", {"train_steps": 5, "constraint_met": True}, GateSettings(), 8)
     assert passed.passed and passed.folder == PROTECTED_DIR and passed.reasons == ()
     clean_only = judge(rows, "pareto", {"train_steps": 5}, GateSettings(), 8)
     assert not clean_only.passed and clean_only.folder == NOT_PROTECTED_DIR
     assert clean_only.failing_images == ("train:1",) and clean_only.reasons == (
         "1 of 3 forget images keep clean CD > 0.1",)
-    strict = judge(rows, "pareto", {}, GateSettings(0.1, ("clean", "attacked", "certified")), 8)
+    strict = judge(rows, "pareto", {}, GateSettings(0.1, ("clean", "attacked", "proven")), 8)
     assert strict.failing_images == ("train:1", "train:2")
     assert "2 of 3 forget images keep attacked CD > 0.1 at 8/255" in strict.reasons
-    assert "2 of 3 forget images keep certified CD > 0.1 at 8/255" in strict.reasons
+    assert "2 of 3 forget images keep proven CD > 0.1 at 8/255" in strict.reasons
 
 
 def test_an_unset_require_is_the_methods_promise_and_a_passed_gate_names_what_it_did_not_require():
@@ -50,28 +50,28 @@ def test_an_unset_require_is_the_methods_promise_and_a_passed_gate_names_what_it
     assert GateSettings.from_config(unset, robust_method=False).require == ("clean",)
     given = OmegaConf.create({"conf_dist_at_most": 0.1, "require": ["clean"]})
     assert GateSettings.from_config(given, robust_method=True).require == ("clean",)  # a stated list wins
-    rows = _rows([0.01, 0.02], attacked=[0.5, 0.05], certified=[0.9, 0.9])
+    rows = _rows([0.01, 0.02], attacked=[0.5, 0.05], proven=[0.9, 0.9])
     passed = judge(rows, "pareto", {"train_steps": 5}, GateSettings(), 8)
-    assert passed.passed and passed.unrequired_above == {"attacked": 1, "certified": 2}
+    assert passed.passed and passed.unrequired_above == {"attacked": 1, "proven": 2}
     note = unrequired_note(passed.to_json(), 2)
     assert "attacked CD > 0.1 for 1 of 2 images" in note and "within 8/255" in note
-    assert "release_gate.require=[clean,attacked,certified]" in note
+    assert "release_gate.require=[clean,attacked,proven]" in note
     robust = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean", "attacked")), 8)
     assert not robust.passed and robust.failing_images == ("train:0",)
 
 
-def test_a_required_certified_radius_is_judged_per_image():
-    """release_gate.min_certified_radius: every forget image certified within at least that radius (issue 37)."""
+def test_a_required_proven_radius_is_judged_per_image():
+    """release_gate.min_proven_radius: every forget image proven within at least that radius (issue 37)."""
     rows = per_image_rows(["train:0", "train:1", "train:2"],
-                          {"pareto": {"clean": [0.01, 0.02, 0.01], "certified_radius": [2.0, 0.5, 3.25]}})
-    passed = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), min_certified_radius=0.5), 8)
-    assert passed.passed and passed.min_certified_radius == 0.5
-    refused = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), min_certified_radius=1.0), 8)
+                          {"pareto": {"clean": [0.01, 0.02, 0.01], "proven_radius": [2.0, 0.5, 3.25]}})
+    passed = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), min_proven_radius=0.5), 8)
+    assert passed.passed and passed.min_proven_radius == 0.5
+    refused = judge(rows, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), min_proven_radius=1.0), 8)
     assert not refused.passed and refused.failing_images == ("train:1",)
-    assert refused.reasons == ("1 of 3 forget images are certified within less than 1/255 (min 0.5/255)",)
+    assert refused.reasons == ("1 of 3 forget images are proven within less than 1/255 (min 0.5/255)",)
     unmeasured = per_image_rows(["train:0"], {"pareto": {"clean": [0.01]}})
     missing = judge(unmeasured, "pareto", {"train_steps": 5}, GateSettings(0.1, ("clean",), 1.0), 8, "GELU")
-    assert not missing.passed and "certified radius of the forget images could not be computed (GELU)" in \
+    assert not missing.passed and "proven radius of the forget images could not be computed (GELU)" in \
         missing.reasons[0]
     with pytest.raises(TTPUserError, match="the radius search stops at bounds.max_radius=16"):
         GateSettings(0.1, ("clean",), 20.0).check_network(torch.nn.Linear(4, 2), 1, 2, 16.0)
@@ -105,7 +105,7 @@ def test_a_radius_rule_that_fell_back_below_the_judged_radius_fails_a_gate_that_
 
 
 def test_a_required_bound_that_cannot_be_computed_fails_the_gate():
-    record = judge(_rows([0.0]), "pareto", {}, GateSettings(0.1, ("clean", "certified")), 8, "LayerNorm")
+    record = judge(_rows([0.0]), "pareto", {}, GateSettings(0.1, ("clean", "proven")), 8, "LayerNorm")
     assert not record.passed and "could not be computed (LayerNorm)" in record.reasons[0]
 
 
@@ -149,13 +149,13 @@ def test_a_protected_run_records_every_image(run_main, tmp_path):
     assert len(rows) == 20 and all(row["pareto"]["clean"] <= 0.1 for row in rows)
     assert metrics["forget_worst_conf_dist"] == pytest.approx(max(row["pareto"]["clean"] for row in rows), abs=1e-5)
     assert metrics["forget_exposed"] == 0 and metrics["forget_conf_dist"] <= metrics["forget_worst_conf_dist"]
-    for row in rows:  # the certified bound is above every attack, and the attack above the clean image
+    for row in rows:  # the proven bound is above every attack, and the attack above the clean image
         for stage in ("pretrain", "pareto"):
             values = row[stage]
-            assert values["clean"] - 1e-6 <= values["attacked"] <= values["certified"] + 1e-6
+            assert values["clean"] - 1e-6 <= values["attacked"] <= values["proven"] + 1e-6
     history = results["history"]["pareto"]
     assert all("forget_worst_conf_dist" in row and "forget_exposed" in row for row in history)
-    assert "forget images one by one" in out and re.search(r"^certified +8/255 ", out, re.MULTILINE)
+    assert "forget images one by one" in out and re.search(r"^proven +8/255 ", out, re.MULTILINE)
 
 
 def test_every_rank_sees_every_forget_image(monkeypatch):
@@ -207,16 +207,16 @@ def test_a_setting_that_would_weaken_robust_alg1s_promise_is_refused_before_any_
     assert not any((tmp_path / "out" / name).exists() for name in ("release", "release_not_protected", "results.json"))
 
 
-def test_a_required_certified_cd_on_a_network_the_bound_cannot_take_is_refused_at_once():
+def test_a_required_proven_cd_on_a_network_the_bound_cannot_take_is_refused_at_once():
     from torch import nn
 
-    gate = GateSettings(0.1, ("clean", "certified"))
+    gate = GateSettings(0.1, ("clean", "proven"))
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 8), nn.GELU(), nn.Linear(8, 10))
-    with pytest.raises(TTPUserError, match=r"needs a certified CD, and this network cannot be bounded .*GELU.*"
+    with pytest.raises(TTPUserError, match=r"needs a proven CD, and this network cannot be bounded .*GELU.*"
                                            r"release_gate.require=\[clean\] states the weaker promise"):
         gate.check_network(net, 1, 8)
     GateSettings(0.1, ("clean",)).check_network(net, 1, 8)  # not required: nothing to bound
-    GateSettings(0.1, ("clean", "certified")).check_network(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), 1, 8)
+    GateSettings(0.1, ("clean", "proven")).check_network(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), 1, 8)
 
 
 def test_a_rerun_into_the_same_folder_never_leaves_an_earlier_release_beside_its_results(run_main, tmp_path, caplog):
@@ -252,22 +252,22 @@ def test_a_nan_cd_never_passes_the_gate():
     nan = float("nan")
     clean = judge(_rows([0.01, nan]), "pareto", {"train_steps": 5}, GateSettings(), 8)
     assert not clean.passed and clean.failing_images == ("train:1",)
-    attacked = judge(_rows([0.01, 0.02], attacked=[0.05, nan], certified=[0.0, 0.0]), "pareto", {"train_steps": 5},
+    attacked = judge(_rows([0.01, 0.02], attacked=[0.05, nan], proven=[0.0, 0.0]), "pareto", {"train_steps": 5},
                      GateSettings(0.1, ("clean", "attacked")), 8)
     assert not attacked.passed and attacked.failing_images == ("train:1",)
-    unrequired = judge(_rows([0.01, 0.02], attacked=[0.05, nan], certified=[0.0, 0.0]), "pareto",
+    unrequired = judge(_rows([0.01, 0.02], attacked=[0.05, nan], proven=[0.0, 0.0]), "pareto",
                        {"train_steps": 5}, GateSettings(), 8)
     assert unrequired.passed and unrequired.unrequired_above == {"attacked": 1}
 
 
-def test_a_nan_attacked_or_certified_cd_is_the_worst_and_counts_as_exposed():
+def test_a_nan_attacked_or_proven_cd_is_the_worst_and_counts_as_exposed():
     from ttp_lightning.assess.protection import stage_summary
 
     nan = float("nan")
     for order in ([0.02, nan, 0.5], [nan, 0.02, 0.5], [0.5, 0.02, nan]):  # Python's max depends on where NaN stands
-        summary = stage_summary({"attacked": order, "certified": order}, 0.1)
+        summary = stage_summary({"attacked": order, "proven": order}, 0.1)
         assert math.isnan(summary["forget_robust_worst_conf_dist"]) and summary["forget_robust_exposed"] == 2
-        assert math.isnan(summary["forget_certified_worst_conf_dist"])
+        assert math.isnan(summary["forget_proven_worst_conf_dist"])
 
 
 def test_zero_exact_gradients_at_forget_images_are_said_under_the_verdict():
@@ -276,7 +276,7 @@ def test_zero_exact_gradients_at_forget_images_are_said_under_the_verdict():
     from ttp_lightning.assess.protection import masking_note
     from ttp_lightning.reporting.results import gate_summary
 
-    gate = judge(_rows([0.02] * 5, attacked=[0.02] * 5, certified=[0.9] * 5), "pareto", {"train_steps": 5},
+    gate = judge(_rows([0.02] * 5, attacked=[0.02] * 5, proven=[0.9] * 5), "pareto", {"train_steps": 5},
                  GateSettings(0.1, ("clean", "attacked")), 8)
     masked = gate_summary(gate.to_json(), 5, {"zero_gradient_share": 1.0})
     assert masked.startswith("release gate: passed") and "note: the exact input gradient is zero at 5 of 5" in masked
@@ -292,19 +292,19 @@ def test_the_assessment_is_one_record_built_once():
 
     from ttp_lightning.run.assessment import Assessment, Attacked, PerImage
 
-    per_image = PerImage(rows=_rows([0.05, 0.5]), certified={}, certified_bound={"pareto": {"bound": None}},
+    per_image = PerImage(rows=_rows([0.05, 0.5]), proven={}, proof_bound={"pareto": {"bound": None}},
                          summaries={"pareto": {"forget_worst_conf_dist": 0.5, "forget_exposed": 1}}, note="no bound")
     attacked = Attacked(scores={"pareto": {}}, checks={"pareto": {}}, worst_per_image={"pareto": [0.05, 0.5]},
                         robust_conf_dist={"pareto": 0.3}, relearn={"pareto": {}}, relearn_runs={"pareto": []})
     gate = judge(per_image.rows, "pareto", {"weights_changed": True}, GateSettings(), 8.0)
     assessment = Assessment(attacked, per_image, gate)
-    assert list(assessment.to_json()) == ["attacks", "attack_checks", "relearn", "relearn_runs", "certified",
-                                         "certified_bound", "certified_note", "forget_per_image", "release_gate"]
+    assert list(assessment.to_json()) == ["attacks", "attack_checks", "relearn", "relearn_runs", "proven",
+                                         "proof_bound", "proof_note", "forget_per_image", "release_gate"]
     assert assessment.stage_metrics("pareto") == {"forget_robust_conf_dist": 0.3, "forget_worst_conf_dist": 0.5,
                                                   "forget_exposed": 1}
     assert not assessment.release_gate.passed and assessment.to_json()["release_gate"]["folder"] == NOT_PROTECTED_DIR
     quiet = Assessment(None, dataclasses.replace(per_image, note=None), gate)  # attacks off: no attack keys
-    assert list(quiet.to_json()) == ["certified", "certified_bound", "forget_per_image", "release_gate"]
+    assert list(quiet.to_json()) == ["proven", "proof_bound", "forget_per_image", "release_gate"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         assessment.release_gate = None
 

@@ -10,10 +10,10 @@ from torch import nn
 
 from ttp_lightning.ibp import (
     UnsupportedLayer,
-    certified_conf_dist,
     input_box,
     interval_bounds,
     logit_difference_lower_bounds,
+    proven_conf_dist,
     reverse_kl_upper_bound,
 )
 from ttp_lightning.models.components.classifier import Classifier
@@ -92,7 +92,7 @@ def test_bounds_contain_every_output_of_random_points_of_the_box(name, net, shap
     num_classes = logits.shape[-1]
     kl = torch.logsumexp(logits, -1) - logits.mean(-1) - math.log(num_classes)
     assert (kl <= kl_bound + TOLERANCE).all()
-    bound = certified_conf_dist(net, image, 12)[0]
+    bound = proven_conf_dist(net, image, 12)[0]
     conf_dist = (logits.softmax(-1).amax(-1) - 1 / num_classes).clamp(min=0)
     assert (conf_dist <= bound + TOLERANCE).all()
     with torch.no_grad():  # not vacuous: a box of one point gives that point's logits
@@ -123,22 +123,22 @@ def test_bounds_are_exact_for_a_single_linear_layer():
                 assert torch.allclose(logits[j] - logits[c], differences[n, j, c], atol=1e-12)
 
 
-def test_at_radius_zero_the_certified_cd_is_the_clean_cd():
+def test_at_radius_zero_the_proven_cd_is_the_clean_cd():
     torch.manual_seed(2)
     net = _randomise_batchnorm(_networks()[3][1]).float()
     images = torch.rand(5, 2, 8, 8)
     with torch.no_grad():
         clean = (net(images).softmax(-1).amax(-1) - 1 / 4).clamp(min=0).double()
-    at_zero = certified_conf_dist(net, images, 0)  # sound for float32: never below, at most its rounding above
+    at_zero = proven_conf_dist(net, images, 0)  # sound for float32: never below, at most its rounding above
     assert (at_zero >= clean - 1e-7).all() and (at_zero - clean).max() < 1e-3, (at_zero - clean).max()
-    from ttp_lightning.ibp.uniformity import Certifier
+    from ttp_lightning.ibp.uniformity import Prover
 
-    exact = Certifier(net, precision="float64").conf_dist(images, 0)
+    exact = Prover(net, precision="float64").conf_dist(images, 0)
     with torch.no_grad():
         clean64 = (net.double()(images.double()).softmax(-1).amax(-1) - 1 / 4).clamp(min=0)
     assert torch.allclose(exact, clean64, atol=1e-9)
     net.float()
-    assert (certified_conf_dist(net, images, 4) >= certified_conf_dist(net, images, 1) - 1e-12).all()
+    assert (proven_conf_dist(net, images, 4) >= proven_conf_dist(net, images, 1) - 1e-12).all()
 
 
 def test_the_interval_term_is_differentiable_in_the_weights():

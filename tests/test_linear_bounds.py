@@ -168,10 +168,10 @@ def test_a_layer_without_a_linear_rule_is_refused_by_name(layer):
 
 @pytest.mark.parametrize("bound", ["interval", "linear"])
 def test_the_radius_search_matches_a_full_scan_and_grows_with_the_threshold(bound):
-    """The bisection returns, per image, the largest radius of the grid (0, 1/4, ..., 16 per 255) whose certified CD
+    """The bisection returns, per image, the largest radius of the grid (0, 1/4, ..., 16 per 255) whose proven CD
     is at most the threshold, as a scan of every radius does; it never shrinks when the threshold grows; every
     radius it returns is proven (its bound passes); per-image radii give each image its own ball."""
-    from ttp_lightning.ibp.uniformity import RADIUS_STEP, Certifier
+    from ttp_lightning.ibp.uniformity import RADIUS_STEP, Prover
 
     torch.manual_seed(5)
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 4))
@@ -180,21 +180,21 @@ def test_the_radius_search_matches_a_full_scan_and_grows_with_the_threshold(boun
             layer.weight.data *= 3  # confident enough that the radii spread over the grid
     net = net.double().eval()
     images = torch.rand(12, 1, 3, 4, dtype=torch.float64)
-    certifier = Certifier(net, bound)
+    prover = Prover(net, bound)
     grid = torch.arange(0.0, 16.0 + RADIUS_STEP / 2, RADIUS_STEP, dtype=torch.float64)
-    scan = torch.stack([certifier.conf_dist(images, float(g)) for g in grid], dim=1)  # [N, 65]
-    assert torch.allclose(certifier.conf_dist(images, grid[:12]), scan[torch.arange(12), torch.arange(12)])
+    scan = torch.stack([prover.conf_dist(images, float(g)) for g in grid], dim=1)  # [N, 65]
+    assert torch.allclose(prover.conf_dist(images, grid[:12]), scan[torch.arange(12), torch.arange(12)])
     previous, seen = torch.zeros(12, dtype=torch.float64), set()
     for threshold in (0.05, 0.15, 0.3, 0.5, 0.7):
-        radius = certifier.radius(images, threshold)
+        radius = prover.radius(images, threshold)
         ok = scan <= threshold
         largest = torch.tensor([grid[row.nonzero().max()].item() if row.any() else 0.0 for row in ok],
                                dtype=torch.float64)
         assert torch.equal(radius, largest), (threshold, radius, largest)
         known = {float(grid[i]): scan[:, i] for i in (4, 8, 20, 32)}  # the bounds at 1, 2, 5 and 8 per 255
-        assert torch.equal(certifier.radius(images, threshold, known=known), largest)  # bracketed by them
+        assert torch.equal(prover.radius(images, threshold, known=known), largest)  # bracketed by them
         assert (radius >= previous).all()
-        proven = certifier.conf_dist(images, radius) <= threshold
+        proven = prover.conf_dist(images, radius) <= threshold
         assert (proven | (radius == 0)).all()
         previous = radius
         seen |= set(radius.tolist())
@@ -258,7 +258,7 @@ def test_optimised_slopes_hold_at_random_points_and_are_never_looser_than_crown(
 def test_the_certifier_optimises_slopes_only_where_a_relu_feeds_another():
     """alpha-CROWN's steps go where they can change a bound: with intermediate crown and a ReLU behind a ReLU
     (one ReLU layer: CROWN's own slopes; the optimised ones changed no bound measured there, at 30x the cost)."""
-    from ttp_lightning.ibp.uniformity import Certifier
+    from ttp_lightning.ibp.uniformity import Prover
 
     torch.manual_seed(2)
     images = torch.rand(3, 1, 3, 4, dtype=torch.float64)
@@ -267,8 +267,8 @@ def test_the_certifier_optimises_slopes_only_where_a_relu_feeds_another():
     used = {}
     for name, net in (("shallow", shallow), ("deep", deep)):
         for intermediate in ("auto", "ibp"):
-            certifier = Certifier(net, "linear", intermediate=intermediate, slope_steps=5)
-            certifier.conf_dist(images, 4.0)
-            used[name, intermediate] = certifier.slopes_used
+            prover = Prover(net, "linear", intermediate=intermediate, slope_steps=5)
+            prover.conf_dist(images, 4.0)
+            used[name, intermediate] = prover.slopes_used
     assert used == {("shallow", "auto"): 0, ("shallow", "ibp"): 0, ("deep", "auto"): 5, ("deep", "ibp"): 0}
-    assert Certifier(deep, "interval", slope_steps=5).slopes_used == 0
+    assert Prover(deep, "interval", slope_steps=5).slopes_used == 0

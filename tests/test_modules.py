@@ -108,15 +108,15 @@ def test_without_a_qualifying_epoch_the_pareto_fallback_keeps_a_pareto_optimal_e
     assert net.weight.item() == 2.0  # 0.89 - 0.10 is the best trade-off; the last epoch (0.74) is not kept
 
 
-def test_select_certified_prefers_fewest_exposed_then_fewest_unproven_then_the_strongest_proof():
-    """Robust Alg 1's rank (select=certified): the attack's count first (the gate's), then the interval bound's
+def test_select_proven_prefers_fewest_exposed_then_fewest_unproven_then_the_strongest_proof():
+    """Robust Alg 1's rank (select=proven): the attack's count first (the gate's), then the interval bound's
     unproven count, then the proven worst CD where every image is proven (else the attacked mean); a NaN bound is
     not a proof, and a checkpoint written when ranks were one number still resumes."""
-    from ttp_lightning.methods.pareto import CERTIFIED_RULE, certified_rank
+    from ttp_lightning.methods.pareto import PROVEN_RULE, proven_rank
 
-    def trainer(epoch, exposed, unproven, certified_worst, attacked_mean):
+    def trainer(epoch, exposed, unproven, proven_worst, attacked_mean):
         metrics = {"val/forget_worst_conf_dist": 0.01, "val/retain_acc": 0.99, "val/forget_robust_exposed": exposed,
-                   "val/forget_certified_unproven": unproven, "val/forget_certified_worst_conf_dist": certified_worst,
+                   "val/forget_unproven": unproven, "val/forget_proven_worst_conf_dist": proven_worst,
                    "val/forget_robust_conf_dist": attacked_mean}
         return SimpleNamespace(sanity_checking=False, callback_metrics={k: torch.tensor(v) for k, v in metrics.items()},
                                current_epoch=epoch, should_stop=False)
@@ -124,7 +124,7 @@ def test_select_certified_prefers_fewest_exposed_then_fewest_unproven_then_the_s
     net = nn.Linear(1, 1)
     module = SimpleNamespace(state_dict=net.state_dict, load_state_dict=net.load_state_dict)
     callback = ConstrainedBestModel(conf_dist_below=0.1, conf_dist_key="val/forget_worst_conf_dist",
-                                    rank=certified_rank, rank_rule=CERTIFIED_RULE)
+                                    rank=proven_rank, rank_rule=PROVEN_RULE)
     epochs = [(2, 0, 0.02, 0.001),    # 1: two images exposed under attack, although all proven
               (0, 3, 0.9, 0.0001),    # 2: none exposed, three unproven: the lowest attacked mean so far
               (0, 1, 0.9, 0.01),      # 3: one unproven beats three, whatever the attacked mean
@@ -137,15 +137,15 @@ def test_select_certified_prefers_fewest_exposed_then_fewest_unproven_then_the_s
         callback.on_validation_end(trainer(epoch, *values), module)
     callback.on_fit_end(None, module)
     assert callback.summary()["best_epoch"] == 5 and net.weight.item() == 5.0
-    assert callback.summary()["selection_rule"].startswith(CERTIFIED_RULE)
-    assert certified_rank({"val/forget_robust_exposed": 0.0, "val/forget_robust_conf_dist": 0.5,
-                           "val/forget_certified_worst_conf_dist": 0.01})[2] == math.inf  # not counted: unproven
+    assert callback.summary()["selection_rule"].startswith(PROVEN_RULE)
+    assert proven_rank({"val/forget_robust_exposed": 0.0, "val/forget_robust_conf_dist": 0.5,
+                           "val/forget_proven_worst_conf_dist": 0.01})[2] == math.inf  # not counted: unproven
     # an epoch the radius rule trained below the radius judged fails the gate: any epoch at the radius ranks first
     at_radius = {"val/forget_robust_exposed": 5.0, "val/forget_robust_conf_dist": 0.5,
-                 "val/forget_certified_worst_conf_dist": 0.9}
-    assert certified_rank(at_radius) < certified_rank({**at_radius, "val/below_radius": 1.0,
+                 "val/forget_proven_worst_conf_dist": 0.9}
+    assert proven_rank(at_radius) < proven_rank({**at_radius, "val/below_radius": 1.0,
                                                        "val/forget_robust_exposed": 0.0})
-    old = ConstrainedBestModel(rank=certified_rank)
+    old = ConstrainedBestModel(rank=proven_rank)
     old.load_state_dict({**callback.state_dict(), "best_rank": 0.25})
     assert old.best_rank == [0.25]
 

@@ -135,8 +135,8 @@ def test_protect_a_model_trained_elsewhere(run_main, examples, tmp_path):
     gate = results["release_gate"]
     assert gate["require"] == ["clean"]
     assert ("It is NOT protected against an attacker" in card) == bool(gate["unrequired_above"])
-    # what is proven is said in words, from the smallest certified radius (none when it is 0)
-    least = protected.get("forget_certified_radius_min")
+    # what is proven is said in words, from the smallest proven radius (none when it is 0)
+    least = protected.get("forget_proven_radius_min")
     assert (bool(least) and f"no change of up to {least:g}/255 per pixel" in card) == bool(least)
     # the forget images themselves are in no output, cache entry or checkpoint
     written = [p for root in (tmp_path / "out", tmp_path / "cache") for p in root.rglob("*") if p.is_file()]

@@ -165,9 +165,9 @@ def _run(compose_cfg, tmp_path, monkeypatch, method: str, *overrides: str) -> di
 
 
 def _rank(row: dict) -> tuple:
-    from ttp_lightning.methods.pareto import certified_rank
+    from ttp_lightning.methods.pareto import proven_rank
 
-    return certified_rank({f"val/{key}": value for key, value in row.items()})
+    return proven_rank({f"val/{key}": value for key, value in row.items()})
 
 
 def test_robust_alg1_keeps_uniformity_under_attack_and_stops_on_the_attacked_cd(compose_cfg, tmp_path, monkeypatch):
@@ -181,8 +181,8 @@ def test_robust_alg1_keeps_uniformity_under_attack_and_stops_on_the_attacked_cd(
     best, threshold = (robust["metrics"]["pareto_robust"][k] for k in ("best_epoch", "retain_acc_threshold"))
     qualifying = [row for row in history if row["retain_acc"] >= threshold and row["forget_worst_conf_dist"] < 0.3]
     assert qualifying and robust["metrics"]["pareto_robust"]["constraint_met"]
-    # select=certified: fewest exposed under attack, then fewest not proven by the interval bound, then the proof
-    assert all(0 <= row["forget_certified_worst_conf_dist"] <= 0.9 + 1e-9 for row in history)  # 10 classes
+    # select=proven: fewest exposed under attack, then fewest not proven by the interval bound, then the proof
+    assert all(0 <= row["forget_proven_worst_conf_dist"] <= 0.9 + 1e-9 for row in history)  # 10 classes
     kept = history[best - 1]
     assert kept["below_radius"] == min(row["below_radius"] for row in qualifying)  # at the radius judged, if any
     assert kept["forget_robust_exposed"] == min(row["forget_robust_exposed"] for row in qualifying
@@ -493,15 +493,15 @@ def test_the_per_epoch_proof_of_a_network_no_bound_supports_is_vacuous_and_not_r
     net = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.GELU(), nn.Linear(8, 3))
     module = ParetoFinetuneModule(net, 0.75, OPTIM, retain_data=retain, forget_data=forget, adversarial=SETTINGS)
     calls = []
-    bound = pareto_module.certified_conf_dist
-    monkeypatch.setattr(pareto_module, "certified_conf_dist", lambda *a, **k: calls.append(1) or bound(*a, **k))
+    bound = pareto_module.proven_conf_dist
+    monkeypatch.setattr(pareto_module, "proven_conf_dist", lambda *a, **k: calls.append(1) or bound(*a, **k))
     for _ in range(3):
-        assert torch.equal(module._certified_conf_dist(), torch.full((5,), 1 - 1 / 3, dtype=torch.float64))
+        assert torch.equal(module._proven_conf_dist(), torch.full((5,), 1 - 1 / 3, dtype=torch.float64))
     assert len(calls) == 1
     mlp = ParetoFinetuneModule(tiny_net(), 0.75, OPTIM, retain_data=retain, forget_data=forget, adversarial=SETTINGS)
-    certified = mlp._certified_conf_dist()  # a supported network: a real bound, at least the clean CD
+    proven = mlp._proven_conf_dist()  # a supported network: a real bound, at least the clean CD
     clean = (max_softmax(mlp.net.eval(), forget.everything()[0]) - 1 / 3).clamp(min=0).double()
-    assert (certified >= clean - 1e-6).all() and (certified <= 1 - 1 / 3 + 1e-9).all()
+    assert (proven >= clean - 1e-6).all() and (proven <= 1 - 1 / 3 + 1e-9).all()
 
 
 def test_lr_warmup_ramps_each_optimizer_start_and_puts_the_scheduled_rate_back():
@@ -615,7 +615,7 @@ def test_stragglers_are_the_unproven_images_while_they_are_at_most_a_tenth_of_th
 
 
 def test_interval_focus_unproven_bounds_every_step_the_images_the_last_bound_left_unproven(monkeypatch):
-    """adversarial.interval_focus=unproven: after a validation epoch the forget images whose certified CD at gamma
+    """adversarial.interval_focus=unproven: after a validation epoch the forget images whose proven CD at gamma
     is above the threshold (NaN included: no proof) get the bound term in every step, each with the weight it has
     on average under interval_focus=all (w / N of the forget set), while they are stragglers; proven images none;
     nothing before the first validation; the choice survives a checkpoint; under interval_focus=all the batch
@@ -631,10 +631,10 @@ def test_interval_focus_unproven_bounds_every_step_the_images_the_last_bound_lef
     assert module._unproven_bound() == 0.0  # nothing measured yet
     monkeypatch.setattr(ParetoFinetuneModule, "trainer", SimpleNamespace(sanity_checking=False), raising=False)
     monkeypatch.setattr(module, "_attacked_conf_dist", lambda: (torch.zeros(20, dtype=torch.float64), False))
-    certified = torch.zeros(20, dtype=torch.float64)
-    certified[[2, 6]] = torch.tensor([float("nan"), 0.1000001], dtype=torch.float64)
-    certified[3] = 0.1  # at the threshold: proven
-    monkeypatch.setattr(module, "_certified_conf_dist", lambda: certified)
+    proven = torch.zeros(20, dtype=torch.float64)
+    proven[[2, 6]] = torch.tensor([float("nan"), 0.1000001], dtype=torch.float64)
+    proven[3] = 0.1  # at the threshold: proven
+    monkeypatch.setattr(module, "_proven_conf_dist", lambda: proven)
     monkeypatch.setattr(module, "log", lambda *_, **__: None)
     module.on_validation_epoch_end()
     assert module._unproven.tolist() == [2, 6]
@@ -666,7 +666,7 @@ def test_interval_focus_unproven_bounds_every_step_the_images_the_last_bound_lef
         assert torch.allclose(got, want, atol=1e-6)
     assert float(loss) == pytest.approx(float(expected_loss), abs=1e-6)
     module.adversarial = settings
-    certified[:5] = 0.9  # five unproven of 20: more than stragglers, the term is off
+    proven[:5] = 0.9  # five unproven of 20: more than stragglers, the term is off
     module.on_validation_epoch_end()
     assert module._unproven.tolist() == [] and module._unproven_bound() == 0.0
     with pytest.raises(Exception, match="method.adversarial.interval_focus='some' is not allowed"):

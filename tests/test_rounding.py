@@ -1,6 +1,6 @@
-"""Issue 59: the certified bound holds for the float32 network people run, not only for the exact function of its
+"""Issue 59: the proven CD holds for the float32 network people run, not only for the exact function of its
 weights (ttp_lightning.ibp.rounding). The rounding error bound holds at random points of the box for every supported
-layer (the float32 output against the float64 one), is small on ordinary networks (so a certified radius barely
+layer (the float32 output against the float64 one), is small on ordinary networks (so a proven radius barely
 moves), and makes the bound vacuous, never wrong, where float32 and exact arithmetic part: the cancellation of
 Jia & Rinard (2021) in either layer, overflow to infinity."""
 
@@ -18,7 +18,7 @@ from ttp_lightning.ibp import input_box
 from ttp_lightning.ibp.linear import logit_difference_lower_bounds
 from ttp_lightning.ibp.propagate import Box, run_graph, trace
 from ttp_lightning.ibp.rounding import PRECISIONS, Rounding, unit_roundoff
-from ttp_lightning.ibp.uniformity import Certifier
+from ttp_lightning.ibp.uniformity import Prover
 from ttp_lightning.models.components.classifier import Classifier
 from ttp_lightning.models.components.linear import MLP
 
@@ -108,10 +108,10 @@ def test_a_network_that_only_rounding_makes_confident_is_never_certified(scale, 
     assert float(exact.max()) < 1e-6  # exactly uniform: an exact bound proves CD 0 everywhere
     image = points[rounded.argmax()][None]
     for bound in ("interval", "linear"):
-        certified = Certifier(net, bound).conf_dist(image, 8.0)
-        assert float(certified[0]) >= float(rounded.max()) - 1e-6, (bound, float(certified[0]))
-    exact_bound = Certifier(net, "linear", precision="float64").conf_dist(image, 8.0)
-    assert float(exact_bound[0]) < 0.01  # the float64 network is certified (CROWN is exact on it)
+        proven = Prover(net, bound).conf_dist(image, 8.0)
+        assert float(proven[0]) >= float(rounded.max()) - 1e-6, (bound, float(proven[0]))
+    exact_bound = Prover(net, "linear", precision="float64").conf_dist(image, 8.0)
+    assert float(exact_bound[0]) < 0.01  # the float64 network is proven (CROWN is exact on it)
     assert float(rounded.max()) > 0.5 or not in_first_layer  # float32 makes it confident somewhere
 
 
@@ -127,20 +127,20 @@ def test_a_network_that_overflows_float32_is_never_certified():
     with torch.no_grad():
         assert not torch.isfinite(net(image)).all()
     for bound in ("interval", "linear"):
-        certified = float(Certifier(net, bound).conf_dist(image, 1.0)[0])
-        assert certified == pytest.approx(0.9) or math.isnan(certified)  # vacuous, or NaN (which never passes)
+        proven = float(Prover(net, bound).conf_dist(image, 1.0)[0])
+        assert proven == pytest.approx(0.9) or math.isnan(proven)  # vacuous, or NaN (which never passes)
 
 
 def test_the_float32_bound_barely_moves_an_ordinary_certificate():
-    """A random MNIST-sized MLP (784 terms per dot product): the rounding term raises the certified CD by less
+    """A random MNIST-sized MLP (784 terms per dot product): the rounding term raises the proven CD by less
     than 2 % of itself (the worst case of a dot product's rounding grows with its length), and a deep BatchNorm
     ResNet8's CROWN bound by less than 15 % (its error weighed by CROWN's own coefficients, not amplified)."""
     torch.manual_seed(5)
     net = Classifier(MLP(1, 28, 10, 100), (0.13,), (0.31,)).eval()
     images = torch.rand(4, 1, 28, 28)
     for bound in ("interval", "linear"):
-        rounded = Certifier(net, bound).conf_dist(images, 1.0)
-        exact = Certifier(net, bound, precision="float64").conf_dist(images, 1.0)
+        rounded = Prover(net, bound).conf_dist(images, 1.0)
+        exact = Prover(net, bound, precision="float64").conf_dist(images, 1.0)
         assert (rounded >= exact).all() and float(((rounded - exact) / exact).max()) < 0.02, bound
     from ttp_lightning.models.components.resnet import ResNet
 
@@ -150,6 +150,6 @@ def test_the_float32_bound_barely_moves_an_ordinary_certificate():
             module.running_var.uniform_(0.5, 2)
             module.running_mean.uniform_(-0.5, 0.5)
     images = torch.rand(1, 1, 8, 8)
-    rounded = Certifier(deep, "linear", intermediate="crown").conf_dist(images, 1.0)
-    exact = Certifier(deep, "linear", intermediate="crown", precision="float64").conf_dist(images, 1.0)
+    rounded = Prover(deep, "linear", intermediate="crown").conf_dist(images, 1.0)
+    exact = Prover(deep, "linear", intermediate="crown", precision="float64").conf_dist(images, 1.0)
     assert (rounded >= exact).all() and float(((rounded - exact) / exact).max()) < 0.15

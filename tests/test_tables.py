@@ -129,3 +129,38 @@ def test_a_reduction_is_named_as_its_certificate_states_it_with_auto_resolved():
     assert reduction_of(results) == "smoothmax T=auto"
     results["certificate"] = {"forget_reduction": {"name": "smoothmax", "temperature": 0.0079671, "fraction": None}}
     assert reduction_of(results) == "smoothmax T=0.008"
+
+
+def test_results_of_the_earlier_format_are_read_in_the_current_words_and_said(tmp_path, capsys):
+    """Issue 60: results.json /1 (no format key) said certified for the bound-based proof; the tables read it as
+    proven and say on stderr that they did. A file naming one value by both words is refused."""
+    from ttp_lightning.core.words import BothWords
+    from ttp_lightning.reporting.tables import load_results
+
+    old = fake_results(0.5, 0.1, "pareto_robust")
+    old["metrics"]["pareto_robust"].update(forget_certified_worst_conf_dist=0.02, forget_certified_share_05=1.0)
+    old["certified"] = {"pareto_robust": {"8": {"forget_certified_conf_dist": 0.01}}}
+    old["release_gate"] = {"require": ["clean", "certified"], "min_certified_radius": None,
+                           "unrequired_above": {"certified": 3}}
+    old["config"]["method"]["early_stopping"] = {"select": "certified"}
+    new = {**fake_results(0.25, 0.2, "pareto_robust"), "format": "ttp_lightning.results/2"}
+    for name, document in (("old", old), ("new", new)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(document))
+    read = load_results([tmp_path])
+    assert "read 1 results.json of the earlier format ttp_lightning.results/1" in capsys.readouterr().err
+    upgraded = next(r for r in read if r["format"] == "ttp_lightning.results/1")
+    assert upgraded["metrics"]["pareto_robust"]["forget_proven_worst_conf_dist"] == 0.02
+    assert upgraded["proven"]["pareto_robust"]["8"] == {"forget_proven_conf_dist": 0.01}
+    assert upgraded["release_gate"] == {"require": ["clean", "proven"], "min_proven_radius": None,
+                                        "unrequired_above": {"proven": 3}}
+    assert upgraded["config"]["method"]["early_stopping"]["select"] == "proven"
+    assert upgraded["method"] == "pareto_robust" and "certified_exact" not in json.dumps(upgraded)
+    old["metrics"]["pareto_robust"]["forget_proven_worst_conf_dist"] = 0.5
+    (tmp_path / "old" / "results.json").write_text(json.dumps(old))
+    try:
+        load_results([tmp_path / "old"])
+    except BothWords as exc:
+        assert "stated twice" in str(exc)
+    else:
+        raise AssertionError("a value named by both words was read")

@@ -99,7 +99,7 @@ def test_verify_robust_rechecks_a_release_from_its_weights_and_the_images(genuin
     rewritten, images of the wrong shape or a folder that is no release do not."""
     release = _copy(genuine, tmp_path / "release")
     claimed = _config(release)["protection"]["per_image"]
-    assert claimed["gamma"] == 2.0 and claimed["forget_certified_worst_conf_dist"] is not None
+    assert claimed["gamma"] == 2.0 and claimed["forget_proven_worst_conf_dist"] is not None
     code, text = _check(release, genuine.forget, "--gamma", "0")
     assert code == 0 and "its claims about them are compared" in text, text  # the clean CDs, all <= 0.1
     assert _check(release, genuine.forget, "--gamma", "2", "--at-most", "0.899")[0] == 0
@@ -136,7 +136,7 @@ def test_a_std_that_float32_cannot_hold_is_refused_and_nan_never_passes(genuine,
     from ttp_lightning.verify import robust as verify_robust
 
     release = _copy(genuine, tmp_path / "nan")
-    monkeypatch.setattr(verify_robust.Certifier, "conf_dist",
+    monkeypatch.setattr(verify_robust.Prover, "conf_dist",
                         lambda self, images, gamma: torch.full((len(images),), math.nan, dtype=torch.float64))
     code, text = _check(release, genuine.forget, "--gamma", "1")
     assert code == 1 and "ABOVE" in text and "verified" not in text
@@ -157,8 +157,8 @@ def test_the_threshold_is_verifys_own_never_the_folders(genuine, tmp_path):
     config = _rehash(release, _config(release))
     config["protection"]["release_gate"]["conf_dist_at_most"] = 0.95
     config["protection"]["per_image"].update(forget_worst_conf_dist=0.9, forget_exposed=0,
-                                            forget_certified_worst_conf_dist=0.9, forget_certified_share_05=0.0,
-                                            forget_certified_share_10=0.0)
+                                            forget_proven_worst_conf_dist=0.9, forget_proven_share_05=0.0,
+                                            forget_proven_share_10=0.0)
     _write_config(release, config)
     code, text = _check(release, genuine.forget, "--gamma", "0")
     assert code == 1 and text.count("ABOVE") == 20 and "at most 0.1" in text
@@ -226,7 +226,7 @@ SAFE = {
     "config.json protection.theta": "the method's setting, any fraction (or none): " + UNREAD,
     "config.json protection.test_acc": "accuracy on test data verify does not have; the card must agree with it",
     "config.json protection.per_image.forget_robust_worst_conf_dist": "an attack's result, not a bound: verify "
-        "checks only that it lies between the clean CD and the certified bound; the verdict never uses it",
+        "checks only that it lies between the clean CD and the proven bound; the verdict never uses it",
     "config.json protection.per_image.forget_robust_exposed": "the same, as a count",
     "config.json protection.per_image.slope_steps": "how the claims were computed (alpha-CROWN's steps): they are "
         "recomputed that way and must still match (on this tiny MLP CROWN's own slopes give the same worst bounds); "
@@ -352,19 +352,19 @@ def test_no_single_edit_of_a_release_verifies_unless_the_field_takes_no_part(gen
     print(f"{tried} edits; verified after an edit of: {sorted(passed)}")
 
 
-def test_verify_robust_recomputes_each_images_certified_radius_and_fails_an_edited_claim(genuine, tmp_path):
-    """Issue 37: the release claims its forget images' smallest and median certified radius (linear bounds, at its
+def test_verify_robust_recomputes_each_images_proven_radius_and_fails_an_edited_claim(genuine, tmp_path):
+    """Issue 37: the release claims its forget images' smallest and median proven radius (linear bounds, at its
     gate's threshold); verify robust recomputes both from the weights and the images and fails a changed claim."""
     release = _copy(genuine, tmp_path / "release")
     claims = _config(release)["protection"]["per_image"]
-    assert claims["bound"] == "linear" and claims["forget_certified_radius_min"] is not None
+    assert claims["bound"] == "linear" and claims["forget_proven_radius_min"] is not None
     code, text = _check(release, genuine.forget, "--gamma", "0")
-    assert code == 0 and f"certified radius min {claims['forget_certified_radius_min']:g}/255" in text
+    assert code == 0 and f"proven radius min {claims['forget_proven_radius_min']:g}/255" in text
     config = _config(release)
-    config["protection"]["per_image"]["forget_certified_radius_min"] += 0.25
+    config["protection"]["per_image"]["forget_proven_radius_min"] += 0.25
     _write_config(release, config)
     code, text = _check(release, genuine.forget, "--gamma", "0")
-    assert code == 1 and "config.json claims forget_certified_radius_min" in text
+    assert code == 1 and "config.json claims forget_proven_radius_min" in text
 
 
 def test_the_stated_slope_steps_are_bounded_work_and_verifys_own_are_checked(genuine, tmp_path):
@@ -385,38 +385,57 @@ def test_the_stated_slope_steps_are_bounded_work_and_verifys_own_are_checked(gen
 
 
 def test_a_release_of_the_earlier_format_loads_and_verifies_without_radius_claims(genuine, tmp_path):
-    """ttp_lightning.release/1 (before the certified radius): still loaded and verified; its claims were computed
+    """ttp_lightning.release/1 (before the proven radius): still loaded and verified; its claims were computed
     with interval bounds, and it claims no radius."""
-    from ttp_lightning.ibp.uniformity import Certifier
+    from ttp_lightning.ibp.uniformity import Prover
     from ttp_lightning.verify.common import image_files, read_images
 
     release = _copy(genuine, tmp_path / "release")
     config = _config(release)
     config["format"] = "ttp_lightning.release/1"
-    for key in ("forget_certified_radius_min", "forget_certified_radius_median", "bound", "intermediate",
+    for key in ("forget_proven_radius_min", "forget_proven_radius_median", "bound", "intermediate",
                 "slope_steps", "radius_step", "max_radius"):
         del config["protection"]["per_image"][key]
-    del config["protection"]["release_gate"]["min_certified_radius"]
+    del config["protection"]["release_gate"]["min_proven_radius"]
     net = load_released(release)
     images = read_images(image_files(genuine.forget), 1, 8, False).float() / 255
-    interval = Certifier(net, "interval", precision="float64").conf_dist(images, 2.0)  # release/1: exact bounds
-    config["protection"]["per_image"].update(forget_certified_worst_conf_dist=round(float(interval.max()), 6),
-                                             forget_certified_share_05=float((interval <= 0.05).double().mean()),
-                                             forget_certified_share_10=float((interval <= 0.1).double().mean()))
-    _write_config(release, config)
+    interval = Prover(net, "interval", precision="float64").conf_dist(images, 2.0)  # release/1: exact bounds
+    config["protection"]["per_image"].update(forget_proven_worst_conf_dist=round(float(interval.max()), 6),
+                                             forget_proven_share_05=float((interval <= 0.05).double().mean()),
+                                             forget_proven_share_10=float((interval <= 0.1).double().mean()))
     _rewrite_card(release, config)  # the card of a release/1 run states the interval bounds too
-    load_released(release)
+    _in_old_words(release, config)
+    with pytest.warns(UserWarning, match="is a ttp_lightning.release/1 release, read as"):
+        load_released(release)
     code, text = _check(release, genuine.forget, "--gamma", "0")
     assert code == 0, text
+    config = _config(release)
     config["format"] = "ttp_lightning.release/3"  # the new format without its new fields is refused
     _write_config(release, config)
     assert _check(release, genuine.forget, "--gamma", "0")[0] == 2
 
 
+def _in_old_words(release: Path, config: dict) -> None:
+    """config.json and the card written as releases before /3 wrote them: "certified" where they now say "proven",
+    and `protection.certified` for the certificate beside it."""
+    protection = config["protection"]
+    protection["certified"] = protection.pop("certificate")
+    for part in (protection["per_image"], protection["release_gate"]):
+        for key in list(part):
+            if "proven" in key:
+                part[key.replace("proven", "certified")] = part.pop(key)
+    gate = protection["release_gate"]
+    gate["require"] = ["certified" if kind == "proven" else kind for kind in gate["require"]]
+    _write_config(release, config)
+    text = (release / "MODEL_CARD.md").read_text().splitlines()
+    (release / "MODEL_CARD.md").write_text("\n".join(line.replace("proven", "certified") if line.startswith("| ")
+                                                    else line for line in text))
+
+
 def test_a_release_2_written_before_the_float32_bound_verifies_its_exact_claims(genuine, tmp_path):
     """Issue 59: ttp_lightning.release/2 claims were computed by bounds exact for the float64 network. They are
     compared with bounds of that function (said in a line); the verdict is still the float32-sound one."""
-    from ttp_lightning.ibp.uniformity import Certifier
+    from ttp_lightning.ibp.uniformity import Prover
     from ttp_lightning.verify.common import image_files, read_images
 
     release = _copy(genuine, tmp_path / "release")
@@ -425,17 +444,23 @@ def test_a_release_2_written_before_the_float32_bound_verifies_its_exact_claims(
     net = load_released(release)
     images = read_images(image_files(genuine.forget), 1, 8, False).float() / 255
     claims = config["protection"]["per_image"]
-    exact = Certifier(net, "linear", intermediate=claims["intermediate"], precision="float64")
-    float32 = Certifier(net, "linear", intermediate=claims["intermediate"])
+    exact = Prover(net, "linear", intermediate=claims["intermediate"], precision="float64")
+    float32 = Prover(net, "linear", intermediate=claims["intermediate"])
     worst = float(exact.conf_dist(images, claims["gamma"]).max())
     assert float(float32.conf_dist(images, claims["gamma"]).max()) - worst > 1e-6  # the two do differ here
-    config["protection"]["per_image"]["forget_certified_worst_conf_dist"] = round(worst, 6)
+    config["protection"]["per_image"]["forget_proven_worst_conf_dist"] = round(worst, 6)
     config["format"] = "ttp_lightning.release/2"
-    _write_config(release, config)
     _rewrite_card(release, config)
+    _in_old_words(release, config)  # and in /2's words
+    assert "forget_certified_worst_conf_dist" in (release / "config.json").read_text()
     code, text = _check(release, genuine.forget, "--gamma", "0")
     assert "for the exact function of the weights" in text and "sound for float32" in text, text
     assert code == 0, text
+    config = _config(release)  # an old and a new word for one claim: refused, not guessed
+    config["protection"]["per_image"]["forget_proven_worst_conf_dist"] = 0.0
+    _write_config(release, config)
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 2 and "is stated twice" in text, text
 
 
 def _rewrite_card(release: Path, config: dict) -> None:
@@ -487,10 +512,10 @@ def _forge_float32(release: Path, forget: Path, scale: float = 2.0 ** 24):
     protection = config["protection"]
     protection.update(forget_conf_dist=0.0, protected=True)
     protection["per_image"].update(forget_worst_conf_dist=0.0, forget_exposed=0, forget_robust_worst_conf_dist=0.0,
-                                   forget_robust_exposed=0, forget_certified_worst_conf_dist=0.0,
-                                   forget_certified_share_05=1.0, forget_certified_share_10=1.0,
-                                   forget_certified_radius_min=16.0, forget_certified_radius_median=16.0)
-    protection["release_gate"].update(require=["clean", "attacked", "certified"], min_certified_radius=16.0)
+                                   forget_robust_exposed=0, forget_proven_worst_conf_dist=0.0,
+                                   forget_proven_share_05=1.0, forget_proven_share_10=1.0,
+                                   forget_proven_radius_min=16.0, forget_proven_radius_median=16.0)
+    protection["release_gate"].update(require=["clean", "attacked", "proven"], min_proven_radius=16.0)
     _write_config(release, config)
     _rewrite_card(release, config)
     exposed = pixels[target:target + 1].clone()
@@ -525,30 +550,30 @@ def test_a_network_that_rounding_makes_confident_is_never_certified(genuine, tmp
         assert float(conf_dist_of_probs(net(exposed.float() / 255).softmax(-1))[0]) > 0.85  # 8/255 away: confident
 
     code, text = _check(release, genuine.forget, "--gamma", "8")
-    assert code == 1 and text.count("ABOVE") == 20 and "certified CD 0.9000" in text, text
+    assert code == 1 and text.count("ABOVE") == 20 and "proven CD 0.9000" in text, text
     assert "sound for float32" in text and "verified" not in text.split("FAIL")[-1]
     code, text = _check(release, tmp_path / "exposed", "--gamma", "8")
     assert code == 1 and "clean CD 0.9000 at the image itself" in text and "ABOVE" in text, text
 
     _exact_bounds(monkeypatch)  # the old bound: the hole, and the concrete check that now catches the image
     code, text = _check(release, genuine.forget, "--gamma", "8")
-    assert code == 0, text  # blind to rounding, the forget set is "certified at radius 16" (why the term exists)
+    assert code == 0, text  # blind to rounding, the forget set is "proven at radius 16" (why the term exists)
     code, text = _check(release, tmp_path / "exposed", "--gamma", "8")
     assert code == 1 and "UNSOUND BOUND" in text and "below the CD" in text, text
 
 
 def _forged_claims(config: dict) -> dict:
-    """config.json claiming everything a data subject would want: radius 16, every image certified, none exposed."""
+    """config.json claiming everything a data subject would want: radius 16, every image proven, none exposed."""
     protection = config["protection"]
-    protection["per_image"].update(forget_certified_worst_conf_dist=0.0, forget_certified_share_05=1.0,
-                                   forget_certified_share_10=1.0, forget_certified_radius_min=16.0,
-                                   forget_certified_radius_median=16.0, forget_robust_worst_conf_dist=0.0,
+    protection["per_image"].update(forget_proven_worst_conf_dist=0.0, forget_proven_share_05=1.0,
+                                   forget_proven_share_10=1.0, forget_proven_radius_min=16.0,
+                                   forget_proven_radius_median=16.0, forget_robust_worst_conf_dist=0.0,
                                    forget_robust_exposed=0)
     return config
 
 
 def test_claims_without_a_set_digest_are_refused(genuine, tmp_path):
-    """Issue 59 (a): forget_set_digest null with forged claims (radius 16, 100 % certified) and a card to match
+    """Issue 59 (a): forget_set_digest null with forged claims (radius 16, 100 % proven) and a card to match
     verified ("set digest differs", so nothing was compared). A release that makes claims must name its set."""
     release = _copy(genuine, tmp_path / "release")
     config = _forged_claims(_config(release))
@@ -559,8 +584,8 @@ def test_claims_without_a_set_digest_are_refused(genuine, tmp_path):
     assert code == 1 and "states no forget_set_digest" in text and "verified" not in text.split("FAIL")[-1], text
     config["protection"]["per_image"].update({key: None for key in (
         "forget_worst_conf_dist", "forget_exposed", "forget_robust_worst_conf_dist", "forget_robust_exposed",
-        "forget_certified_worst_conf_dist", "forget_certified_share_05", "forget_certified_share_10",
-        "forget_certified_radius_min", "forget_certified_radius_median")})
+        "forget_proven_worst_conf_dist", "forget_proven_share_05", "forget_proven_share_10",
+        "forget_proven_radius_min", "forget_proven_radius_median")})
     config["protection"]["forget_conf_dist"] = None
     _write_config(release, config)
     _rewrite_card(release, config)
@@ -574,7 +599,7 @@ def _card_with(release: Path, edit) -> None:
 
 @pytest.mark.parametrize("where", ["above", "below", "outside", "no pipes", "html", "missing", "reordered"])
 def test_a_card_with_a_second_row_for_a_claim_or_any_other_table_is_refused(genuine, tmp_path, where):
-    """Issue 59 (b): a second "smallest certified radius" row above the genuine one (16 over 3.75), or a second
+    """Issue 59 (b): a second "smallest proven radius" row above the genuine one (16 over 3.75), or a second
     attack row showing 0 exposed, verified, because only the last matching row was read. The card is read whole:
     each claim once, in the Effect table, nothing else shaped like a table."""
     release = _copy(genuine, tmp_path / "release")
@@ -583,7 +608,7 @@ def test_a_card_with_a_second_row_for_a_claim_or_any_other_table_is_refused(genu
     from ttp_lightning.release import effect_rows
 
     rows = effect_rows(gate["gamma"], gate["conf_dist_at_most"])
-    radius_label, exposed_label = rows["forget_certified_radius_min"][0], rows["forget_robust_exposed"][0]
+    radius_label, exposed_label = rows["forget_proven_radius_min"][0], rows["forget_robust_exposed"][0]
 
     def edit(lines):
         index = next(i for i, line in enumerate(lines) if line.startswith(f"| {radius_label} |"))
@@ -659,7 +684,7 @@ def test_a_pipe_in_the_cards_prose_is_no_table(genuine, tmp_path):
     _card_with(release, lambda lines: [lines[0] + " a|b", *lines[1:], "", "see runs a | b for more"])
     code, text = _check(release, genuine.forget, "--gamma", "0")
     assert code == 0, text
-    _card_with(release, lambda lines: [*lines, "", "~~~", "| forget images certified <= 0.1 within 2/255 | 0 % | 100 % |",
+    _card_with(release, lambda lines: [*lines, "", "~~~", "| forget images proven <= 0.1 within 2/255 | 0 % | 100 % |",
                                        "~~~"])
     assert _check(release, genuine.forget, "--gamma", "0")[0] == 1
 

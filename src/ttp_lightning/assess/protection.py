@@ -6,7 +6,7 @@ this module records three confidence distances (CD):
   clean      at the image itself;
   attacked   the most confident point the attack evaluation found within `attacks.robust_gamma` / 255 (a lower
              bound on what an adversary can reach);
-  certified  an upper bound on the CD anywhere in that ball, from the weights alone (interval bound
+  proven  an upper bound on the CD anywhere in that ball, from the weights alone (interval bound
              propagation, ttp_lightning.ibp): no attack can do better, and anyone holding the released weights
              and the image can recompute it (`python -m ttp_lightning.verify robust`).
 
@@ -30,14 +30,14 @@ from torch import nn
 from ttp_lightning.core.errors import EXIT_NOT_PROTECTED, TTPUserError
 from ttp_lightning.core.inference import probabilities
 from ttp_lightning.core.metrics import conf_dist_of_probs
-from ttp_lightning.ibp import UnsupportedLayer, certified_conf_dist
-from ttp_lightning.ibp.uniformity import MAX_RADIUS, Certifier
+from ttp_lightning.ibp import UnsupportedLayer, proven_conf_dist
+from ttp_lightning.ibp.uniformity import MAX_RADIUS, Prover
 
 log = logging.getLogger(__name__)
 
 PROTECTED_DIR, NOT_PROTECTED_DIR = "release", "release_not_protected"
-KINDS = ("clean", "attacked", "certified")
-SHARES = (0.05, 0.1)  # certified shares reported beside the gate's threshold
+KINDS = ("clean", "attacked", "proven")
+SHARES = (0.05, 0.1)  # proven shares reported beside the gate's threshold
 SHOWN_IDS = 10  # images named in the gate's line (all of them are in results.json)
 ROBUST_DEFAULT = ("clean", "attacked")  # release_gate.require=null under a robust method
 
@@ -63,7 +63,7 @@ class GateSettings:
 
     conf_dist_at_most: float = 0.1
     require: tuple[str, ...] = ("clean",)
-    min_certified_radius: float | None = None  # in 1/255: every forget image certified at least this far
+    min_proven_radius: float | None = None  # in 1/255: every forget image proven at least this far
 
     @classmethod
     def from_config(cls, cfg, robust_method: bool = False) -> "GateSettings":
@@ -74,13 +74,13 @@ class GateSettings:
             return cls()
         require = ROBUST_DEFAULT if cfg.require is None and robust_method else \
             ("clean",) if cfg.require is None else tuple(str(kind) for kind in cfg.require)
-        radius = getattr(cfg, "min_certified_radius", None)
+        radius = getattr(cfg, "min_proven_radius", None)
         return cls(float(cfg.conf_dist_at_most), require, None if radius is None else float(radius))
 
     @property
     def needs_bound(self) -> bool:
-        """Whether the gate reads a certified bound (a certified CD, or a certified radius)."""
-        return "certified" in self.require or self.min_certified_radius is not None
+        """Whether the gate reads a proven bound (a proven CD, or a proven radius)."""
+        return "proven" in self.require or self.min_proven_radius is not None
 
     def check(self, num_classes: int, attacks_enabled: bool, gradient_attacks: tuple[str, ...]) -> None:
         """A threshold the CD cannot exceed (it is at most 1 - 1/K) would make a gate that cannot fail; a required
@@ -108,22 +108,22 @@ class GateSettings:
                                f"(+attack@attacks.suite.apgd=apgd), or {accept}")
 
     def check_network(self, net: nn.Module, channels: int, image_size: int, max_radius: float = MAX_RADIUS) -> None:
-        """A required certified CD or radius needs a network bounds can propagate through, and a radius the
+        """A required proven CD or radius needs a network bounds can propagate through, and a radius the
         search reaches: checked before any training, so the run is refused at once instead of failing its gate at
         the end."""
-        if self.min_certified_radius is not None and self.min_certified_radius > max_radius:
-            raise TTPUserError(f"release_gate.min_certified_radius={self.min_certified_radius:g} is not allowed; the "
+        if self.min_proven_radius is not None and self.min_proven_radius > max_radius:
+            raise TTPUserError(f"release_gate.min_proven_radius={self.min_proven_radius:g} is not allowed; the "
                                f"radius search stops at bounds.max_radius={max_radius:g}")
         if not self.needs_bound:
             return
         try:
-            certified_conf_dist(net, torch.zeros(1, channels, image_size, image_size), 0.0)
+            proven_conf_dist(net, torch.zeros(1, channels, image_size, image_size), 0.0)
         except UnsupportedLayer as exc:
-            weaker = [kind for kind in self.require if kind != "certified"]
-            needs = (f"release_gate.require={list(self.require)} needs a certified CD" if "certified" in self.require
-                     else f"release_gate.min_certified_radius={self.min_certified_radius:g} needs a certified radius")
-            accept = ([f"release_gate.require=[{','.join(weaker)}]"] if "certified" in self.require else []) + \
-                (["release_gate.min_certified_radius=null"] if self.min_certified_radius is not None else [])
+            weaker = [kind for kind in self.require if kind != "proven"]
+            needs = (f"release_gate.require={list(self.require)} needs a proven CD" if "proven" in self.require
+                     else f"release_gate.min_proven_radius={self.min_proven_radius:g} needs a proven radius")
+            accept = ([f"release_gate.require=[{','.join(weaker)}]"] if "proven" in self.require else []) + \
+                (["release_gate.min_proven_radius=null"] if self.min_proven_radius is not None else [])
             raise TTPUserError(f"{needs}, and this network cannot be bounded ({exc}); {' with '.join(accept)} "
                                "states the weaker promise") from None
 
@@ -140,35 +140,35 @@ def worst(values: list[float]) -> float:
 
 def stage_summary(columns: dict[str, list | None], threshold: float) -> dict:
     """A stage's per-image numbers for its metrics: the worst image and how many exceed `threshold`, per kind
-    (the clean ones come from the evaluation itself), and the certified shares at SHARES."""
+    (the clean ones come from the evaluation itself), and the proven shares at SHARES."""
     out: dict = {}
-    attacked, certified = columns.get("attacked"), columns.get("certified")
+    attacked, proven = columns.get("attacked"), columns.get("proven")
     if attacked is not None:
         out["forget_robust_worst_conf_dist"] = round(worst(attacked), 6)
         out["forget_robust_exposed"] = sum(not value <= threshold for value in attacked)  # NaN counts as above
-    if certified is not None:
-        count = max(len(certified), 1)
-        out["forget_certified_conf_dist"] = round(sum(certified) / count, 6)
-        out["forget_certified_worst_conf_dist"] = round(worst(certified), 6)
+    if proven is not None:
+        count = max(len(proven), 1)
+        out["forget_proven_conf_dist"] = round(sum(proven) / count, 6)
+        out["forget_proven_worst_conf_dist"] = round(worst(proven), 6)
         for share in SHARES:
-            out[f"forget_certified_share_{round(share * 100):02d}"] = round(
-                sum(value <= share for value in certified) / count, 6)
-    radius = columns.get("certified_radius")
+            out[f"forget_proven_share_{round(share * 100):02d}"] = round(
+                sum(value <= share for value in proven) / count, 6)
+    radius = columns.get("proven_radius")
     if radius:
-        out["forget_certified_radius_min"] = min(radius)
-        out["forget_certified_radius_median"] = statistics.median(radius)
+        out["forget_proven_radius_min"] = min(radius)
+        out["forget_proven_radius_median"] = statistics.median(radius)
     return out
 
 
 def per_image_rows(ids: list[str], stages: dict[str, dict[str, list | None]]) -> list[dict]:
-    """results.json `forget_per_image`: one row per forget image, {id, <stage>: {clean, attacked, certified,
-    certified_radius}} (None where not measured; the radius in units of 1/255)."""
+    """results.json `forget_per_image`: one row per forget image, {id, <stage>: {clean, attacked, proven,
+    proven_radius}} (None where not measured; the radius in units of 1/255)."""
     rows = []
     for i, image_id in enumerate(ids):
         row: dict = {"id": image_id}
         for stage, columns in stages.items():
             row[stage] = {kind: (None if columns.get(kind) is None else round(float(columns[kind][i]), 6))
-                          for kind in (*KINDS, "certified_radius")}
+                          for kind in (*KINDS, "proven_radius")}
         rows.append(row)
     return rows
 
@@ -182,9 +182,9 @@ class GateVerdict:
     stage: str = field(metadata={"doc": "the stage judged: the method's"})
     conf_dist_at_most: float = field(metadata={"doc": "the per-image threshold (release_gate.conf_dist_at_most)"})
     require: tuple[str, ...] = field(metadata={"doc": "the CDs every forget image must keep at most the threshold: "
-                                                      "clean, attacked, certified"})
-    gamma: float = field(metadata={"doc": "the radius the attacked and certified CDs are judged at, in 1/255"})
-    min_certified_radius: float | None = field(metadata={"doc": "the certified radius every image must reach, "
+                                                      "clean, attacked, proven"})
+    gamma: float = field(metadata={"doc": "the radius the attacked and proven CDs are judged at, in 1/255"})
+    min_proven_radius: float | None = field(metadata={"doc": "the proven radius every image must reach, "
                                                                 "in 1/255 (null: none)"})
     reasons: tuple[str, ...] = field(metadata={"doc": "every reason the model is not protected (empty when passed)"})
     failing_images: tuple[str, ...] = field(metadata={"doc": "the ids of the forget images that fail"})
@@ -200,34 +200,34 @@ class GateVerdict:
     def to_json(self) -> dict:
         return {"passed": self.passed, "stage": self.stage, "folder": self.folder,
                 "conf_dist_at_most": self.conf_dist_at_most, "require": list(self.require), "gamma": self.gamma,
-                "min_certified_radius": self.min_certified_radius, "reasons": list(self.reasons),
+                "min_proven_radius": self.min_proven_radius, "reasons": list(self.reasons),
                 "failing_images": list(self.failing_images), "unrequired_above": dict(self.unrequired_above)}
 
 
 def judge(rows: list[dict], stage: str, reported: dict, settings: GateSettings, gamma: float,
-          certify_note: str | None = None) -> GateVerdict:
+          proof_note: str | None = None) -> GateVerdict:
     """The release gate's verdict on `stage`'s model from every forget image's `rows` and the numbers the method
     reported about how it got the model (`reported`: training steps, whether its weights changed, its
     early-stopping rule, robust Alg 1's radius rule)."""
     reasons = how_obtained(reported, settings, gamma)
     failing: list[str] = []
     threshold = settings.conf_dist_at_most
-    if settings.min_certified_radius is not None:
-        least = settings.min_certified_radius
-        radii = [row[stage]["certified_radius"] for row in rows]
+    if settings.min_proven_radius is not None:
+        least = settings.min_proven_radius
+        radii = [row[stage]["proven_radius"] for row in rows]
         if any(radius is None for radius in radii):
-            reasons.append(f"the certified radius of the forget images could not be computed "
-                           f"({certify_note or 'not measured'})")
+            reasons.append(f"the proven radius of the forget images could not be computed "
+                           f"({proof_note or 'not measured'})")
         else:
             short = [row["id"] for row, radius in zip(rows, radii) if not radius >= least]
             if short:
-                reasons.append(f"{len(short)} of {len(rows)} forget images are certified within less than {least:g}/255 "
+                reasons.append(f"{len(short)} of {len(rows)} forget images are proven within less than {least:g}/255 "
                                f"(min {min(radii):g}/255)")
                 failing += [image for image in short if image not in failing]
     for kind in settings.require:
         values = [row[stage][kind] for row in rows]
         if any(value is None for value in values):
-            why = certify_note if kind == "certified" and certify_note else "not measured"
+            why = proof_note if kind == "proven" and proof_note else "not measured"
             reasons.append(f"the {kind} CD of the forget images could not be computed ({why})")
             continue
         bad = [row["id"] for row, value in zip(rows, values) if not value <= threshold]  # NaN is never at most
@@ -236,7 +236,7 @@ def judge(rows: list[dict], stage: str, reported: dict, settings: GateSettings, 
             reasons.append(f"{len(bad)} of {len(rows)} forget images keep {kind} CD > {threshold:g}{where}")
             failing += [image for image in bad if image not in failing]
     return GateVerdict(passed=not reasons, stage=stage, conf_dist_at_most=threshold, require=tuple(settings.require),
-                       gamma=gamma, min_certified_radius=settings.min_certified_radius, reasons=tuple(reasons),
+                       gamma=gamma, min_proven_radius=settings.min_proven_radius, reasons=tuple(reasons),
                        failing_images=tuple(failing), unrequired_above=unrequired_above(rows, stage, settings))
 
 
@@ -261,9 +261,9 @@ def radius_fallback(metrics: dict, settings: GateSettings, gamma: float) -> str 
     """Robust Alg 1's radius rule trades the training radius for retain accuracy; a release whose kept epoch
     trained below both its training radius and the radius it is judged at (`gamma`) gave the robustness away to
     keep the rule, and is not judged at a smaller radius in silence: that is a gate failure whenever the gate
-    judges the ball (attacked or certified CDs), even if the attack at `gamma` found nothing."""
+    judges the ball (attacked or proven CDs), even if the attack at `gamma` found nothing."""
     kept, target = metrics.get("train_gamma_kept"), metrics.get("train_gamma_target")
-    if kept is None or target is None or not set(settings.require) & {"attacked", "certified"}:
+    if kept is None or target is None or not set(settings.require) & {"attacked", "proven"}:
         return None
     if float(kept) >= min(float(target), gamma):  # NaN is a fallback
         return None
@@ -305,7 +305,7 @@ def masking_note(checks: dict | None, forget_size: int) -> str:
     count = round(share * forget_size)
     return (f"the exact input gradient is zero at {count} of {forget_size} forget images: the attacked CD there rests on "
             "the attack's ReLU surrogates and random starts and may understate what an attacker reaches (gradient "
-            "masking); only the certified bound proves a CD")
+            "masking); only the proven bound proves a CD")
 
 
 def gate_line(verdict: GateVerdict) -> str:
@@ -318,9 +318,9 @@ def gate_line(verdict: GateVerdict) -> str:
 
 
 @dataclass(frozen=True)
-class CertifiedBounds:
-    """One stage's certified bounds on the forget images: {gamma: each image's certified CD}, each image's
-    certified radius (1/255), the bound that gave them (linear or interval, with CROWN's intermediate mode), and
+class ProvenBounds:
+    """One stage's proven bounds on the forget images: {gamma: each image's proven CD}, each image's
+    proven radius (1/255), the bound that gave them (linear or interval, with CROWN's intermediate mode), and
     why there is none (`by_gamma` None) or why the linear bound fell back to intervals."""
 
     by_gamma: dict[str, list[float]] | None
@@ -331,21 +331,21 @@ class CertifiedBounds:
     slope_steps: int = 0
 
 
-def certified_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], device, bounds,
-                     threshold: float) -> CertifiedBounds:
-    """Every image's certified CD at each radius and its certified radius at `threshold`, by `bounds`
-    (config.schema.BoundsSchema; the certified column reads "-" when the network has a layer no bound supports)."""
-    certifier = Certifier(net, str(bounds.kind), device, intermediate=str(bounds.intermediate),
+def proven_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], device, bounds,
+                     threshold: float) -> ProvenBounds:
+    """Every image's proven CD at each radius and its proven radius at `threshold`, by `bounds`
+    (config.schema.BoundsSchema; the proven column reads "-" when the network has a layer no bound supports)."""
+    prover = Prover(net, str(bounds.kind), device, intermediate=str(bounds.intermediate),
                           budget=int(bounds.intermediate_budget), slope_steps=int(bounds.slope_steps))
     try:
-        by_gamma = {f"{float(g):g}": certifier.conf_dist(images, float(g)).tolist() for g in gammas}
-        radius = certifier.radius(images, threshold, float(bounds.radius_step), float(bounds.max_radius),
+        by_gamma = {f"{float(g):g}": prover.conf_dist(images, float(g)).tolist() for g in gammas}
+        radius = prover.radius(images, threshold, float(bounds.radius_step), float(bounds.max_radius),
                                   known={float(g): values for g, values in by_gamma.items()}).tolist()
     except UnsupportedLayer as exc:
-        log.warning("no certified CD for this network: %s", exc)
-        return CertifiedBounds(None, None, note=str(exc))
-    if certifier.fallback:
-        log.warning("linear bounds fell back to interval bounds: %s", certifier.fallback)
-    return CertifiedBounds(by_gamma, radius, certifier.bound,
-                           certifier.intermediate if certifier.bound == "linear" else None, certifier.fallback,
-                           certifier.slopes_used)
+        log.warning("no proven CD for this network: %s", exc)
+        return ProvenBounds(None, None, note=str(exc))
+    if prover.fallback:
+        log.warning("linear bounds fell back to interval bounds: %s", prover.fallback)
+    return ProvenBounds(by_gamma, radius, prover.bound,
+                           prover.intermediate if prover.bound == "linear" else None, prover.fallback,
+                           prover.slopes_used)

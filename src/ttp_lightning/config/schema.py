@@ -29,7 +29,7 @@ Uniformity = StrEnum("Uniformity", [("kl", "kl"), ("reverse_kl", "reverse_kl"), 
 Fallback = StrEnum("Fallback", [("pareto", "pareto"), ("last", "last")])
 BatchNormMode = StrEnum("BatchNormMode", [("train", "train"), ("eval", "eval")])
 Reduction = StrEnum("Reduction", [(n, n) for n in ("mean", "max", "cvar", "smoothmax")])
-Select = StrEnum("Select", [(n, n) for n in ("conf_dist", "robust_conf_dist", "certified", "retain_acc")])
+Select = StrEnum("Select", [(n, n) for n in ("conf_dist", "robust_conf_dist", "proven", "retain_acc")])
 Criterion = StrEnum("Criterion", [(n, n) for n in ("worst", "mean", "worst_attacked", "mean_attacked")])
 Split = StrEnum("Split", [("official", "official"), ("paper", "paper")])
 ForgetSource = StrEnum("ForgetSource", [("train", "train"), ("test", "test"), ("mixed", "mixed")])
@@ -39,7 +39,7 @@ Algorithm = StrEnum("Algorithm", [(n, n) for n in ("alg2_exact_newton", "alg3_he
 Release = StrEnum("Release", [("each", "each"), ("final", "final")])
 Bound = StrEnum("Bound", [(n, n) for n in ("residual", "paper")])
 Layers = StrEnum("Layers", [(n, n) for n in ("all", "last")])
-GateKind = StrEnum("GateKind", [(n, n) for n in ("clean", "attacked", "certified")])
+GateKind = StrEnum("GateKind", [(n, n) for n in ("clean", "attacked", "proven")])
 BoundKind = StrEnum("BoundKind", [(n, n) for n in ("linear", "interval")])
 Intermediate = StrEnum("Intermediate", [(n, n) for n in ("auto", "crown", "ibp")])
 AttackObjective = StrEnum("AttackObjective", [(n, n) for n in ("logsumexp", "max_softmax", "ce_pretrained",
@@ -98,7 +98,7 @@ class PerformanceSchema:
 
 @dataclass
 class BoundsSchema:
-    """conf/main.yaml `bounds` (ibp/): how every forget image's certified CD and certified radius are bounded."""
+    """conf/main.yaml `bounds` (ibp/): how every forget image's proven CD and proven radius are bounded."""
 
     kind: BoundKind = BoundKind["linear"]
     intermediate: Intermediate = Intermediate["auto"]
@@ -128,13 +128,13 @@ class ReleaseGateSchema:
 
     conf_dist_at_most: float = 0.1
     require: list[GateKind] | None = None  # None: the method's default (assess.protection.GateSettings.from_config)
-    min_certified_radius: float | None = None  # every forget image certified at least this far (1/255); None: off
+    min_proven_radius: float | None = None  # every forget image proven at least this far (1/255); None: off
 
     def __post_init__(self) -> None:
         checks.unit_interval(checks.number(self.conf_dist_at_most, "release_gate.conf_dist_at_most"),
                           "release_gate.conf_dist_at_most")
-        if self.min_certified_radius is not None:
-            checks.positive(self.min_certified_radius, "release_gate.min_certified_radius")
+        if self.min_proven_radius is not None:
+            checks.positive(self.min_proven_radius, "release_gate.min_proven_radius")
 
 
 @dataclass

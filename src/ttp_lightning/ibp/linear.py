@@ -59,10 +59,10 @@ PRODUCTS = {operator.mul, torch.mul, "mul", "__mul__"}
 QUOTIENTS = {operator.truediv, torch.div, "div", "__truediv__"}
 INTERMEDIATE = ("crown", "ibp")
 # intermediate=auto: crown while a network has at most this many neurons per image behind a ReLU feeding another
-# (a digits ResNet8 at width 16 has 3,584: about 16 s per image on 2 cores, where intervals certify none of what
-# crown certifies at 2/255; an MNIST one 43,904), else ibp
+# (a digits ResNet8 at width 16 has 3,584: about 16 s per image on 2 cores, where intervals prove none of what
+# crown proves at 2/255; an MNIST one 43,904), else ibp
 INTERMEDIATE_BUDGET = 4096
-SLOPE_STEPS = 20  # alpha-CROWN's Adam steps on the final bounds' ReLU slopes (Certifier: with intermediate=crown)
+SLOPE_STEPS = 20  # alpha-CROWN's Adam steps on the final bounds' ReLU slopes (Prover: with intermediate=crown)
 MEMORY = 16 << 20  # numbers (float64: 128 MiB) one coefficient tensor of a backward pass may hold
 
 

@@ -1,4 +1,4 @@
-"""Certified uniformity: upper bounds on how confident a network can be anywhere near an image.
+"""Proven uniformity: upper bounds on how confident a network can be anywhere near an image.
 
 For an image x and a radius gamma (L-inf, [0, 1] pixels), the box B = [x - gamma, x + gamma] intersected with
 [0, 1]^d holds every image an adversary may submit. From lower bounds d_jc <= z_j - z_c over B
@@ -34,7 +34,7 @@ from ttp_lightning.ibp.propagate import (
 from ttp_lightning.ibp.rounding import Rounding, softmax_margin
 
 BOUNDS = ("interval", "linear")  # linear: CROWN, intersected with the interval bound (never looser)
-RADIUS_STEP, MAX_RADIUS = 0.25, 16.0  # the certified radius's grid, in units of 1/255
+RADIUS_STEP, MAX_RADIUS = 0.25, 16.0  # the proven radius's grid, in units of 1/255
 
 
 def input_box(images: torch.Tensor, radius: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,8 +45,8 @@ def input_box(images: torch.Tensor, radius: float | torch.Tensor) -> tuple[torch
     return (images - radius).clamp(0.0, 1.0), (images + radius).clamp(0.0, 1.0)
 
 
-class Certifier:
-    """Certified CD of images under one network: a float64 copy in eval mode, traced once. `bound` is
+class Prover:
+    """Proven CD of images under one network: a float64 copy in eval mode, traced once. `bound` is
     `interval` or `linear` (CROWN, intersected with the interval bound; when a layer has no linear rule it falls
     back to the interval bound, `bound` says so and `fallback` why). `intermediate` is CROWN's
     (ibp.linear.INTERMEDIATE); where it is crown (a network small enough for it) and some ReLU feeds another
@@ -114,17 +114,17 @@ class Certifier:
     def radius(self, images: torch.Tensor, at_most: float, step: float = RADIUS_STEP, largest: float = MAX_RADIUS,
                known: dict[float, torch.Tensor] | None = None) -> torch.Tensor:
         """[N] float64, in units of 1/255: per image, the largest radius of the grid 0, step, ..., largest at
-        which its certified CD is at most `at_most` (0 also when not even the image passes), by bisection over the
+        which its proven CD is at most `at_most` (0 also when not even the image passes), by bisection over the
         grid, all images at once. The radius returned is always proven (its bound was computed and passed); it
         is the largest of the grid when the bound does not shrink as the ball grows, which interval bounds
         guarantee and the linear bounds showed on every network tested against a full scan. `known`: this
-        certifier's bounds already computed at some radii ({gamma: [N]}), which bracket the search; the linear
+        prover's bounds already computed at some radii ({gamma: [N]}), which bracket the search; the linear
         bound starts from the interval bound's radius (cheap, and never larger)."""
         grid = torch.arange(0.0, largest + step / 2, step, dtype=torch.float64)
         passed = torch.full((len(images),), -1, dtype=torch.long)  # the largest grid index known to pass
         failed = torch.full((len(images),), len(grid), dtype=torch.long)  # the smallest known to fail
         if self.bound == "linear":
-            floor = Certifier(self.model, "interval", self.device, chunk_size=self.chunk_size,
+            floor = Prover(self.model, "interval", self.device, chunk_size=self.chunk_size,
                               precision=self.rounding.precision).radius(
                 images, at_most, step, largest)
             passed = torch.where(floor > 0, torch.round(floor / step).long(), passed)
@@ -145,12 +145,12 @@ class Certifier:
         return torch.where(passed >= 0, grid[passed.clamp(min=0)], torch.zeros(()))
 
 
-def certified_conf_dist(net: nn.Module, images: torch.Tensor, gamma: float, chunk_size: int = 256,
+def proven_conf_dist(net: nn.Module, images: torch.Tensor, gamma: float, chunk_size: int = 256,
                         device: torch.device | str = "cpu", bound: str = "interval") -> torch.Tensor:
     """[N] float64: per image, an upper bound on the CD anywhere in the L-inf ball of radius `gamma` / 255
-    around it (and in [0, 1]), by `bound` (Certifier). Computed in float64 on a copy of the network in eval
+    around it (and in [0, 1]), by `bound` (Prover). Computed in float64 on a copy of the network in eval
     mode."""
-    return Certifier(net, bound, device, chunk_size=chunk_size).conf_dist(images, gamma)
+    return Prover(net, bound, device, chunk_size=chunk_size).conf_dist(images, gamma)
 
 
 def confidence_upper_bound(difference_lower: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from ttp_lightning.fit.alg1_callbacks import (
 )
 from ttp_lightning.fit.training import RunContext, TrainedBy, fit
 from ttp_lightning.ibp.propagate import UnsupportedLayer
-from ttp_lightning.ibp.uniformity import BOUNDS, certified_conf_dist
+from ttp_lightning.ibp.uniformity import BOUNDS, proven_conf_dist
 from ttp_lightning.methods.base import Method
 from ttp_lightning.methods.certified.schema import CertifiedSchema
 from ttp_lightning.methods.output import MethodOutput
@@ -68,7 +68,7 @@ class Pareto(Method):
                                    "rule (choose radius_rule=fixed)")
         stopping = own.early_stopping
         attacked = [f"early_stopping.{key}={getattr(stopping, key)}" for key in ("criterion", "select")
-                    if "attacked" in str(getattr(stopping, key)) or str(getattr(stopping, key)) in ("robust_conf_dist", "certified")]
+                    if "attacked" in str(getattr(stopping, key)) or str(getattr(stopping, key)) in ("robust_conf_dist", "proven")]
         if attacked and not own.adversarial:
             raise TTPUserError(f"method.{attacked[0]} is not allowed with method={own.name}; the attacked "
                                "forget CD is measured during training by method=pareto_robust only")
@@ -102,12 +102,12 @@ def resolve_interval_weight(adversarial: AdversarialSettings | None, net: nn.Mod
     bounded = not any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in net.modules())
     if bounded:
         try:
-            certified_conf_dist(net, forget[[0]][0], adversarial.gamma)
+            proven_conf_dist(net, forget[[0]][0], adversarial.gamma)
         except UnsupportedLayer:
             bounded = False
     weight = INTERVAL_WEIGHT_AUTO if bounded else 0.0
-    how = f"{weight}, certified training on the {adversarial.interval_focus} forget images" if bounded else \
-        "0, certified training off (BatchNorm, or a layer the interval bound has no rule for)"
+    how = f"{weight}, the bound term on the {adversarial.interval_focus} forget images" if bounded else \
+        "0, the bound term off (BatchNorm, or a layer the interval bound has no rule for)"
     log.info("method.adversarial.interval_weight=auto: %s", how)
     return replace(adversarial, interval_weight=weight)
 
@@ -166,22 +166,22 @@ def check_adversarial(adversarial: AdversarialSettings) -> None:
 CRITERIA = {"worst": "val/forget_worst_conf_dist", "mean": "val/forget_conf_dist",
             "worst_attacked": "val/forget_robust_worst_conf_dist", "mean_attacked": "val/forget_robust_conf_dist"}
 SELECTIONS = {"conf_dist": "val/forget_conf_dist", "robust_conf_dist": "val/forget_robust_conf_dist",
-              "retain_acc": "val/retain_acc", "certified": "val/forget_robust_conf_dist"}
-CERTIFIED_RULE = ("trained at the radius judged first, then fewest images above the gate's threshold under attack, "
+              "retain_acc": "val/retain_acc", "proven": "val/forget_robust_conf_dist"}
+PROVEN_RULE = ("trained at the radius judged first, then fewest images above the gate's threshold under attack, "
                   "then fewest not proven below it by the interval bound, then the lowest proven worst CD (all "
                   "proven) or attacked mean CD")
 
 
-def certified_rank(metrics) -> tuple[float, float, float, float]:
-    """select=certified (robust Alg 1): a release is judged by its worst image, and a proof outranks an attack.
+def proven_rank(metrics) -> tuple[float, float, float, float]:
+    """select=proven (robust Alg 1): a release is judged by its worst image, and a proof outranks an attack.
     Among the qualifying epochs keep one trained at the radius the release is judged at (an epoch the radius rule
     trained below it fails the gate whatever its numbers), then the one with the fewest forget images the
     validation attack takes above the gate's threshold, then the fewest the interval bound does not prove below it
     at gamma, then, where every image is proven, the lowest proven worst CD (the strongest proof), else the lowest
     attacked mean CD. On a network whose interval bound proves nothing (a BatchNorm ResNet) the third key ties and
     this is the attacked rule."""
-    unproven = metrics.get("val/forget_certified_unproven", math.inf)  # not counted (no threshold): not proven
-    last = metrics["val/forget_certified_worst_conf_dist"] if unproven == 0 else metrics["val/forget_robust_conf_dist"]
+    unproven = metrics.get("val/forget_unproven", math.inf)  # not counted (no threshold): not proven
+    last = metrics["val/forget_proven_worst_conf_dist"] if unproven == 0 else metrics["val/forget_robust_conf_dist"]
     return metrics.get("val/below_radius", 0.0), metrics.get("val/forget_robust_exposed", 0.0), unproven, last
 
 
@@ -253,7 +253,7 @@ def radius_rule(net: nn.Module, datamodule: TTPDataModule, parts: RetainParts, b
     accuracy (val/retain_acc, against the starting model's on them) even where early stopping reads a held-out
     slice: what the slice sees is overfitting, which a smaller ball does not cure (the noisy-MNIST MLP at Adam
     1e-2 kept losing test accuracy for 95 epochs at radius 0), and the slice's epoch-to-epoch noise around
-    tau_r dropped mnist_mlp's radius to 0 for 20 epochs (99 of 100 images certified at 8/255, not 100)."""
+    tau_r dropped mnist_mlp's radius to 0 for 20 epochs (99 of 100 images proven at 8/255, not 100)."""
     threshold = best.retain_acc_at_least if parts.holdout is None else \
         retain_threshold(accuracy(net, datamodule.dataset("retain")), stopping)
     return RadiusFromRetainRule(threshold, RADIUS_RUNGS, retain_key="val/retain_acc", start=adversarial.radius_start)
@@ -295,7 +295,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     backoffs = int(cfg.lr_backoffs or 0)
     start_retain_acc = parts.start_accuracy(net, datamodule) if stopping is not None or backoffs else None
     best = best_model(made["best_model"], stopping, start_retain_acc, parts, adversarial)
-    if best is not None and str(stopping.select) == "certified":  # the judge re-attacks only epochs that could be kept
+    if best is not None and str(stopping.select) == "proven":  # the judge re-attacks only epochs that could be kept
         module.kept_rank = best.kept_rank
     backoff = LrBackoff((start_retain_acc + 1 / datamodule.info.num_classes) / 2, backoffs, retain_key=parts.key) \
         if backoffs else None
@@ -365,7 +365,7 @@ def best_model(make, stopping: EarlyStoppingSchema | None, start_retain_acc: flo
         retain_acc_at_least=retain_threshold(start_retain_acc, stopping), patience=stopping.patience,
         fallback=stopping.fallback, conf_dist_key=CRITERIA[str(stopping.criterion)], retain_acc_key=parts.key,
         rank_key=SELECTIONS[select], rank_higher_is_better=select == "retain_acc",
-        **({"rank": certified_rank, "rank_rule": CERTIFIED_RULE} if select == "certified" else {}),
+        **({"rank": proven_rank, "rank_rule": PROVEN_RULE} if select == "proven" else {}),
         mean_conf_dist_key=SELECTIONS["robust_conf_dist" if adversarial else "conf_dist"],
     )
 

@@ -18,7 +18,7 @@ from ttp_lightning.core.batching import ImageBatchDataset, iterate_shard
 from ttp_lightning.core.nn_modes import batchnorm_in_eval_mode, evaluating
 from ttp_lightning.core.objectives import PER_INSTANCE_LOSSES, combine_gradients, reduce_forget, retain_loss
 from ttp_lightning.ibp.propagate import UnsupportedLayer, trace
-from ttp_lightning.ibp.uniformity import certified_conf_dist, reverse_kl_upper_bound
+from ttp_lightning.ibp.uniformity import proven_conf_dist, reverse_kl_upper_bound
 from ttp_lightning.models.evaluation_mixin import PartsValidationMixin
 from ttp_lightning.models.optim import configure_optimizer
 
@@ -72,7 +72,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
     clean_weight * L_K(x) + (1 - clean_weight) * L_K(x*) + interval_weight * B(x), x* from an inner attack
     that makes the model as confident as it can inside the training ball (attacks/robust.py) and B(x) an
     upper bound on KL(u || p) over the whole ball (interval bound propagation with BatchNorm's running
-    statistics, ibp/uniformity.py; certified training as GOOD); the retain term is unchanged. Every
+    statistics, ibp/uniformity.py; the bound term, as GOOD's training); the retain term is unchanged. Every
     validation epoch also logs val/forget_robust_conf_dist (and the worst image's), the forget CD under a
     stronger attack, which the early-stopping callback then watches. `radius_scale` multiplies the training
     radius (callbacks.RadiusFromRetainRule sets it each epoch under adversarial.radius_rule=retain).
@@ -226,16 +226,16 @@ class ParetoFinetuneModule(PartsValidationMixin):
         self.log("val/forget_robust_judged", float(judged), on_epoch=True, sync_dist=False)
         self.log("val/forget_robust_conf_dist", per_image.mean().item(), on_epoch=True, sync_dist=False)
         self.log("val/forget_robust_worst_conf_dist", per_image.max().item(), on_epoch=True, sync_dist=False)
-        certified = self._certified_conf_dist()
-        self.log("val/forget_certified_worst_conf_dist", certified.max().item(), on_epoch=True, sync_dist=False)
+        proven = self._proven_conf_dist()
+        self.log("val/forget_proven_worst_conf_dist", proven.max().item(), on_epoch=True, sync_dist=False)
         if self.exposed_above is not None and self.adversarial.replay:
             self._replay = replayed(per_image, self.exposed_above, self.adversarial.replay)
             self.log("val/forget_replayed", float(len(self._replay)), on_epoch=True, sync_dist=False)
         if self.exposed_above is not None:
             exposed = float((~(per_image <= self.exposed_above)).sum())  # NaN is exposed: it proves nothing
             self.log("val/forget_robust_exposed", exposed, on_epoch=True, sync_dist=False)
-            unproven = ~(certified <= self.exposed_above)  # NaN is not a proof
-            self.log("val/forget_certified_unproven", float(unproven.sum()), on_epoch=True, sync_dist=False)
+            unproven = ~(proven <= self.exposed_above)  # NaN is not a proof
+            self.log("val/forget_unproven", float(unproven.sum()), on_epoch=True, sync_dist=False)
             if self.adversarial.interval_focus == "unproven":
                 self._unproven = stragglers(unproven)
 
@@ -243,7 +243,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         """Each forget image's CD under early stopping's attack, and whether the judge's attack (judge_steps > 0)
         ran too (per image the worse of the two). It runs on an epoch that could be kept: trained at the radius
         judged, and no more images exposed by the first attack than by the epoch kept so far (`kept_rank()`,
-        select=certified's (below radius, exposed, ...): an epoch ranked worse on those cannot be kept, and a kept
+        select=proven's (below radius, exposed, ...): an epoch ranked worse on those cannot be kept, and a kept
         epoch at the radius was always judged)."""
         settings = self.adversarial
         screened = robust_conf_dist(self.net, self.forget_data, self._attack_targets, settings, self.device)
@@ -260,14 +260,14 @@ class ParetoFinetuneModule(PartsValidationMixin):
         """This epoch trained below the radius the release is judged at (the radius rule stepped it down)."""
         return self.train_radius() * 255.0 < self.adversarial.gamma - 1e-9
 
-    def _certified_conf_dist(self) -> torch.Tensor:
-        """[N]: each forget image's interval-bound certified CD at gamma (cheap: one bound pass; a network the
+    def _proven_conf_dist(self) -> torch.Tensor:
+        """[N]: each forget image's interval-bound proven CD at gamma (cheap: one bound pass; a network the
         interval bound has no rule for gets the vacuous 1 - 1/K, nothing proven, and is not copied and traced again
         in later epochs: the architecture does not change)."""
         images, _ = self.forget_data.everything()
         if not self._unbounded:
             try:
-                return certified_conf_dist(self.net, images, self.adversarial.gamma, device=self.device)
+                return proven_conf_dist(self.net, images, self.adversarial.gamma, device=self.device)
             except UnsupportedLayer:
                 self._unbounded = True
         with torch.no_grad(), evaluating(self.net):

@@ -13,7 +13,7 @@ from ttp_lightning.release.format import CARD, WEIGHTS
 
 # ------------------------------------------------------------------------------------------- model card
 ATTACKS_TEXT = ("An adversary who holds these weights perturbs a protected image to recover a confident "
-                "prediction (the forget confidence distance it reaches; higher is worse). `certified` rows are "
+                "prediction (the forget confidence distance it reaches; higher is worse). `proven` rows are "
                 "upper bounds no perturbation within that radius can exceed; `relearn` rows finetune the weights "
                 "on labelled images without the forget set (the test split, a sample of the retain data) for "
                 "that many steps at several learning rates, and show the worst of them:")
@@ -23,9 +23,9 @@ LIMITATIONS = (
     ("- Protection covers the listed forget images (matched by their pixels) and is measured on them; images "
      "that differ from them (other photos of the same person, crops, recompression) are not covered unless "
      "they were in the forget set."),
-    ("- The attack table is empirical: stronger attacks than those run here may do better. The certified bound is "
+    ("- The attack table is empirical: stronger attacks than those run here may do better. The proven bound is "
      "a proof, but only for the L-inf ball of the stated radius around each forget image; beyond it nothing is "
-     "certified."),
+     "proven."),
     ("- Open weights can be finetuned: the `relearn` rows show how far a short finetune on public images brings "
      "the forget images' predictions back; no change to the weights alone can rule that out."),
     "- Accuracy elsewhere was measured on the test set named above only.",
@@ -38,9 +38,10 @@ LOAD_LINE = 'model = ttp_lightning.load_released("release")  # [N, C, H, W] pixe
 PLAIN_LOADING = (f'or with safetensors alone: `load_file("release/{WEIGHTS}")` into the architecture (config.json '
                  "`architecture`), inputs normalised by config.json `input.mean` / `input.std`.")
 
-def effect_rows(gamma: float, threshold: float) -> dict:
+def effect_rows(gamma: float, threshold: float, old_words: bool = False) -> dict:
     """The model card's Effect table: {key: (row label, how a stage's metrics give its cell)}, in order (verify
-    robust reads the cells back from a card with the same labels)."""
+    robust reads the cells back from a card with the same labels; `old_words`: a card of a release before /3,
+    whose labels said "certified" where they now say "proven")."""
     radius = f"{gamma:g}/255"
     rows = [("retain accuracy", "retain_acc", True), ("test accuracy", "test_acc", True),
             ("forget accuracy", "forget_acc", True),
@@ -49,16 +50,18 @@ def effect_rows(gamma: float, threshold: float) -> dict:
             ("test confidence distance", "test_conf_dist", False),
             ("worst forget image's confidence distance", "forget_worst_conf_dist", False),
             (f"worst forget image under attack ({radius})", "forget_robust_worst_conf_dist", False),
-            (f"worst forget image, certified bound ({radius})", "forget_certified_worst_conf_dist", False),
-            (f"smallest certified radius (1/255, CD <= {threshold:g})", "forget_certified_radius_min", None),
-            (f"median certified radius (1/255, CD <= {threshold:g})", "forget_certified_radius_median", None)]
+            (f"worst forget image, proven bound ({radius})", "forget_proven_worst_conf_dist", False),
+            (f"smallest proven radius (1/255, CD <= {threshold:g})", "forget_proven_radius_min", None),
+            (f"median proven radius (1/255, CD <= {threshold:g})", "forget_proven_radius_median", None)]
     counts = [(f"forget images with confidence distance > {threshold:g}", "forget_exposed", False),
               (f"forget images with confidence distance > {threshold:g} under attack ({radius})",
                "forget_robust_exposed", False),
-              (f"forget images certified <= 0.05 within {radius}", "forget_certified_share_05", True),
-              (f"forget images certified <= 0.1 within {radius}", "forget_certified_share_10", True)]
-    table = {key: (label, lambda values, key=key, pct=pct: _metric(values, key, pct)) for label, key, pct in rows}
-    table.update({key: (label, lambda values, key=key, pct=pct: _count(values, key, pct)) for label, key, pct in counts})
+              (f"forget images proven <= 0.05 within {radius}", "forget_proven_share_05", True),
+              (f"forget images proven <= 0.1 within {radius}", "forget_proven_share_10", True)]
+    word = (lambda label: label.replace("proven", "certified")) if old_words else (lambda label: label)
+    table = {key: (word(label), lambda values, key=key, pct=pct: _metric(values, key, pct)) for label, key, pct in rows}
+    table.update({key: (word(label), lambda values, key=key, pct=pct: _count(values, key, pct))
+                  for label, key, pct in counts})
     return table
 
 
@@ -66,12 +69,12 @@ EFFECT_HEADING, EFFECT_HEADER = "## Effect", "| measure | before | after |"
 DELIMITER_ROW = re.compile(r"^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)+\|?$")  # what makes the lines around it a table
 
 
-def card_cells(card: str, gamma: float, threshold: float) -> tuple[dict[str, str], list[str]]:
+def card_cells(card: str, gamma: float, threshold: float, old_words: bool = False) -> tuple[dict[str, str], list[str]]:
     """({key: the "after" cell} of the Effect table, why the card cannot be read unambiguously). The card is read
     whole: its Effect table must hold this format's rows, each once and in order (a release/1 card may lack the
     radius rows), and nothing outside the table may look like one of its rows, or like any table (a second row
     for a claim, above or below the genuine one, is a claim that escapes comparison); HTML tables are refused."""
-    rows = effect_rows(gamma, threshold)
+    rows = effect_rows(gamma, threshold, old_words)
     labels = {label: key for key, (label, _) in rows.items()}
     lines = card.splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip() == EFFECT_HEADING), None)
@@ -213,12 +216,12 @@ def _unrequired_sentence(gate: dict, forget_size: int) -> str:
 
 
 def _radius_sentence(after: dict, gate: dict) -> str:
-    """What is proven within a radius, from the smallest certified radius (nothing when it is 0 or unknown)."""
-    least = after.get("forget_certified_radius_min")
+    """What is proven within a radius, from the smallest proven radius (nothing when it is 0 or unknown)."""
+    least = after.get("forget_proven_radius_min")
     if not least:
         return ""
     return (f" Provably, from these weights alone: no change of up to {least:g}/255 per pixel to any protected "
-            f"image brings its confidence distance above {gate['conf_dist_at_most']:g} (the smallest certified "
+            f"image brings its confidence distance above {gate['conf_dist_at_most']:g} (the smallest proven "
             "radius below).")
 
 
@@ -227,10 +230,10 @@ def _gate_rule(gate: dict) -> str:
             f"{gate['conf_dist_at_most']:g}" + (f", within {gate['gamma']:g}/255" if len(gate["require"]) > 1 else ""))
 
 
-PER_IMAGE_TEXT = ("Per image: a release is judged by its worst protected image, not the mean. The certified bound is "
+PER_IMAGE_TEXT = ("Per image: a release is judged by its worst protected image, not the mean. The proven bound is "
                   "an upper bound on the confidence distance anywhere within {gamma} (L-inf, pixels in [0, 1]) of "
                   "each forget image, computed from these weights alone (linear bound propagation, CROWN, never "
-                  "looser than interval bounds); an image's certified radius is the largest L-inf radius at which "
+                  "looser than interval bounds); an image's proven radius is the largest L-inf radius at which "
                   "that bound is at most the gate's threshold. Anyone holding the weights and the images can "
                   "recompute both: `python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR`.")
 def _theta_source(method) -> str:

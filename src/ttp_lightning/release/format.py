@@ -20,12 +20,14 @@ from ttp_lightning.certificates.schema import (
     strict_json,
 )
 from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.words import BothWords, upgraded
 
-# /3: the claims' certified values are those of bounds sound for the float32 network (ibp/rounding); /2: the certified
+# /3: the claims' proven values are those of bounds sound for the float32 network (ibp/rounding), and the bound-based
+# words are "proven" (certified was the (epsilon, delta) certificate's word too); /2: the proven (then "certified")
 # radius and the bound that gave the claims (exact for the float64 network); /1: neither
 RELEASE_FORMAT = "ttp_lightning.release/3"
 EARLIER_FORMATS = ("ttp_lightning.release/1", "ttp_lightning.release/2")  # read as well (loading and verify robust)
-EXACT_CLAIMS = EARLIER_FORMATS  # formats whose certified claims were computed for the exact (float64) network
+EXACT_CLAIMS = EARLIER_FORMATS  # formats whose proven claims were computed for the exact (float64) network
 CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "MODEL_CARD.md"
 MAX_CONFIG_BYTES = 1 << 20
@@ -64,8 +66,8 @@ INPUT_FIELDS = {"channels": count, "image_size": count, "num_classes": count, "m
 # (a claim is compared with what verify recomputes; it never decides a pass)
 PER_IMAGE_FIELDS_1 = {"gamma": finite, "forget_worst_conf_dist": optional(finite), "forget_exposed": optional(count),
                       "forget_robust_worst_conf_dist": optional(finite), "forget_robust_exposed": optional(count),
-                      "forget_certified_worst_conf_dist": optional(finite),
-                      "forget_certified_share_05": optional(fraction), "forget_certified_share_10": optional(fraction)}
+                      "forget_proven_worst_conf_dist": optional(finite),
+                      "forget_proven_share_05": optional(fraction), "forget_proven_share_10": optional(fraction)}
 MAX_SLOPE_STEPS = 1000  # a checker recomputes the claims with the stated steps: a bounded amount of work
 
 
@@ -76,7 +78,7 @@ def _slope_steps(value, key):
 
 
 PER_IMAGE_FIELDS = {**PER_IMAGE_FIELDS_1,
-                    "forget_certified_radius_min": optional(finite), "forget_certified_radius_median": optional(finite),
+                    "forget_proven_radius_min": optional(finite), "forget_proven_radius_median": optional(finite),
                     "bound": optional(one_of("linear", "interval")), "intermediate": optional(one_of("crown", "ibp")),
                     "slope_steps": optional(_slope_steps), "radius_step": finite, "max_radius": finite}
 
@@ -98,14 +100,14 @@ def _positive(value, key):
     return value
 
 
-GATE_FIELDS = {**GATE_FIELDS_1, "min_certified_radius": optional(_positive)}
+GATE_FIELDS = {**GATE_FIELDS_1, "min_proven_radius": optional(_positive)}
 
 
 def _config_fields(gate: dict, per_image: dict, form: str) -> dict:
     protection = {
         "method": name, "label": _text, "theta": optional(fraction), "forget_size": count, "forget_fingerprint": hex64,
         "forget_set_digest": optional(hex64), "forget_conf_dist": optional(finite), "test_acc": optional(fraction),
-        "certified": boolean, "experiment": _text, "protected": boolean, "release_gate": record(gate),
+        "certificate": boolean, "experiment": _text, "protected": boolean, "release_gate": record(gate),
         "per_image": record(per_image)}
     return {"format": one_of(form), "architecture": _architecture, "input": record(INPUT_FIELDS),
             "weights": record({"file": one_of(WEIGHTS), "sha256": hex64, "prefix": one_of("", "backbone.")}),
@@ -133,9 +135,23 @@ def read_release_config(folder: str | Path) -> dict:
         raise SchemaError(f"{str(path)!r} is not JSON this format can hold ({reason})") from None
     form = document.get("format") if isinstance(document, dict) else None
     try:
+        if form in EARLIER_FORMATS:  # read in this format's words, so every reader reads one set of names
+            document = earlier_in_current_words(document)
         return record(EARLIER_FIELDS.get(form, CONFIG_FIELDS) if isinstance(form, str) else CONFIG_FIELDS)(document, "")
-    except SchemaError as exc:  # name the file, as every other line about it does
+    except (SchemaError, BothWords) as exc:  # name the file, as every other line about it does
         raise SchemaError(f"{str(path)!r} {exc}") from None
+
+
+def earlier_in_current_words(document: dict) -> dict:
+    """A /1 or /2 config.json in /3's words: `protection.certified` (a certificate is beside it) is
+    `protection.certificate`, and the bound-based claims' "certified" is "proven" (core.words)."""
+    protection = document.get("protection")
+    if isinstance(protection, dict) and "certified" in protection:
+        if "certificate" in protection:
+            raise BothWords("protection.certificate is stated twice (as 'certified' and 'certificate')")
+        protection = {("certificate" if key == "certified" else key): value for key, value in protection.items()}
+        document = {**document, "protection": protection}
+    return upgraded(document)
 
 
 def not_protected_line(folder: str | Path, config: dict) -> str | None:

@@ -15,7 +15,19 @@ from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import sha256_of
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.models.components.checkpoint import first_non_finite
-from ttp_lightning.release.format import CONFIG, WEIGHTS, check_input, not_protected_line, read_release_config
+from ttp_lightning.release.format import (
+    CONFIG,
+    EARLIER_FORMATS,
+    RELEASE_FORMAT,
+    WEIGHTS,
+    check_input,
+    not_protected_line,
+    read_release_config,
+)
+
+
+class EarlierFormatWarning(UserWarning):
+    """load_released on a release written in an earlier config.json format (read in the current one's words)."""
 
 
 class NotProtectedWarning(UserWarning):
@@ -63,6 +75,9 @@ def load_released(folder: str | Path, device: str | torch.device = "cpu") -> nn.
 
     folder = Path(folder).expanduser()
     config = read_release_config(folder)
+    if config["format"] in EARLIER_FORMATS:  # read, and said: its claims were written in that format's words
+        warnings.warn(f"{str(folder)!r} is a {config['format']} release, read as {RELEASE_FORMAT} (its claims' "
+                      "words and bounds are that format's)", EarlierFormatWarning, stacklevel=2)
     unprotected = not_protected_line(folder, config)
     if unprotected:
         warnings.warn(f"{unprotected}; loading it anyway", NotProtectedWarning, stacklevel=2)

@@ -75,8 +75,8 @@ def readable(config: dict) -> None:
 
 
 PER_IMAGE_KEYS = ("forget_worst_conf_dist", "forget_exposed", "forget_robust_worst_conf_dist", "forget_robust_exposed",
-                  "forget_certified_worst_conf_dist", "forget_certified_share_05", "forget_certified_share_10",
-                  "forget_certified_radius_min", "forget_certified_radius_median")
+                  "forget_proven_worst_conf_dist", "forget_proven_share_05", "forget_proven_share_10",
+                  "forget_proven_radius_min", "forget_proven_radius_median")
 
 
 def release_protection(results: dict, method_label: str, settings) -> dict:
@@ -88,17 +88,17 @@ def release_protection(results: dict, method_label: str, settings) -> dict:
             "forget_size": results["data"]["forget_size"], "forget_fingerprint": results["data"]["forget_fingerprint"],
             "forget_set_digest": results["data"].get("forget_set_digest"),
             "forget_conf_dist": after.get("forget_conf_dist"), "test_acc": after.get("test_acc"),
-            "certified": "certificate" in results, "experiment": results["experiment"],
+            "certificate": "certificate" in results, "experiment": results["experiment"],
             "protected": gate["passed"],
             "release_gate": {k: gate.get(k) for k in ("conf_dist_at_most", "require", "gamma", "reasons",
-                                                      "min_certified_radius")},
+                                                      "min_proven_radius")},
             "per_image": {"gamma": gate["gamma"], **{k: after.get(k) for k in PER_IMAGE_KEYS},
                           **_bound_record(results, settings.bounds)}}
 
 
 def _bound_record(results: dict, bounds) -> dict:
-    """How the method's certified bounds were computed (verify robust recomputes its claims the same way), with
+    """How the method's proven bounds were computed (verify robust recomputes its claims the same way), with
     the run's typed `bounds` settings."""
-    used = (results.get("certified_bound") or {}).get(results["method"]) or {}
+    used = (results.get("proof_bound") or {}).get(results["method"]) or {}
     return {"bound": used.get("bound"), "intermediate": used.get("intermediate"), "slope_steps": used.get("slope_steps"),
             "radius_step": float(bounds.radius_step), "max_radius": float(bounds.max_radius)}

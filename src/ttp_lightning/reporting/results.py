@@ -107,19 +107,19 @@ def format_noise_free_line(noise_free: dict) -> str:
             f"test CD {noise_free['test_conf_dist']:.4f}, forget CD {noise_free['forget_conf_dist']:.4f}")
 
 
-def format_attack_table(attacks: dict[str, dict], certified: dict[str, dict] | None = None,
+def format_attack_table(attacks: dict[str, dict], proven: dict[str, dict] | None = None,
                         relearn: dict[str, dict] | None = None, floor: dict | None = None) -> str:
-    """The attack table; with `certified` ({stage: {gamma: summary}}), a `certified` row per radius: the mean of
-    each image's certified bound, which no attack in that ball can exceed (accuracy: -); with `relearn`
+    """The attack table; with `proven` ({stage: {gamma: summary}}), a `proven` row per radius: the mean of
+    each image's proven bound, which no attack in that ball can exceed (accuracy: -); with `relearn`
     ({stage: {steps: scores}}, the worst case over the relearning runs), a `relearn` row per number of finetuning
     steps; with `floor` (results.json relearn_floor), a line under the table: the same finetuning of A(D_r)."""
     rows = attack_rows(attacks)
     stages = list(attacks)
     for gamma in next(iter(attacks.values()))[WORST]:
-        if not certified or not all(gamma in certified.get(stage, {}) for stage in stages):
+        if not proven or not all(gamma in proven.get(stage, {}) for stage in stages):
             continue
-        rows.append(["certified", f"{gamma}/255"] + [cell for stage in stages for cell in
-                                                     (f"{certified[stage][gamma]['forget_certified_conf_dist']:.4f}", "-")])
+        rows.append(["proven", f"{gamma}/255"] + [cell for stage in stages for cell in
+                                                  (f"{proven[stage][gamma]['forget_proven_conf_dist']:.4f}", "-")])
     for steps in (next(iter(relearn.values())) if relearn else {}):
         rows.append(["relearn", f"{steps} step{'s' if steps != '1' else ''}"] + [
             cell for stage in stages for cell in (f"{relearn[stage][steps]['forget_conf_dist']:.4f}",
@@ -137,24 +137,24 @@ def format_attack_table(attacks: dict[str, dict], certified: dict[str, dict] | N
 PER_IMAGE_COLUMNS = [("forget_worst_conf_dist", "worst CD", "{:.4f}"), ("forget_exposed", "CD > {t}", "{:d}"),
                      ("forget_robust_worst_conf_dist", "worst attacked", "{:.4f}"),
                      ("forget_robust_exposed", "attacked > {t}", "{:d}"),
-                     ("forget_certified_worst_conf_dist", "worst certified", "{:.4f}"),
-                     ("forget_certified_share_05", "certified <= 0.05", "{:.0%}"),
-                     ("forget_certified_share_10", "certified <= 0.1", "{:.0%}"),
-                     ("forget_certified_radius_min", "radius min", "{:g}"),
-                     ("forget_certified_radius_median", "radius median", "{:g}")]
+                     ("forget_proven_worst_conf_dist", "worst proven", "{:.4f}"),
+                     ("forget_proven_share_05", "proven <= 0.05", "{:.0%}"),
+                     ("forget_proven_share_10", "proven <= 0.1", "{:.0%}"),
+                     ("forget_proven_radius_min", "radius min", "{:g}"),
+                     ("forget_proven_radius_median", "radius median", "{:g}")]
 
 
 def per_image_title(results: dict) -> str:
     gate = results["release_gate"]
-    bound = next((b["bound"] for b in (results.get("certified_bound") or {}).values() if b.get("bound")), None)
-    return (f"forget images one by one ({results['data']['forget_size']} images; attacked and certified within "
-            f"{gate['gamma']:g}/255; certified: a bound no attack can exceed" + (f", by {bound} bounds" if bound else "")
-            + f"; radius: the largest L-inf radius, in 1/255, certified at CD <= {gate['conf_dist_at_most']:g})")
+    bound = next((b["bound"] for b in (results.get("proof_bound") or {}).values() if b.get("bound")), None)
+    return (f"forget images one by one ({results['data']['forget_size']} images; attacked and proven within "
+            f"{gate['gamma']:g}/255; proven: a bound no attack can exceed" + (f", by {bound} bounds" if bound else "")
+            + f"; radius: the largest L-inf radius, in 1/255, proven at CD <= {gate['conf_dist_at_most']:g})")
 
 
 def per_image_summary_rows(metrics: dict[str, dict], gate: dict) -> list[list[str]]:
-    """Header, then per stage: the worst forget image's clean, attacked and certified CD, how many images
-    exceed the gate's threshold, and the shares certified at most 0.05 and 0.1."""
+    """Header, then per stage: the worst forget image's clean, attacked and proven CD, how many images
+    exceed the gate's threshold, and the shares proven at most 0.05 and 0.1."""
     threshold = f"{gate['conf_dist_at_most']:g}"
     rows = [["stage"] + [title.format(t=threshold) for _, title, _ in PER_IMAGE_COLUMNS]]
     for stage, values in metrics.items():
@@ -164,7 +164,7 @@ def per_image_summary_rows(metrics: dict[str, dict], gate: dict) -> list[list[st
 
 
 def forget_image_rows(per_image: list[dict]) -> list[list]:
-    """Header, then one row per forget image: its id and, per stage, its clean / attacked / certified CD."""
+    """Header, then one row per forget image: its id and, per stage, its clean / attacked / proven CD."""
     stages = [key for key in per_image[0] if key != "id"] if per_image else []
     header = ["image"] + [f"{stage} {kind}" for stage in stages for kind in KINDS]
     return [header] + [[row["id"]] + [row[stage][kind] for stage in stages for kind in KINDS] for row in per_image]

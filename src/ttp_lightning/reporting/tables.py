@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ttp_lightning.core.files import SUPERSEDED
+from ttp_lightning.core.words import RESULTS_FORMAT, BothWords, upgraded
 from ttp_lightning.reporting.wandb_charts import log_summary, sweep_group
 
 MAIN_TABLE_ORDER = ("retrain", "synthetic", "labeldp", "gaussian_uniform", "pareto", "pareto_robust", "certified_exact",
@@ -51,7 +52,30 @@ def load_results(paths: list[Path]) -> list[dict]:
             raise FileNotFoundError(f"{path} is neither a results.json nor a folder")
     if not files:
         raise FileNotFoundError(f"no results.json under {', '.join(map(str, paths))}")
-    return [json.loads(f.read_text()) for f in files]
+    documents = [json.loads(f.read_text()) for f in files]
+    earlier = [f for f, document in zip(files, documents) if document.get("format") != RESULTS_FORMAT]
+    if earlier:  # said once, on stderr: the tables go to stdout or a file
+        print(f"read {len(earlier)} results.json of the earlier format ttp_lightning.results/1 (its bound-based "
+              f"words were certified; read as proven), e.g. {earlier[0]}", file=sys.stderr)
+    try:
+        return [document if document.get("format") == RESULTS_FORMAT else in_current_words(document)
+                for document in documents]
+    except BothWords as exc:
+        where = next(f for f, d in zip(files, documents) if d.get("format") != RESULTS_FORMAT and _both(d))
+        raise BothWords(f"{where}: {exc}") from None
+
+
+def _both(document: dict) -> bool:
+    try:
+        upgraded(document)
+    except BothWords:
+        return True
+    return False
+
+
+def in_current_words(document: dict) -> dict:
+    """A ttp_lightning.results/1 document in /2's words (core.words), its format said."""
+    return {"format": "ttp_lightning.results/1", **upgraded({k: v for k, v in document.items() if k != "format"})}
 
 
 def model_name(results: dict) -> str:
@@ -246,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         all_results = load_results(args.paths)
         tables = frontier_tables(all_results, args.by) if args.layout == "frontier" else LAYOUTS[args.layout](all_results)
-    except (OSError, json.JSONDecodeError, KeyError) as exc:
+    except (OSError, json.JSONDecodeError, KeyError, BothWords) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     markdown = to_markdown(tables)

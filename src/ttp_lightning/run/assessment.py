@@ -1,5 +1,5 @@
 """Assessing a run's models on the forget set, on rank 0: the attack suite, the relearning attack and its
-floor, every forget image one by one (clean, attacked and certified CD, certified radius) and the release gate.
+floor, every forget image one by one (clean, attacked and proven CD, proven radius) and the release gate.
 It takes the models, the data and the settings and returns its part of the run's record, built once
 (`Assessment`); the pipeline only orchestrates."""
 
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from ttp_lightning.assess.protection import (
     GateSettings,
     GateVerdict,
-    certified_bounds,
     clean_conf_dist,
     judge,
     per_image_rows,
+    proven_bounds,
     stage_summary,
 )
 from ttp_lightning.attacks import WORST, evaluate_attacks
@@ -38,13 +38,13 @@ class Attacked:
 
 @dataclass(frozen=True)
 class PerImage:
-    """Every forget image by id and stage (clean, attacked, certified CD, certified radius), the certified
+    """Every forget image by id and stage (clean, attacked, proven CD, proven radius), the proven
     bound at every attack radius, which bound gave it, and each stage's per-image summary."""
     rows: list[dict]
-    certified: dict
-    certified_bound: dict
+    proven: dict
+    proof_bound: dict
     summaries: dict  # stage -> stage_summary
-    note: str | None  # why no certified bound could be computed (None when it was)
+    note: str | None  # why no proven bound could be computed (None when it was)
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ class Assessment:
                 attacked |= {"relearn": self.attacked.relearn, "relearn_runs": self.attacked.relearn_runs}
             if self.attacked.relearn_floor is not None:
                 attacked["relearn_floor"] = self.attacked.relearn_floor
-        note = {"certified_note": self.per_image.note} if self.per_image.note else {}
-        return {**attacked, "certified": self.per_image.certified, "certified_bound": self.per_image.certified_bound,
+        note = {"proof_note": self.per_image.note} if self.per_image.note else {}
+        return {**attacked, "proven": self.per_image.proven, "proof_bound": self.per_image.proof_bound,
                 **note, "forget_per_image": self.per_image.rows, "release_gate": self.release_gate.to_json()}
 
 
@@ -150,25 +150,25 @@ def relearn_sources(datamodule, relearn, seed: int) -> dict:
 
 def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked: Attacked | None,
                       threshold: float, bounds: BoundsSchema) -> PerImage:
-    """Every forget image, one by one: clean, attacked and certified CD and the certified radius per image and
-    stage, the certified bound at every attack radius and which bound gave them, each stage's summary."""
+    """Every forget image, one by one: clean, attacked and proven CD and the proven radius per image and
+    stage, the proven bound at every attack radius and which bound gave them, each stage's summary."""
     forget_images, _ = datamodule.dataset("forget").everything()
     gamma = float(attacks.robust_gamma)
     gammas = sorted({float(g) for g in attacks.gammas} | {gamma})
     device = eval_device()
-    columns, certified_by_stage, bound_by_stage, summaries, note = {}, {}, {}, {}, None
+    columns, proven_by_stage, bound_by_stage, summaries, note = {}, {}, {}, {}, None
     for stage, net in models.items():
-        certified = certified_bounds(net, forget_images, gammas, device, bounds, threshold)
-        note = None if certified.by_gamma is not None else certified.note
+        proven = proven_bounds(net, forget_images, gammas, device, bounds, threshold)
+        note = None if proven.by_gamma is not None else proven.note
         columns[stage] = {"clean": clean_conf_dist(net, forget_images, device).tolist(),
                           "attacked": None if attacked is None else attacked.worst_per_image.get(stage),
-                          "certified": None if certified.by_gamma is None else certified.by_gamma[f"{gamma:g}"],
-                          "certified_radius": certified.radius}
-        if certified.by_gamma is not None:
-            certified_by_stage[stage] = {g: stage_summary({"certified": values}, threshold)
-                                         for g, values in certified.by_gamma.items()}
-        bound_by_stage[stage] = {"bound": certified.bound, "intermediate": certified.intermediate,
-                                 "slope_steps": certified.slope_steps, "note": certified.note}
+                          "proven": None if proven.by_gamma is None else proven.by_gamma[f"{gamma:g}"],
+                          "proven_radius": proven.radius}
+        if proven.by_gamma is not None:
+            proven_by_stage[stage] = {g: stage_summary({"proven": values}, threshold)
+                                         for g, values in proven.by_gamma.items()}
+        bound_by_stage[stage] = {"bound": proven.bound, "intermediate": proven.intermediate,
+                                 "slope_steps": proven.slope_steps, "note": proven.note}
         summaries[stage] = stage_summary(columns[stage], threshold)
-    return PerImage(per_image_rows(datamodule.forget_ids(), columns), certified_by_stage, bound_by_stage, summaries,
+    return PerImage(per_image_rows(datamodule.forget_ids(), columns), proven_by_stage, bound_by_stage, summaries,
                     note)

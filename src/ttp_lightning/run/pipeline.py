@@ -21,6 +21,7 @@ from ttp_lightning.config.build import Node
 from ttp_lightning.config.schema import MainSchema, plain
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import supersede_outputs
+from ttp_lightning.core.words import RESULTS_FORMAT
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.fit.checkpointing import remove as remove_checkpoints
 from ttp_lightning.fit.pretraining import absorb_outside_forget, cache_key, pretrained_model, retrained_model
@@ -202,9 +203,9 @@ def _run_record(experiment: str, method: str, record: dict, datamodule, metrics:
             **datamodule.forget_record()}
     # resumed: stage -> the epoch a rerun resumed after (wall times cover this process); run: name, wandb group
     # (the sweep), job type, this job's swept values
-    return RunRecord(experiment=experiment, method=method, config=record, data=data, metrics=metrics,
-                     history={method: history}, resumed=dict(ctx.journal.resumed), run=ctx.identity, forget_softmax=softmax,
-                     assessment=assessment)
+    return RunRecord(format=RESULTS_FORMAT, experiment=experiment, method=method, config=record, data=data,
+                     metrics=metrics, history={method: history}, resumed=dict(ctx.journal.resumed), run=ctx.identity,
+                     forget_softmax=softmax, assessment=assessment)
 
 
 def _starting_models(settings: MainSchema, ctx: RunContext, datamodule, make_net, gate: GateSettings):
@@ -269,7 +270,7 @@ def _write_outputs(partial: RunRecord, output, settings: MainSchema, datamodule,
     adds its part to a new record; none edits what an earlier one built."""
     run_record = partial.with_weights(_weights_record(partial, output, settings, datamodule, output_dir))
     results = run_record.to_json()
-    attack_table = format_attack_table(results["attacks"], results["certified"], results.get("relearn"),
+    attack_table = format_attack_table(results["attacks"], results["proven"], results.get("relearn"),
                                        results.get("relearn_floor")) \
         if "attacks" in results else None
     certificate_line = format_certificate_line(results["certificate"], settings.method.vacuous_above) \

@@ -70,6 +70,8 @@ class Release:
 
 @dataclass(frozen=True)
 class RunRecord:
+    format: str = field(metadata=_doc("the results format: `ttp_lightning.results/2` (files without the key are /1, "
+                                      "whose bound-based keys said certified; `ttp_lightning.tables` reads both)"))
     experiment: str = field(metadata=_doc("the experiment's name (`experiment_name`: `<data>_<model>` unless an "
                                           "experiment file names it)"))
     method: str = field(metadata=_doc("the method's name (`method.name`), the key of its stage in `metrics`"))
@@ -129,11 +131,11 @@ SPREAD = {
                                                                              "relearning attack's worst case")),
         ("relearn_runs", "dict", "as relearn", "every relearning run (source, learning rate)"),
         ("relearn_floor", "dict", "as relearn, and A(D_r) trained", "the same finetuning of A(D_r): the floor"),
-        ("certified", "dict", "a bound could be computed", "per stage and radius: the certified bound's summary"),
-        ("certified_bound", "dict", "always", "per stage: which bound gave the certified CDs (or why none)"),
-        ("certified_note", "str", "no bound could be computed", "why"),
+        ("proven", "dict", "a bound could be computed", "per stage and radius: the proven bound's summary"),
+        ("proof_bound", "dict", "always", "per stage: which bound gave the proven CDs (or why none)"),
+        ("proof_note", "str", "no bound could be computed", "why"),
         ("forget_per_image", "list", "always", ("every forget image by id: per stage its clean, attacked and "
-                                               "certified CD and certified radius")),
+                                               "proven CD and proven radius")),
         ("release_gate", "dict", "always", ("the gate's verdict: passed, folder, requirements, reasons, the "
                                            "images that fail")),
     ),

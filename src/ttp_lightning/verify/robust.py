@@ -1,12 +1,12 @@
 """`python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR [--gamma 8] [--at-most 0.1]`: re-check a
-release's certified uniformity without the training data.
+release's proven uniformity without the training data.
 
 For every image under IMAGES_DIR (PNG or JPEG, in any subfolders; labels are not needed) it computes, from the
 release's weights alone, an upper bound on the confidence distance (CD) anywhere in the L-inf ball of radius
 gamma / 255 around the image (linear bound propagation, CROWN, never looser than interval bounds, computed in
 float64 and sound for the network evaluated in float32, rounding included: ttp_lightning.ibp, ibp/rounding.py):
 no perturbation of the image within that radius can make the released model, as load_released runs it, more
-confident than that; and the image's certified radius, the largest radius (0, 1/4, ..., 16 per 255) at which that bound is
+confident than that; and the image's proven radius, the largest radius (0, 1/4, ..., 16 per 255) at which that bound is
 at most --at-most. A provider, an auditor or a data subject holding the images can run it; nothing is trusted
 but the weights file, whose SHA-256 must match the release's config.json, and the images.
 
@@ -14,11 +14,11 @@ The verdict is this checker's own: --gamma and --at-most are its settings (defau
 numbers read from the folder. What the folder says is compared with what is recomputed, and a mismatch fails,
 but it never makes a pass: a release whose config.json says it is not protected fails (unless
 --allow-unprotected), and when the images are exactly the release's forget set (their set digest matches
-config.json) every claim about them that can be recomputed is (the worst clean and certified CD, the counts
+config.json) every claim about them that can be recomputed is (the worst clean and proven CD, the counts
 and shares, the mean CD, its own gate's verdict; the attacked values must lie between the clean value and the
-certified bound). Every comparison fails on NaN.
+proven bound). Every comparison fails on NaN.
 
-Exit status: 0 every image's clean and certified CD are at most --at-most within --gamma; 1 an image is above it,
+Exit status: 0 every image's clean and proven CD are at most --at-most within --gamma; 1 an image is above it,
 a value is not finite, a bound is below the CD measured at the image itself (UNSOUND), the release says it is not
 protected, or a claim does not match what is recomputed or escapes comparison (one FAIL line each); 2 unusable or hostile input (a release folder or config.json outside the format, weights that are not
 the file config.json names, an unreadable image, an image of the wrong shape, a network the bound does not
@@ -34,9 +34,9 @@ from ttp_lightning.assess.protection import stage_summary
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.ibp import UnsupportedLayer
 from ttp_lightning.ibp.linear import INTERMEDIATE, INTERMEDIATE_BUDGET, SLOPE_STEPS
-from ttp_lightning.ibp.uniformity import BOUNDS, MAX_RADIUS, RADIUS_STEP, Certifier
+from ttp_lightning.ibp.uniformity import BOUNDS, MAX_RADIUS, RADIUS_STEP, Prover
 from ttp_lightning.release import CARD, MAX_SLOPE_STEPS, card_cells, effect_rows, read_release_config
-from ttp_lightning.release.format import EXACT_CLAIMS
+from ttp_lightning.release.format import EARLIER_FORMATS, EXACT_CLAIMS
 from ttp_lightning.release.publish import PER_IMAGE_KEYS
 from ttp_lightning.verify.common import (
     CLAIM_TOLERANCE,
@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"L-inf radius in units of 1/255, 0..{MAX_GAMMA:g} (default {DEFAULT_GAMMA:g}; 0: the "
                              "images themselves)")
     parser.add_argument("--at-most", type=float, default=DEFAULT_AT_MOST, metavar="CD",
-                        help=f"every image's certified CD must be at most this, in [0, 1) (default {DEFAULT_AT_MOST:g})")
+                        help=f"every image's proven CD must be at most this, in [0, 1) (default {DEFAULT_AT_MOST:g})")
     parser.add_argument("--bound", choices=BOUNDS, default="linear",
                         help="linear (CROWN, never looser than intervals; intervals where a layer has no linear rule) "
                              "or interval (default linear)")
@@ -99,8 +99,8 @@ def claim_failures(protection: dict, recomputed: "Recomputation", num_classes: i
                    precision: str = "float32") -> list[str]:
     """config.json's claims about its forget set (these images) against what is recomputed from the weights,
     by the bound the release states it used (sound for `precision`: float64, the exact function, for releases
-    before /3): each number that can be recomputed (certified CDs, radii), the attacked values between the clean
-    CD and the certified bound, and the release's own gate verdict."""
+    before /3): each number that can be recomputed (proven CDs, radii), the attacked values between the clean
+    CD and the proven bound, and the release's own gate verdict."""
     claims, gate = protection["per_image"], protection["release_gate"]
     gamma, threshold = claims["gamma"], gate["conf_dist_at_most"]
     failures = []
@@ -116,19 +116,19 @@ def claim_failures(protection: dict, recomputed: "Recomputation", num_classes: i
         return [*failures, f"config.json claims a radius grid of step {grid[0]} up to {grid[1]}, which no run has"]
     bound = (claims.get("bound") or "interval", claims.get("intermediate") or "crown",  # release/1: intervals
              claims.get("slope_steps") or 0)
-    clean, certified = recomputed.clean, recomputed.certified(gamma, *bound, precision=precision)
+    clean, proven = recomputed.clean, recomputed.proven(gamma, *bound, precision=precision)
     radii = recomputed.radius(threshold, *bound, *grid, precision=precision) \
-        if "forget_certified_radius_min" in claims else None
+        if "forget_proven_radius_min" in claims else None
 
     def above(values):
         return sum(not value <= threshold for value in values)
 
-    columns = {"certified": certified, "certified_radius": radii}
+    columns = {"proven": proven, "proven_radius": radii}
     bounds = stage_summary(columns, threshold)  # as the run summarised them
     measured = {"forget_worst_conf_dist": max(clean), "forget_exposed": above(clean),
-                **{key: bounds[key] for key in ("forget_certified_worst_conf_dist", "forget_certified_share_05",
-                                                "forget_certified_share_10", "forget_certified_radius_min",
-                                                "forget_certified_radius_median") if key in bounds}}
+                **{key: bounds[key] for key in ("forget_proven_worst_conf_dist", "forget_proven_share_05",
+                                                "forget_proven_share_10", "forget_proven_radius_min",
+                                                "forget_proven_radius_median") if key in bounds}}
     for key, value in measured.items():
         if not _close(claims[key], value):
             failures.append(f"config.json claims {key} = {claims[key]} within {gamma:g}/255; recomputed from the "
@@ -138,16 +138,16 @@ def claim_failures(protection: dict, recomputed: "Recomputation", num_classes: i
                         f"{sum(clean) / len(clean):.6g}")
     if protection["forget_size"] != len(clean):
         failures.append(f"config.json claims forget_size = {protection['forget_size']}; these are {len(clean)} images")
-    # an attack finds a point in the ball: never below the clean CD, never above the certified bound
-    for key, low, high in (("forget_robust_worst_conf_dist", max(clean), max(certified)),
-                           ("forget_robust_exposed", above(clean), above(certified))):
+    # an attack finds a point in the ball: never below the clean CD, never above the proven bound
+    for key, low, high in (("forget_robust_worst_conf_dist", max(clean), max(proven)),
+                           ("forget_robust_exposed", above(clean), above(proven))):
         if claims[key] is not None and not _between(claims[key], low, high):
             failures.append(f"config.json claims {key} = {claims[key]} within {gamma:g}/255; an attack can only find "
-                            f"a value between {low:.6g} (the images) and {high:.6g} (the certified bound)")
-    return failures + gate_claim_failures(protection, clean, certified, radii)
+                            f"a value between {low:.6g} (the images) and {high:.6g} (the proven bound)")
+    return failures + gate_claim_failures(protection, clean, proven, radii)
 
 
-def gate_claim_failures(protection: dict, clean: list[float], certified: list[float],
+def gate_claim_failures(protection: dict, clean: list[float], proven: list[float],
                         radii: list[float] | None) -> list[str]:
     """A release that says it is protected must meet its own stated gate on the recomputed values."""
     gate = protection["release_gate"]
@@ -158,20 +158,20 @@ def gate_claim_failures(protection: dict, clean: list[float], certified: list[fl
     if "clean" not in gate["require"]:
         return [f"config.json says protected under a gate that does not require clean: {gate['require']}"]
     threshold, attacked = gate["conf_dist_at_most"], protection["per_image"]["forget_robust_worst_conf_dist"]
-    worst = {"clean": max(clean), "certified": max(certified), "attacked": attacked}
+    worst = {"clean": max(clean), "proven": max(proven), "attacked": attacked}
     failures = [f"config.json says protected with every forget image's {kind} CD <= {threshold}, but the worst is "
                 f"{worst[kind]}" for kind in gate["require"]
                 if not (isinstance(worst[kind], (int, float)) and worst[kind] <= threshold)]
-    least = gate.get("min_certified_radius")
+    least = gate.get("min_proven_radius")
     if least is not None and not (radii is not None and min(radii) >= least):
-        failures.append(f"config.json says protected with every forget image certified within {least}/255, but the "
-                        f"smallest certified radius recomputes to {None if radii is None else min(radii)}")
+        failures.append(f"config.json says protected with every forget image proven within {least}/255, but the "
+                        f"smallest proven radius recomputes to {None if radii is None else min(radii)}")
     return failures
 
 
 def folder_failures(release: Path, config: dict) -> list[str]:
     """What the folder says about itself that must agree: the model card's title with config.json's verdict, the
-    card's Effect cells with config.json's claims (which are compared with the recomputation), and `certified`
+    card's Effect cells with config.json's claims (which are compared with the recomputation), and `certificate`
     with the certificate beside it."""
     protection = config["protection"]
     text = (release / CARD).read_text(errors="replace")
@@ -183,8 +183,9 @@ def folder_failures(release: Path, config: dict) -> list[str]:
     claims = {**protection["per_image"], "forget_conf_dist": protection["forget_conf_dist"],
               "test_acc": protection["test_acc"]}
     gate = protection["release_gate"]
-    rows = effect_rows(gate["gamma"], gate["conf_dist_at_most"])
-    cells, unreadable = card_cells(text, gate["gamma"], gate["conf_dist_at_most"])
+    old_words = config["format"] in EARLIER_FORMATS  # its card's labels said certified
+    rows = effect_rows(gate["gamma"], gate["conf_dist_at_most"], old_words)
+    cells, unreadable = card_cells(text, gate["gamma"], gate["conf_dist_at_most"], old_words)
     failures += unreadable
     if config["format"] != "ttp_lightning.release/1" and not unreadable and cells.keys() != rows.keys():
         missing = next(rows[key][0] for key in rows if key not in cells)
@@ -194,67 +195,67 @@ def folder_failures(release: Path, config: dict) -> list[str]:
         if cells.get(key) != expected:
             failures.append(f"{CARD} says {cells.get(key, 'nothing')!r} for {rows[key][0]!r}; config.json claims "
                             f"{expected!r}")
-    if protection["certified"] != (release / "certificate.json").is_file():
-        failures.append(f"config.json says certified: {str(protection['certified']).lower()}, but the folder "
-                        + ("holds no" if protection["certified"] else "holds a") + " certificate.json")
+    if protection["certificate"] != (release / "certificate.json").is_file():
+        failures.append(f"config.json says certificate: {str(protection['certificate']).lower()}, but the folder "
+                        + ("holds no" if protection["certificate"] else "holds a") + " certificate.json")
     return failures
 
 
 class Recomputation:
     """What verify recomputes from the weights and the images alone: each image's clean CD and, per bound
-    (linear or interval, CROWN's intermediate mode), certified CDs at a radius and certified radii at a
+    (linear or interval, CROWN's intermediate mode), proven CDs at a radius and proven radii at a
     threshold, each computed once."""
 
     def __init__(self, subjects: Subjects, budget: int = INTERMEDIATE_BUDGET):
         self.model, self.images, self.clean, self.budget = subjects.model, subjects.images, subjects.clean, budget
-        self._certifiers: dict = {}
+        self._provers: dict = {}
         self._values: dict = {}
 
-    def certifier(self, bound: str, intermediate: str, slope_steps: int = SLOPE_STEPS,
-                  precision: str = "float32") -> Certifier:
-        """One Certifier per bound actually used (`auto` resolved first, so it shares the mode it resolves to);
+    def prover(self, bound: str, intermediate: str, slope_steps: int = SLOPE_STEPS,
+                  precision: str = "float32") -> Prover:
+        """One Prover per bound actually used (`auto` resolved first, so it shares the mode it resolves to);
         `precision` the one the bound is sound for (float64: the exact function, as releases before /3 claimed)."""
         if intermediate == "auto" and bound == "linear":
-            intermediate = Certifier(self.model, bound, budget=self.budget, intermediate="auto").resolve(self.images[:1])
+            intermediate = Prover(self.model, bound, budget=self.budget, intermediate="auto").resolve(self.images[:1])
         linear = bound == "linear"
         key = (bound, intermediate if linear else None, slope_steps if linear and intermediate == "crown" else 0,
                precision)
-        if key not in self._certifiers:
-            self._certifiers[key] = Certifier(self.model, bound, intermediate=intermediate, budget=self.budget,
+        if key not in self._provers:
+            self._provers[key] = Prover(self.model, bound, intermediate=intermediate, budget=self.budget,
                                               slope_steps=slope_steps, precision=precision)
-        return self._certifiers[key]
+        return self._provers[key]
 
-    def certified(self, gamma: float, bound: str = "linear", intermediate: str = "auto",
+    def proven(self, gamma: float, bound: str = "linear", intermediate: str = "auto",
                   slope_steps: int = SLOPE_STEPS, precision: str = "float32") -> list[float]:
-        certifier = self.certifier(bound, intermediate, slope_steps, precision)
-        key = ("certified", gamma, id(certifier))
+        prover = self.prover(bound, intermediate, slope_steps, precision)
+        key = ("proven", gamma, id(prover))
         if key not in self._values:
-            self._values[key] = certifier.conf_dist(self.images, gamma).tolist()
+            self._values[key] = prover.conf_dist(self.images, gamma).tolist()
         return self._values[key]
 
     def radius(self, at_most: float, bound: str = "linear", intermediate: str = "auto",
                slope_steps: int = SLOPE_STEPS, step: float = RADIUS_STEP, largest: float = MAX_RADIUS,
                precision: str = "float32") -> list[float]:
-        certifier = self.certifier(bound, intermediate, slope_steps, precision)
-        key = ("radius", at_most, id(certifier), step, largest)
+        prover = self.prover(bound, intermediate, slope_steps, precision)
+        key = ("radius", at_most, id(prover), step, largest)
         if key not in self._values:
-            self._values[key] = certifier.radius(self.images, at_most, step, largest).tolist()
+            self._values[key] = prover.radius(self.images, at_most, step, largest).tolist()
         return self._values[key]
 
 
 def image_verdict(clean: float, bound: float, at_most: float) -> str | None:
-    """None when an image passes: its clean CD (the float32 network at the image) and its certified bound both
+    """None when an image passes: its clean CD (the float32 network at the image) and its proven bound both
     finite and at most `at_most`, and the bound not below the clean CD (the ball holds the image, so a bound
     below a value measured there is no bound: said loudly); else why it fails."""
     if not (math.isfinite(clean) and math.isfinite(bound)):
-        return f"a value is not finite (clean {clean}, certified {bound})"
+        return f"a value is not finite (clean {clean}, proven {bound})"
     if bound < clean - UNSOUND_TOLERANCE:
-        return (f"UNSOUND BOUND: certified CD {bound:.4f} is below the CD {clean:.4f} measured at the image itself "
+        return (f"UNSOUND BOUND: proven CD {bound:.4f} is below the CD {clean:.4f} measured at the image itself "
                 "(float32); the bound does not describe the network people run, and nothing it proves holds")
     if clean > at_most:
         return f"clean CD {clean:.4f} at the image itself is not <= {at_most:g}"
     if bound > at_most:
-        return f"certified CD {bound:.4f} (clean {clean:.4f}) is not <= {at_most:g}"
+        return f"proven CD {bound:.4f} (clean {clean:.4f}) is not <= {at_most:g}"
     return None
 
 
@@ -263,7 +264,7 @@ def image_lines(args, files: list[Path], clean: list[float], bounds: list[float]
     how = used.bound + (f", intermediate {used.intermediate}" if used.bound == "linear" else "") + \
         (f", {used.slopes_used} slope steps" if used.slopes_used else "") + \
         (f"; linear bounds fell back: {used.fallback}" if used.fallback else "")
-    print(f"{'image':<40}  {'clean CD':>8}  {'certified CD':>12}  {'radius':>6}  (L-inf {args.gamma:g}/255, at most "
+    print(f"{'image':<40}  {'clean CD':>8}  {'proven CD':>12}  {'radius':>6}  (L-inf {args.gamma:g}/255, at most "
           f"{args.at_most:g}; {how} bounds, sound for {used.rounding.precision})")
     failures = []
     for path, value, bound, radius in zip(files, clean, bounds, radii):
@@ -292,8 +293,8 @@ def digest_failures(protection: dict) -> list[str]:
 
 
 def run(args) -> int:
-    """`verify robust`: one line per image (clean CD, certified CD within --gamma/255, certified radius); exit 0
-    every image's clean and certified CD at --at-most, 1 an image above it, a non-finite value, an unsound bound, an
+    """`verify robust`: one line per image (clean CD, proven CD within --gamma/255, proven radius); exit 0
+    every image's clean and proven CD at --at-most, 1 an image above it, a non-finite value, an unsound bound, an
     unprotected release or a claim the recomputation contradicts or that escapes comparison, 2 unusable input."""
     try:
         check_arguments(args.gamma, args.at_most)
@@ -302,8 +303,8 @@ def run(args) -> int:
         subjects = load_subjects(args.release, config, args.images, args.resize)
         recomputed = Recomputation(subjects)
         how = (args.bound, args.intermediate, args.slope_steps)
-        bounds, radii, used = recomputed.certified(args.gamma, *how), recomputed.radius(args.at_most, *how), \
-            recomputed.certifier(*how)
+        bounds, radii, used = recomputed.proven(args.gamma, *how), recomputed.radius(args.at_most, *how), \
+            recomputed.prover(*how)
     except (*INPUT_ERRORS, UnsupportedLayer) as exc:
         return cannot_verify(exc)
 
@@ -314,8 +315,8 @@ def run(args) -> int:
     failures += forget_set_failures(config, subjects, recomputed)
     if failed(failures):
         return EXIT_FAIL
-    print(f"verified: every one of the {len(files)} images has certified CD <= {args.at_most:g} anywhere within "
-          f"{args.gamma:g}/255 (worst {max(bounds):.4f}; certified radius min {min(radii):g}/255, median "
+    print(f"verified: every one of the {len(files)} images has proven CD <= {args.at_most:g} anywhere within "
+          f"{args.gamma:g}/255 (worst {max(bounds):.4f}; proven radius min {min(radii):g}/255, median "
           f"{statistics.median(radii):g}/255), from the weights alone")
     return EXIT_OK
 

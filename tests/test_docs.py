@@ -80,6 +80,12 @@ def test_the_site_builds_strictly_with_the_readme_as_home_and_api_pages_from_doc
                  "data.arrays.ImageArrays"):
         assert f"ttp_lightning.{name}" in extension.replace(" . ", "."), name
     assert "Sweeps on a SLURM cluster" in text_of(site / "cluster-and-gpu" / "index.html")
+    pages = [page for page in site.rglob("index.html") if page.parent.name not in ("glossary", "404", "search")]
+    assert len(pages) >= 18  # issue 60: every page ends with a link to the glossary, one meaning per word
+    unlinked = [str(page.relative_to(site)) for page in pages if 'glossary/">Glossary</a>' not in page.read_text()]
+    assert not unlinked, unlinked
+    glossary = text_of(site / "glossary" / "index.html")
+    assert "proven CD" in glossary and "certificate" in glossary
 
 
 def test_results_json_reference_is_generated_from_the_run_record():

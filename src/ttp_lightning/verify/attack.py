@@ -186,14 +186,6 @@ def run(args) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str]) -> int:
-    """`python -m ttp_lightning.verify attack RELEASE IMAGES ...` (run) from its arguments."""
-    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify attack", description=DESCRIPTION,
-                                     epilog=EPILOG, formatter_class=argparse.RawTextHelpFormatter)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
 DESCRIPTION = __doc__.split("\n\n")[0]
 EPILOG = ("Exit status: 0 no image found above --at-most, 1 an image above it, a non-finite value, an unprotected "
           "release or a contradicted claim, 2 unusable input.")

@@ -166,16 +166,4 @@ def run(args) -> int:
     return EXIT_VACUOUS if vacuous else EXIT_OK
 
 
-def main(argv: list[str]) -> int:
-    """`python -m ttp_lightning.verify certificate CERT ...` (run) from its arguments; the data.KEY=VALUE settings
-    may stand anywhere among them."""
-    overrides = [a for a in argv if OVERRIDE.match(a)]
-    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify certificate", description=DESCRIPTION,
-                                     epilog=EPILOG, formatter_class=argparse.RawTextHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args([a for a in argv if a not in overrides])
-    args.overrides = overrides
-    return run(args)
-
-
 DESCRIPTION, EPILOG = __doc__.split("\n\n")[0], __doc__.split("\n\n")[-1]

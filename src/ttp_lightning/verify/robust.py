@@ -343,12 +343,4 @@ def forget_set_failures(config: dict, subjects: Subjects, recomputed: Recomputat
                                      "float64" if exact else "float32")
 
 
-def main(argv: list[str]) -> int:
-    """`python -m ttp_lightning.verify robust RELEASE IMAGES ...` (run) from its arguments."""
-    parser = argparse.ArgumentParser(prog="python -m ttp_lightning.verify robust", description=DESCRIPTION,
-                                     epilog=EPILOG, formatter_class=argparse.RawTextHelpFormatter)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
 DESCRIPTION, EPILOG = __doc__.split("\n\n")[0], __doc__.split("\n\n")[-1]

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
+from ttp_lightning.bounds.rounding import PRECISIONS
+from ttp_lightning.bounds.uniformity import MAX_RADIUS, RADIUS_STEP, Prover
 from ttp_lightning.data.datamodule import build_datamodule
-from ttp_lightning.ibp.rounding import PRECISIONS
-from ttp_lightning.ibp.uniformity import MAX_RADIUS, RADIUS_STEP, Prover
 from ttp_lightning.release import NotProtectedWarning, load_released
 
 GAMMAS = (1.0, 2.0, 4.0, 8.0)

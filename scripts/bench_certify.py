@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from ttp_lightning.certify.estimator import stochastic_inverse_hvp
-from ttp_lightning.certify.hvp import ParetoCurvature, flatten
-from ttp_lightning.certify.newton import measured_spectrum
+from ttp_lightning.certified.maths.estimator import stochastic_inverse_hvp
+from ttp_lightning.certified.maths.hvp import ParetoCurvature, flatten
+from ttp_lightning.certified.maths.newton import measured_spectrum
 from ttp_lightning.core.batching import ImageBatchDataset
 from ttp_lightning.core.dataset_info import DatasetInfo
 from ttp_lightning.core.objectives import UNIFORMITY_LOSSES, retain_loss

@@ -8,7 +8,7 @@ host-to-device copy per batch), SGD (momentum, weight decay; fused where torch h
 - Alg 1 minibatch step time / ERM step time at the same retain batch (the paper: Alg 1's time is 97-99 %
   retain gradient, so close to 1): theta L_K(forget batch of 10) + (1 - theta) L_A(retain batch), one backward;
 - evaluation images/s (forward only, eval mode);
-- one full-data HVP / one full-data gradient of the Pareto objective (certify/hvp.py, fp32) on 512 images;
+- one full-data HVP / one full-data gradient of the Pareto objective (certified/maths/hvp.py, fp32) on 512 images;
 - peak memory of the training step;
 - the projected wall time of `+experiment=cifar100_resnet50` (trainer=gpu, bf16) from the measured ResNet50
   times at the experiment's own batch size: pretraining epochs x 50,000 images, plus Alg 1 epochs of
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from ttp_lightning.certify.hvp import ParetoCurvature, flatten
+from ttp_lightning.certified.maths.hvp import ParetoCurvature, flatten
 from ttp_lightning.core.batching import ImageBatchDataset
 from ttp_lightning.core.dataset_info import DatasetInfo
 from ttp_lightning.core.errors import EXIT_NOT_PROTECTED

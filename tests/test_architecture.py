@@ -1,6 +1,6 @@
 """The house rules of src/ (issues 27 and 40), checked on the import graph scripts/architecture.py draws: no import
 cycle (imports inside functions included) and no loop between folders, the project's own imports inside functions
-only where they are deliberate, models import neither data/ nor methods/, certify/ is mathematics only, the
+only where they are deliberate, models import neither data/ nor methods/, certified/maths/ is mathematics only, the
 package root holds only the entry points and re-exports; and no function over 50 lines."""
 
 import importlib.util
@@ -48,14 +48,34 @@ def test_models_import_neither_data_nor_methods(picture):
         assert not wrong, f"{name} imports {wrong}"
 
 
-def test_certify_is_mathematics_only(picture):
-    allowed = ("ttp_lightning.certify", "ttp_lightning.core.errors", "ttp_lightning.core.objectives",
-               "ttp_lightning.core.batching",
-               "ttp_lightning.core.stopping")  # a flag the long loops read: a SIGTERM stops them (issue 59)
-    for name, targets in _arrows_from(picture, "ttp_lightning.certify").items():
-        wrong = [t for t in targets if not t.startswith(allowed)]
+MATHEMATICS = ("ttp_lightning.certified.maths", "ttp_lightning.dp", "ttp_lightning.bounds")
+MATHS_MAY_IMPORT = (*MATHEMATICS, "ttp_lightning.core.errors", "ttp_lightning.core.objectives",
+                    "ttp_lightning.core.batching", "ttp_lightning.core.nn_modes", "ttp_lightning.core.metrics",
+                    "ttp_lightning.core.stopping")  # a flag the long loops read: a SIGTERM stops them (issue 59)
+
+
+@pytest.mark.parametrize("package", MATHEMATICS)
+def test_the_mathematics_is_mathematics_only(picture, package):
+    """The certified step's maths, the DP maths and the bounds import nothing but each other and core's maths:
+    no Lightning module, no method, no config."""
+    for name, targets in _arrows_from(picture, package).items():
+        wrong = [t for t in targets if not t.startswith(MATHS_MAY_IMPORT)]
         assert not wrong, f"{name} imports {wrong}"
         assert name not in picture["config_readers"], f"{name} reads a DictConfig"
+
+
+ALG1 = {"ttp_lightning.alg1", "ttp_lightning.alg1.method", "ttp_lightning.alg1.module", "ttp_lightning.alg1.callbacks",
+        "ttp_lightning.alg1.schema", "ttp_lightning.alg1.adversary"}
+
+
+def test_alg1_lives_in_one_package(picture):
+    """Issue 60: Alg 1 (plain and robust) is one folder, its method, LightningModule, callbacks, settings and
+    training attacks; nothing else in src/ is named for it."""
+    modules = set(picture["arrow_list"])
+    assert {name for name in modules if name.startswith("ttp_lightning.alg1")} == ALG1
+    stray = [name for name in modules if not name.startswith("ttp_lightning.alg1")
+             and any(word in name.rsplit(".", 1)[-1] for word in ("pareto", "alg1"))]
+    assert stray == []
 
 
 def test_no_function_is_longer_than_fifty_lines():

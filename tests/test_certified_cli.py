@@ -118,7 +118,7 @@ def test_release_is_public_weights_and_certificate_and_the_seed_stays_private(re
 
 @pytest.mark.parametrize("method", ["certified_exact_paper", "certified_lissa"])
 def test_paper_certificate_states_measured_spectrum_and_checked_hypotheses(released, method):
-    from ttp_lightning.certificates.arithmetic import recomputed_sensitivity, required_depth, scale_b
+    from ttp_lightning.certified.certificate.arithmetic import recomputed_sensitivity, required_depth, scale_b
 
     cert = json.loads((release_of(released(method)) / "certificate.json").read_text())
     steps = cert["steps"]
@@ -142,7 +142,7 @@ def test_paper_certificate_states_measured_spectrum_and_checked_hypotheses(relea
 
 @pytest.mark.parametrize("method", ["certified_exact", "certified_online"])
 def test_residual_certificate_states_the_stationarity_it_rests_on(released, method):
-    from ttp_lightning.certificates.arithmetic import recomputed_sensitivity
+    from ttp_lightning.certified.certificate.arithmetic import recomputed_sensitivity
 
     out = released(method)
     results = json.loads((out / "results.json").read_text())
@@ -166,8 +166,8 @@ def test_residual_certificate_states_the_stationarity_it_rests_on(released, meth
 def test_a_residual_certificate_that_understates_the_residual_fails_the_audit(released, tmp_path, capsys):
     """A provider (or an edit) that states a smaller residual, with Delta, sigma and epsilon recomputed to match:
     every public check passes, the audit remeasures the residual at the private noise-free weights and fails."""
-    from ttp_lightning.certificates.arithmetic import recomputed_sensitivity
-    from ttp_lightning.certify.mechanism import implied_epsilon
+    from ttp_lightning.certified.certificate.arithmetic import recomputed_sensitivity
+    from ttp_lightning.dp.mechanism import implied_epsilon
 
     out = released("certified_exact")
     release = release_of(out)
@@ -256,7 +256,7 @@ def test_guarantee_states_what_it_is_conditional_on(released):
     """A Lanczos lambda_min is an estimate above the true one: the guarantee says so instead of stating
     (epsilon, delta) outright. The estimator's share of Delta is deterministic (its measured residual), so no
     condition on the sampled Hessians and no rho remain."""
-    from ttp_lightning.certificates.statement import guarantee_lines
+    from ttp_lightning.certified.certificate.statement import guarantee_lines
 
     exact = json.loads((release_of(released("certified_exact_paper")) / "certificate.json").read_text())
     assert not any(line.startswith("conditional on") for line in guarantee_lines(exact))
@@ -279,7 +279,7 @@ def test_verify_audit_reproduces_the_release_from_the_private_record(released, c
 
 def test_attacker_with_the_public_release_cannot_strip_the_noise(released):
     """Plays the attacker of the issue: regenerate the noise from everything public and subtract it."""
-    from ttp_lightning.certify.noise import gaussian_noise
+    from ttp_lightning.dp.noise import gaussian_noise
 
     out = released("certified_exact")
     cert = json.loads((release_of(out) / "certificate.json").read_text())
@@ -406,8 +406,8 @@ def test_deeply_nested_json_is_one_error_line(tmp_path, capsys):
 def test_a_forged_norm_bound_is_exposed_by_the_weights_norm(released, tmp_path, capsys):
     """C = 0.01 stated for weights of norm ~ 5 at the paper's sigma = 1e-3, with Delta, epsilon and the
     mechanism recomputed to match, so that only the released weights' norm can expose it."""
-    from ttp_lightning.certificates.arithmetic import recomputed_sensitivity
-    from ttp_lightning.certify.mechanism import implied_epsilon
+    from ttp_lightning.certified.certificate.arithmetic import recomputed_sensitivity
+    from ttp_lightning.dp.mechanism import implied_epsilon
 
     release = release_of(released("certified_lissa"))
     cert = json.loads((release / "certificate.json").read_text())
@@ -523,8 +523,8 @@ def test_a_delta_of_one_over_n_or_more_is_vacuous_and_refused_at_run_time(releas
     """Issue 36, case 5: delta = 0.5 was certified and verified. delta must be below 1/n (n training records: a
     mechanism that publishes one record at random meets delta = 1/n); verify judges a larger one vacuous, with
     epsilon, sigma and the mechanism recomputed to match so that nothing else fails, and a run refuses it."""
-    from ttp_lightning.certificates.arithmetic import training_set_size
-    from ttp_lightning.certify.mechanism import implied_epsilon
+    from ttp_lightning.certified.certificate.arithmetic import training_set_size
+    from ttp_lightning.dp.mechanism import implied_epsilon
 
     release = release_of(released("certified_exact"))
     cert = json.loads((release / "certificate.json").read_text())
@@ -585,7 +585,7 @@ def test_a_closed_choice_of_the_certified_schema_fails_at_composition(compose_cf
 
 
 def test_lam_auto_is_the_lipschitz_mixture(compose_cfg):
-    from ttp_lightning.certify.newton import resolve_lam
+    from ttp_lightning.certified.maths.newton import resolve_lam
 
     cfg = compose_cfg("method=certified_lissa", "method.lam=auto", "method.theta=0.8",
                       "method.grad_lipschitz_forget=2", "method.grad_lipschitz_retain=0.5", tiny=False)
@@ -598,8 +598,8 @@ def test_a_larger_lambda_with_delta_and_sigma_recomputed_is_named_as_trusted_and
     self-consistent, so it passes every public check, --recompute included (the data and the noised weights do not
     reveal lambda). verify says so: it names the constants it took on trust, lambda among them; --audit, which
     re-measures them at the private noise-free weights, fails it."""
-    from ttp_lightning.certificates.arithmetic import recomputed_sensitivity
-    from ttp_lightning.certify.mechanism import noise_sigma
+    from ttp_lightning.certified.certificate.arithmetic import recomputed_sensitivity
+    from ttp_lightning.dp.mechanism import noise_sigma
 
     out = released("certified_exact")
     release = release_of(out)

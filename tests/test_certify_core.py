@@ -9,21 +9,21 @@ import torch
 from torch import nn
 
 from test_modules import tiny_sets
-from ttp_lightning.certify import hessian as hessian_module
-from ttp_lightning.certify.bounds import (
+from ttp_lightning.certified.maths import hessian as hessian_module
+from ttp_lightning.certified.maths.estimator import stochastic_inverse_hvp
+from ttp_lightning.certified.maths.hessian import exact_hessian
+from ttp_lightning.certified.maths.hvp import ParetoCurvature, flatten, refresh_batchnorm, unflatten
+from ttp_lightning.certified.maths.spectrum import exact_spectrum, lanczos_spectrum
+from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.core.objectives import kl_to_uniform, retain_loss, square_to_uniform
+from ttp_lightning.dp.sensitivity import (
     estimator_depth,
     estimator_scale_b,
     exact_newton_sensitivity,
     theta_lower_bound,
     uniformity_bound,
 )
-from ttp_lightning.certify.estimator import stochastic_inverse_hvp
-from ttp_lightning.certify.hessian import exact_hessian
-from ttp_lightning.certify.hvp import ParetoCurvature, flatten, refresh_batchnorm, unflatten
-from ttp_lightning.certify.spectrum import exact_spectrum, lanczos_spectrum
-from ttp_lightning.core.batching import ImageBatchDataset
-from ttp_lightning.core.errors import TTPUserError
-from ttp_lightning.core.objectives import kl_to_uniform, retain_loss, square_to_uniform
 from ttp_lightning.models.components.classifier import Classifier
 
 
@@ -268,7 +268,12 @@ def test_vit_hvp_matches_finite_differences_with_fused_attention_off():
 
 
 def test_certificate_sensitivity_and_depth_come_from_the_stated_constants():
-    from ttp_lightning.certificates.arithmetic import EXACT, ONLINE, recomputed_sensitivity, required_depth
+    from ttp_lightning.certified.certificate.arithmetic import (
+        EXACT,
+        ONLINE,
+        recomputed_sensitivity,
+        required_depth,
+    )
 
     estimator = {"repeats": 4}
     steps = [{"lam_min_measured": -0.1, "residual": 0.01, "gradient_norm": 0.2},
@@ -295,7 +300,7 @@ def test_certificate_sensitivity_and_depth_come_from_the_stated_constants():
 
 
 def test_hypotheses_are_checked_with_the_fix_named():
-    from ttp_lightning.certify.bounds import check_hypotheses
+    from ttp_lightning.dp.sensitivity import check_hypotheses
 
     check_hypotheses(0.75, 2.0, -0.1, 1.8, 2.0, 2.0)  # all hold
     with pytest.raises(TTPUserError, match=r"refutes the stated gradient Lipschitz.*at least 1.8"):
@@ -307,7 +312,7 @@ def test_hypotheses_are_checked_with_the_fix_named():
 
 
 def test_projection_onto_the_ball_global_and_per_tensor():
-    from ttp_lightning.certify.newton import project_flat
+    from ttp_lightning.certified.maths.newton import project_flat
 
     vector = torch.tensor([3.0, 4.0, 0.0, 0.5], dtype=torch.float64)
     assert torch.allclose(project_flat(vector, [2, 2], 1.0, "global"), vector / vector.norm())
@@ -325,7 +330,7 @@ def estimator_cfg(**changes):
 
 
 def test_estimated_step_refuses_large_residuals_too_few_steps_and_a_small_scale():
-    from ttp_lightning.certify.newton import estimated_step
+    from ttp_lightning.certified.maths.newton import estimated_step
 
     curv = curvature(lam=4.5)
     direction, record = estimated_step(curv, estimator_cfg(), torch.Generator().manual_seed(0))
@@ -346,8 +351,8 @@ def test_estimated_step_refuses_large_residuals_too_few_steps_and_a_small_scale(
 
 
 def test_released_batchnorm_statistics_are_recomputed_on_the_retain_set_from_the_noised_weights():
-    from ttp_lightning.certify.newton import noised_states
-    from ttp_lightning.certify.noise import fresh_seed
+    from ttp_lightning.certified.maths.newton import noised_states
+    from ttp_lightning.dp.noise import fresh_seed
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 3))

@@ -1,4 +1,4 @@
-"""The certified objective's worst-image reductions (certify/reductions.py): values against their definitions,
+"""The certified objective's worst-image reductions (certified/maths/reductions.py): values against their definitions,
 gradients against autograd, Hessian-vector products against finite differences of the gradient, and the
 convexity claim (the Hessian of F minus lambda I is positive semidefinite) at random points."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ttp_lightning.certify.linear_head import HeadPart, LinearHeadObjective
-from ttp_lightning.certify.reductions import (
+from ttp_lightning.certified.maths.linear_head import HeadPart, LinearHeadObjective
+from ttp_lightning.certified.maths.reductions import (
     Reduction,
     cvar_threshold,
     reduce,

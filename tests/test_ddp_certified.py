@@ -10,15 +10,15 @@ import torch
 from conftest import TINY_WITHOUT_METHOD, finished, release_of
 from test_certified_cli import LOGREG, PAPER
 from ttp_lightning.assess.evaluation import evaluate
-from ttp_lightning.certificates.document import load_weights, noise_free_key
-from ttp_lightning.certify.newton import (
+from ttp_lightning.certified.certificate.document import load_weights, noise_free_key
+from ttp_lightning.certified.common import KINDS, request_parts
+from ttp_lightning.certified.maths.newton import (
     NewtonPath,
     curvature,
     newton_step,
     step_dtype,
     step_generator,
 )
-from ttp_lightning.methods.certified.common import KINDS, request_parts
 from ttp_lightning.verify.audit import method_config, rebuild_model
 
 CASES = {

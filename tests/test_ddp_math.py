@@ -7,9 +7,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from test_modules import OPTIM, tiny_net, tiny_sets
+from ttp_lightning.alg1.module import ParetoFinetuneModule
 from ttp_lightning.core.batching import batch_loader
 from ttp_lightning.core.metrics import ConfidenceDistance
-from ttp_lightning.models.pareto import ParetoFinetuneModule
 
 
 def _gradient_and_metric(module: ParetoFinetuneModule, retain) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -47,9 +47,9 @@ def test_the_typed_schemas_check_types_choices_and_ranges(compose_cfg):
     """Types and closed choices fail at composition; ranges when validate_config builds the schema objects."""
     from omegaconf.errors import ValidationError
 
+    from ttp_lightning.alg1.schema import ParetoSchema
     from ttp_lightning.config.schema import typed
     from ttp_lightning.core.errors import TTPUserError
-    from ttp_lightning.methods.pareto_schema import ParetoSchema
 
     cfg = compose_cfg()
     settings = typed(cfg.method, "method")

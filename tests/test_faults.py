@@ -292,8 +292,8 @@ def test_a_sigterm_inside_a_fit_stops_the_long_loops_of_one_certified_step():
     iteration; the next fit starts with no stop asked for."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from ttp_lightning.certify import hvp, spectrum
-    from ttp_lightning.certify.linear_head import _preconditioned_cg
+    from ttp_lightning.certified.maths import hvp, spectrum
+    from ttp_lightning.certified.maths.linear_head import _preconditioned_cg
     from ttp_lightning.core import stopping
     from ttp_lightning.core.batching import ImageBatchDataset
     from ttp_lightning.fit import interrupts
@@ -329,7 +329,7 @@ def test_sigterm_during_a_slow_certified_solve_ends_within_seconds(tmp_path):
     script = f"""
 import sys, time
 from pathlib import Path
-from ttp_lightning.certify import linear_head
+from ttp_lightning.certified.maths import linear_head
 real = linear_head.LinearHeadObjective.evaluate
 def slow(self, weights):
     Path({str(marker)!r}).touch()

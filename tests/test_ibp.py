@@ -1,4 +1,4 @@
-"""Interval bound propagation (ttp_lightning.ibp): the bounds contain every output of every point of the box,
+"""Interval bound propagation (ttp_lightning.bounds): the bounds contain every output of every point of the box,
 for random small networks of every supported layer; they are exact for one affine layer; unsupported layers
 are refused rather than skipped."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ttp_lightning.ibp import (
+from ttp_lightning.bounds import (
     UnsupportedLayer,
     input_box,
     interval_bounds,
@@ -131,7 +131,7 @@ def test_at_radius_zero_the_proven_cd_is_the_clean_cd():
         clean = (net(images).softmax(-1).amax(-1) - 1 / 4).clamp(min=0).double()
     at_zero = proven_conf_dist(net, images, 0)  # sound for float32: never below, at most its rounding above
     assert (at_zero >= clean - 1e-7).all() and (at_zero - clean).max() < 1e-3, (at_zero - clean).max()
-    from ttp_lightning.ibp.uniformity import Prover
+    from ttp_lightning.bounds.uniformity import Prover
 
     exact = Prover(net, precision="float64").conf_dist(images, 0)
     with torch.no_grad():

@@ -137,6 +137,26 @@ def test_every_fit_setting_changes_the_keys_of_the_fits_it_reaches_or_is_named(b
     assert tried >= 20, tried
 
 
+def test_a_moved_callback_class_keeps_the_keys_written_before_the_move(base):
+    """Issue 60 moved ConstrainedBestModel into alg1/: the keys hash it by its old name, so a cache or a checkpoint
+    written before the move is found; the old name itself keys the same; any other class changes both keys."""
+    from ttp_lightning.fit.training import KEYED_AS
+
+    fit_settings, method = FitSettings.of(base.settings), build_method(base.settings)
+    (moved, old), = KEYED_AS.items()
+    assert fit_settings.callbacks["best_model"].get("_target_") == moved  # conf/callbacks/default.yaml: the new home
+    assert fit_settings.identity()["callbacks"]["best_model"]["_target_"] == old
+
+    def with_target(target):
+        best = Part({**fit_settings.callbacks["best_model"].values, "_target_": target})
+        callbacks = {**fit_settings.callbacks, "best_model": best}
+        return _keys(base, replace(fit_settings, callbacks=callbacks), method)
+
+    assert with_target(old) == _keys(base, fit_settings, method)
+    other = with_target("ttp_lightning.fit.callbacks.EpochHistory")
+    assert other[0] != _keys(base, fit_settings, method)[0] and other[1] != _keys(base, fit_settings, method)[1]
+
+
 @pytest.mark.parametrize("name", METHODS)
 def test_every_setting_of_each_methods_schema_changes_its_checkpoint_key(base, name):
     certified = ["model=logreg", "pretrain.norm_bound=10"] if name.startswith("certified") else []

@@ -1,4 +1,4 @@
-"""Issue 37: linear bound propagation (CROWN, ttp_lightning.ibp.linear). Its lower bounds on every logit difference
+"""Issue 37: linear bound propagation (CROWN, ttp_lightning.bounds.linear). Its lower bounds on every logit difference
 hold at 10,000 random points of the box (corners included) for random small networks of every supported layer,
 residual blocks and BatchNorm with negative scales included; they are never looser than the interval bounds, and
 on these networks often tighter; exact for one linear layer; a layer without a rule is refused by name."""
@@ -8,10 +8,10 @@ import torch
 from torch import nn
 
 from test_ibp import POINTS, TOLERANCE, _points, _randomise_batchnorm
-from ttp_lightning.ibp import input_box
-from ttp_lightning.ibp import logit_difference_lower_bounds as interval_differences
-from ttp_lightning.ibp.linear import LinearBounds, logit_difference_lower_bounds
-from ttp_lightning.ibp.propagate import UnsupportedLayer
+from ttp_lightning.bounds import input_box
+from ttp_lightning.bounds import logit_difference_lower_bounds as interval_differences
+from ttp_lightning.bounds.linear import LinearBounds, logit_difference_lower_bounds
+from ttp_lightning.bounds.propagate import UnsupportedLayer
 from ttp_lightning.models.components.classifier import Classifier
 from ttp_lightning.models.components.resnet import ResNet
 
@@ -171,7 +171,7 @@ def test_the_radius_search_matches_a_full_scan_and_grows_with_the_threshold(boun
     """The bisection returns, per image, the largest radius of the grid (0, 1/4, ..., 16 per 255) whose proven CD
     is at most the threshold, as a scan of every radius does; it never shrinks when the threshold grows; every
     radius it returns is proven (its bound passes); per-image radii give each image its own ball."""
-    from ttp_lightning.ibp.uniformity import RADIUS_STEP, Prover
+    from ttp_lightning.bounds.uniformity import RADIUS_STEP, Prover
 
     torch.manual_seed(5)
     net = nn.Sequential(nn.Flatten(), nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 10), nn.ReLU(), nn.Linear(10, 4))
@@ -208,7 +208,7 @@ def test_the_crown_ibp_training_term_bounds_the_ball_and_its_gradient_is_the_tru
     difference along a random direction (the backward pass runs through torch.func's transposes)."""
     import math
 
-    from ttp_lightning.ibp.uniformity import reverse_kl_upper_bound
+    from ttp_lightning.bounds.uniformity import reverse_kl_upper_bound
 
     net = _randomise_batchnorm(net)
     images = torch.rand((2, *shape), dtype=torch.float64) * 0.6 + 0.2
@@ -258,7 +258,7 @@ def test_optimised_slopes_hold_at_random_points_and_are_never_looser_than_crown(
 def test_the_certifier_optimises_slopes_only_where_a_relu_feeds_another():
     """alpha-CROWN's steps go where they can change a bound: with intermediate crown and a ReLU behind a ReLU
     (one ReLU layer: CROWN's own slopes; the optimised ones changed no bound measured there, at 30x the cost)."""
-    from ttp_lightning.ibp.uniformity import Prover
+    from ttp_lightning.bounds.uniformity import Prover
 
     torch.manual_seed(2)
     images = torch.rand(3, 1, 3, 4, dtype=torch.float64)

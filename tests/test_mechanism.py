@@ -8,8 +8,8 @@ import pytest
 import torch
 from scipy import stats
 
-from ttp_lightning.certify.mechanism import ANALYTIC, CLASSICAL, classical_sigma, implied_epsilon, noise_sigma
-from ttp_lightning.certify.noise import fresh_seed, gaussian_noise, noise_norm_bound
+from ttp_lightning.dp.mechanism import ANALYTIC, CLASSICAL, classical_sigma, implied_epsilon, noise_sigma
+from ttp_lightning.dp.noise import fresh_seed, gaussian_noise, noise_norm_bound
 
 
 def balle_wang_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
@@ -84,7 +84,7 @@ def test_alg4_two_releases_at_epsilon_one_match_the_pld_accountant_and_the_close
 def test_calibration_in_a_certificate_counts_the_releases_that_compose():
     from omegaconf import OmegaConf
 
-    from ttp_lightning.methods.certified.common import calibrate_noise
+    from ttp_lightning.certified.common import calibrate_noise
 
     step = {"lam_min_measured": -0.1, "residual": 0.01, "gradient_norm": 0.2}
     cert = {"algorithm": "alg4_online", "bound": "paper", "theta": 0.75, "lam": 2.0, "lam_min": -0.1,

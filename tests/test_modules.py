@@ -5,11 +5,11 @@ import pytest
 import torch
 from torch import nn
 
+from ttp_lightning.alg1.callbacks import ConstrainedBestModel
+from ttp_lightning.alg1.module import ParetoFinetuneModule
 from ttp_lightning.core.batching import ImageBatchDataset
 from ttp_lightning.core.objectives import kl_to_uniform, retain_loss
-from ttp_lightning.fit.alg1_callbacks import ConstrainedBestModel
 from ttp_lightning.models.optim import project_to_norm_ball
-from ttp_lightning.models.pareto import ParetoFinetuneModule
 
 OPTIM = {"optimizer": {"_target_": "torch.optim.Adam", "_partial_": True, "lr": 0.01}, "schedule": None}
 
@@ -112,7 +112,7 @@ def test_select_proven_prefers_fewest_exposed_then_fewest_unproven_then_the_stro
     """Robust Alg 1's rank (select=proven): the attack's count first (the gate's), then the interval bound's
     unproven count, then the proven worst CD where every image is proven (else the attacked mean); a NaN bound is
     not a proof, and a checkpoint written when ranks were one number still resumes."""
-    from ttp_lightning.methods.pareto import PROVEN_RULE, proven_rank
+    from ttp_lightning.alg1.method import PROVEN_RULE, proven_rank
 
     def trainer(epoch, exposed, unproven, proven_worst, attacked_mean):
         metrics = {"val/forget_worst_conf_dist": 0.01, "val/retain_acc": 0.99, "val/forget_robust_exposed": exposed,

@@ -88,8 +88,8 @@ def test_reverse_kl_still_pulls_a_saturated_image_where_kl_to_uniform_does_not()
 def test_alg1_s_smoothmax_needs_a_positive_temperature():
     import pytest
 
+    from ttp_lightning.alg1.schema import ParetoSchema
     from ttp_lightning.core.errors import TTPUserError
-    from ttp_lightning.methods.pareto_schema import ParetoSchema
 
     with pytest.raises(TTPUserError, match="forget_reduction=smoothmax needs method.forget_reduction_temperature"):
         ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, forget_reduction="smoothmax")

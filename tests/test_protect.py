@@ -267,7 +267,7 @@ def test_checkpoint_keys_under_a_lightning_prefix_and_backbone_prefix_load(tmp_p
 
 
 def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
-    from ttp_lightning.certificates.schema import SchemaError
+    from ttp_lightning.certified.certificate.schema import SchemaError
     from ttp_lightning.core.errors import TTPUserError
 
     folder, checkpoint = examples("pt")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import HAVE_MNIST, MNIST_ROOT, release_of
-from ttp_lightning.certify.linear_head import (
+from ttp_lightning.certified.maths.linear_head import (
     HeadPart,
     LinearHeadObjective,
     NegativeCurvature,
@@ -18,8 +18,8 @@ from ttp_lightning.certify.linear_head import (
     into_ball,
     solve_on_ball,
 )
-from ttp_lightning.certify.reductions import temperature_rule
-from ttp_lightning.certify.residual import (
+from ttp_lightning.certified.maths.reductions import temperature_rule
+from ttp_lightning.certified.maths.residual import (
     ball_multiplier,
     capped_paper_sensitivity,
     distance_bound,
@@ -50,7 +50,7 @@ def exact_optimum(objective, norm_bound):
 
 def bound_at(objective, weights, norm_bound, mu):
     """The run's bound: the smaller of nu = 0 and the multiplier estimate, plus the rounding floor."""
-    from ttp_lightning.certify.residual_step import stationarity_record
+    from ttp_lightning.certified.maths.residual_step import stationarity_record
 
     record = stationarity_record(objective, weights, mu, norm_bound)
     nu = ball_multiplier(objective.evaluate(weights).gradient, weights)
@@ -133,14 +133,14 @@ def test_a_non_convex_objective_is_refused_not_certified():
             solve_on_ball(objective, start, 50.0, SolverSettings(tolerance=1e-12))
     from omegaconf import OmegaConf
 
-    from ttp_lightning.certify.residual_step import mu_of
+    from ttp_lightning.certified.maths.residual_step import mu_of
 
     with pytest.raises(TTPUserError, match=r"mu = lambda - theta P_K .* <= 0"):
         mu_of(OmegaConf.create({"uniformity": "square", "theta": 0.75, "grad_lipschitz_forget": 2.0}), 1.0)
 
 
 def test_a_network_that_is_not_linear_needs_layers_last():
-    from ttp_lightning.certify.residual_step import select_certified_layers
+    from ttp_lightning.certified.maths.residual_step import select_certified_layers
 
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     with pytest.raises(TTPUserError, match="method.layers=last"):
@@ -153,8 +153,8 @@ def test_a_network_that_is_not_linear_needs_layers_last():
 def _far_past(out):
     """||noise-free release - M_theta(D)|| with M_theta(D) solved from zeros to a tolerance 1000x tighter than
     the run's, on the data rebuilt from the certificate, and the certificate's Delta."""
-    from ttp_lightning.certificates.document import load_weights
-    from ttp_lightning.certify.residual_step import final_linear, head_objective
+    from ttp_lightning.certified.certificate.document import load_weights
+    from ttp_lightning.certified.maths.residual_step import final_linear, head_objective
     from ttp_lightning.verify.audit import method_config, rebuild_model
 
     cert = json.loads((release_of(out) / "certificate.json").read_text())

@@ -8,8 +8,8 @@ import pytest
 import torch
 from omegaconf import open_dict
 
+from ttp_lightning.alg1 import callbacks as alg1_callbacks_module
 from ttp_lightning.core import proofs
-from ttp_lightning.fit import alg1_callbacks as alg1_callbacks_module
 from ttp_lightning.fit import callbacks as callbacks_module
 from ttp_lightning.fit.checkpointing import LAST, RandomState, SignedCheckpointIO, resume_from
 from ttp_lightning.run.pipeline import run
@@ -85,7 +85,7 @@ def test_robust_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, 
     unproven image (interval_focus=unproven with no cap), so the images it covers at the stop must come back
     from the checkpoint too."""
     if stragglers is not None:
-        monkeypatch.setattr("ttp_lightning.models.pareto.STRAGGLERS", stragglers)
+        monkeypatch.setattr("ttp_lightning.alg1.module.STRAGGLERS", stragglers)
     overrides = ("method=pareto_robust", "method.epochs=6", "method.early_stopping.patience=null",
                  "release_gate.require=[clean]", "method.adversarial.eval_steps=5",
                  "trainer.num_sanity_val_steps=1")  # a sanity check draws before the first (resumed) epoch

@@ -10,9 +10,10 @@ from omegaconf import open_dict
 from torch import nn
 
 from test_modules import OPTIM, tiny_net, tiny_sets
-from ttp_lightning.attacks.robust import AdversarialSettings, robust_conf_dist, worst_forget_images
+from ttp_lightning.alg1.adversary import robust_conf_dist, worst_forget_images
+from ttp_lightning.alg1.module import ParetoFinetuneModule, replayed
+from ttp_lightning.alg1.schema import AdversarialSettings
 from ttp_lightning.core.objectives import kl_to_uniform
-from ttp_lightning.models.pareto import ParetoFinetuneModule, replayed
 from ttp_lightning.run.pipeline import run
 
 SETTINGS = AdversarialSettings(gamma=32, steps=5, step_size=0.5, clean_weight=0.0,
@@ -93,8 +94,8 @@ def test_early_stopping_never_attacks_with_the_release_judge_s_random_starts(mon
     """The release judge's attacks start from torch.Generator(attacks.seed); early stopping's from a stream of
     their own, so that the epoch kept is not selected on the very draws that then judge it. Same seed, same
     stream (a resumed run attacks as the uninterrupted one)."""
-    from ttp_lightning.attacks import robust as robust_code
-    from ttp_lightning.attacks.robust import early_stopping_seed
+    from ttp_lightning.alg1 import adversary as robust_code
+    from ttp_lightning.alg1.adversary import early_stopping_seed
 
     first_draws = []
 
@@ -116,7 +117,7 @@ def test_the_judge_re_attacks_only_an_epoch_that_could_be_kept_and_never_lowers_
     (per image the worse of the two), and not when the first attack already exposes more images than the kept
     epoch (its rank, fewest exposed first, is then worse whatever the judge finds), nor on an epoch trained below
     the radius judged."""
-    from ttp_lightning.models import pareto as module_code
+    from ttp_lightning.alg1 import module as module_code
 
     torch.manual_seed(0)
     _, forget = tiny_sets(n_forget=20)
@@ -165,7 +166,7 @@ def _run(compose_cfg, tmp_path, monkeypatch, method: str, *overrides: str) -> di
 
 
 def _rank(row: dict) -> tuple:
-    from ttp_lightning.methods.pareto import proven_rank
+    from ttp_lightning.alg1.method import proven_rank
 
     return proven_rank({f"val/{key}": value for key, value in row.items()})
 
@@ -318,8 +319,8 @@ def test_the_inner_attack_targets_the_starting_model_s_predictions_not_the_label
     """ce_pretrained in training raises the class A(D) predicted for each forget image, as the judge's attack
     does: where A(D) got an image wrong its label is a class no attacker wants back. Without that objective the
     forget batches keep their labels."""
+    from ttp_lightning.alg1 import method as pareto
     from ttp_lightning.core.nn_modes import evaluating
-    from ttp_lightning.methods import pareto
 
     seen = {}
     targets, targeted = pareto.attack_targets, pareto.attack_targeted_forget
@@ -362,8 +363,8 @@ def test_an_epoch_lr_backoff_reverts_is_kept_with_the_weights_its_metrics_were_m
     weights, not the starting weights LrBackoff restores after it."""
     from types import SimpleNamespace
 
-    from ttp_lightning.fit.alg1_callbacks import ConstrainedBestModel, LrBackoff
-    from ttp_lightning.methods.pareto import ordered_callbacks
+    from ttp_lightning.alg1.callbacks import ConstrainedBestModel, LrBackoff
+    from ttp_lightning.alg1.method import ordered_callbacks
 
     module = nn.Linear(2, 2)
     start = {k: v.clone() for k, v in module.state_dict().items()}
@@ -388,7 +389,6 @@ def test_the_training_radius_is_a_margin_over_gamma_unless_train_gamma_states_on
     """The default trains at train_margin x gamma (1.5: 12/255 when judged at 8/255), so a release judged at
     another gamma trains at its own margin; an explicit train_gamma wins; a margin of 0 or NaN is one line."""
     from ttp_lightning.core.errors import TTPUserError
-    from ttp_lightning.methods.pareto import check_adversarial
 
     default = AdversarialSettings.from_config(compose_cfg("method=pareto_robust").method.adversarial)
     assert default.train_gamma is None and default.train_margin == 1.5 and default.training_gamma == 12.0
@@ -397,7 +397,7 @@ def test_the_training_radius_is_a_margin_over_gamma_unless_train_gamma_states_on
     assert AdversarialSettings(gamma=8).training_gamma == 8.0  # no margin unless one is asked for
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(TTPUserError, match=r"method.adversarial.train_margin=.* is not allowed"):
-            check_adversarial(dataclasses.replace(default, train_margin=bad))
+            dataclasses.replace(default, train_margin=bad)  # AdversarialSettings checks itself
 
 
 def test_training_radius_follows_the_retain_rule():
@@ -405,8 +405,8 @@ def test_training_radius_follows_the_retain_rule():
     past either end; a radius of 0 trains on the clean images."""
     from types import SimpleNamespace
 
-    from ttp_lightning.attacks.robust import RADIUS_RUNGS
-    from ttp_lightning.fit.alg1_callbacks import RadiusFromRetainRule
+    from ttp_lightning.alg1.callbacks import RadiusFromRetainRule
+    from ttp_lightning.alg1.schema import RADIUS_RUNGS
 
     rule, module = RadiusFromRetainRule(0.9, RADIUS_RUNGS), SimpleNamespace(radius_scale=None)
     rule.on_train_start(None, module)
@@ -487,7 +487,7 @@ def test_robust_alg1_takes_the_same_steps_whether_pretraining_was_trained_or_rea
 def test_the_per_epoch_proof_of_a_network_no_bound_supports_is_vacuous_and_not_retried(monkeypatch):
     """Robust Alg 1's validation bounds each forget image by intervals; a layer without an interval rule (GELU)
     proves nothing (CD 1 - 1/K for every image), and later epochs do not copy and trace the network again."""
-    import ttp_lightning.models.pareto as pareto_module
+    import ttp_lightning.alg1.module as pareto_module
 
     retain, forget = tiny_sets(n_forget=5)
     net = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.GELU(), nn.Linear(8, 3))
@@ -510,7 +510,7 @@ def test_lr_warmup_ramps_each_optimizer_start_and_puts_the_scheduled_rate_back()
     starts the ramp again; `auto` is 2 / (1 - beta2) steps for Adam, at most a tenth of the fit, none for SGD."""
     import lightning as L
 
-    from ttp_lightning.fit.alg1_callbacks import LrWarmup, warmup_steps
+    from ttp_lightning.alg1.callbacks import LrWarmup, warmup_steps
 
     adam = torch.optim.Adam(nn.Linear(2, 2).parameters(), lr=0.1)
     assert warmup_steps("auto", adam, 100_000) == 2000 and warmup_steps("auto", adam, 500) == 50
@@ -545,7 +545,7 @@ def test_lr_warmup_ramps_each_optimizer_start_and_puts_the_scheduled_rate_back()
     assert module.used == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.025, 0.05, 0.075, 0.1])
     assert module.between == pytest.approx([0.1] * 9)
     with pytest.raises(Exception, match="method.lr_warmup=-1 is not allowed"):
-        from ttp_lightning.methods.pareto_schema import ParetoSchema
+        from ttp_lightning.alg1.schema import ParetoSchema
 
         ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, lr_warmup=-1)
 
@@ -603,7 +603,7 @@ def test_an_image_whose_attacked_cd_is_nan_counts_as_exposed_in_early_stopping(m
 
 
 def test_stragglers_are_the_unproven_images_while_they_are_at_most_a_tenth_of_the_forget_set():
-    from ttp_lightning.models.pareto import stragglers
+    from ttp_lightning.alg1.module import stragglers
 
     unproven = torch.zeros(20, dtype=torch.bool)
     assert stragglers(unproven).tolist() == []
@@ -670,17 +670,15 @@ def test_interval_focus_unproven_bounds_every_step_the_images_the_last_bound_lef
     module.on_validation_epoch_end()
     assert module._unproven.tolist() == [] and module._unproven_bound() == 0.0
     with pytest.raises(Exception, match="method.adversarial.interval_focus='some' is not allowed"):
-        from ttp_lightning.methods.pareto import check_adversarial
-
-        check_adversarial(dataclasses.replace(settings, interval_focus="some"))
+        dataclasses.replace(settings, interval_focus="some")
 
 
 def test_interval_weight_auto_turns_the_bound_term_on_only_where_the_interval_bound_can_prove_something():
     """interval_weight=auto: 0.1 on a network the interval bound covers and has no BatchNorm; 0 with BatchNorm
     (measured: it proved nothing and flattened such ResNets) or a layer the bound has no rule for (LayerNorm);
     a number is kept; auto and numbers >= 0 pass the checks, anything else is one line."""
+    from ttp_lightning.alg1.method import INTERVAL_WEIGHT_AUTO, resolve_interval_weight
     from ttp_lightning.core.batching import ImageBatchDataset
-    from ttp_lightning.methods.pareto import INTERVAL_WEIGHT_AUTO, check_adversarial, resolve_interval_weight
 
     forget = ImageBatchDataset(torch.rand(1, 2), torch.zeros(1, dtype=torch.long))  # one forget image
     auto = dataclasses.replace(SETTINGS, interval_weight="auto")
@@ -692,8 +690,8 @@ def test_interval_weight_auto_turns_the_bound_term_on_only_where_the_interval_bo
     assert resolve_interval_weight(auto, layernorm, forget).interval_weight == 0.0
     stated = dataclasses.replace(SETTINGS, interval_weight=0.5)
     assert resolve_interval_weight(stated, batchnorm, forget) is stated and resolve_interval_weight(None, plain, forget) is None
-    check_adversarial(auto)
+    assert auto.interval_weight == "auto"  # allowed: it checked itself when made
     for bad in (-1.0, "some", float("nan")):
         with pytest.raises(Exception, match="method.adversarial.interval_weight=") as raised:
-            check_adversarial(dataclasses.replace(SETTINGS, interval_weight=bad))
+            dataclasses.replace(SETTINGS, interval_weight=bad)
         assert "\n" not in str(raised.value)

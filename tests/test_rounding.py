@@ -1,5 +1,5 @@
 """Issue 59: the proven CD holds for the float32 network people run, not only for the exact function of its
-weights (ttp_lightning.ibp.rounding). The rounding error bound holds at random points of the box for every supported
+weights (ttp_lightning.bounds.rounding). The rounding error bound holds at random points of the box for every supported
 layer (the float32 output against the float64 one), is small on ordinary networks (so a proven radius barely
 moves), and makes the bound vacuous, never wrong, where float32 and exact arithmetic part: the cancellation of
 Jia & Rinard (2021) in either layer, overflow to infinity."""
@@ -13,12 +13,12 @@ from torch import nn
 
 from test_ibp import _points, _randomise_batchnorm
 from test_linear_bounds import _networks
+from ttp_lightning.bounds import input_box
+from ttp_lightning.bounds.linear import logit_difference_lower_bounds
+from ttp_lightning.bounds.propagate import Box, run_graph, trace
+from ttp_lightning.bounds.rounding import PRECISIONS, Rounding, unit_roundoff
+from ttp_lightning.bounds.uniformity import Prover
 from ttp_lightning.core.metrics import conf_dist_of_probs
-from ttp_lightning.ibp import input_box
-from ttp_lightning.ibp.linear import logit_difference_lower_bounds
-from ttp_lightning.ibp.propagate import Box, run_graph, trace
-from ttp_lightning.ibp.rounding import PRECISIONS, Rounding, unit_roundoff
-from ttp_lightning.ibp.uniformity import Prover
 from ttp_lightning.models.components.classifier import Classifier
 from ttp_lightning.models.components.linear import MLP
 

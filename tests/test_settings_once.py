@@ -5,10 +5,10 @@ from collections import Counter
 
 import pytest
 
+from ttp_lightning.alg1 import schema as pareto_schema
 from ttp_lightning.config import schema as config_schema
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.fit.training import RunContext
-from ttp_lightning.methods import pareto_schema
 from ttp_lightning.reporting.run_identity import swept_keys
 from ttp_lightning.run.validation import build_method, validate_config
 
@@ -64,8 +64,8 @@ def test_the_swept_keys_are_what_hydras_parser_calls_a_sweep():
 
 def test_a_robust_alg1_setting_that_does_not_exist_is_one_line_not_ignored():
     """A typo under method.adversarial in an experiment file was dropped silently by AdversarialSettings."""
+    from ttp_lightning.alg1.schema import adversarial_settings
     from ttp_lightning.core.errors import TTPUserError
-    from ttp_lightning.methods.pareto import adversarial_settings
 
     assert adversarial_settings({"gamma": 4, "surrogate_betas": [10]}).surrogate_betas == (10,)
     with pytest.raises(TTPUserError, match=r"method.adversarial.gama is not a setting of robust Alg 1; allowed: gamma,"):

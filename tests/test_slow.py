@@ -44,7 +44,7 @@ def test_ddp_sim_two_processes_run_robust_alg1(run_cli, mode):
     robust = results["metrics"]["pareto_robust"]
     kept = history[robust["best_epoch"] - 1]
     if robust["constraint_met"]:  # among the epochs that meet both thresholds, the lowest proven rank
-        from ttp_lightning.methods.pareto import proven_rank
+        from ttp_lightning.alg1.method import proven_rank
 
         qualifying = [row for row in history if row["forget_worst_conf_dist"] < 0.1
                       and row["retain_acc"] >= robust["retain_acc_threshold"] - 1e-6]

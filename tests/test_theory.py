@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from ttp_lightning.certify.mechanism import classical_sigma
+from ttp_lightning.dp.mechanism import classical_sigma
 from ttp_lightning.theory import main
 
 

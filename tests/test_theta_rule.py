@@ -1,4 +1,4 @@
-"""`method.theta=auto` (issue 39): the rule that picks the certified learners' theta (certify/theta_rule.py)
+"""`method.theta=auto` (issue 39): the rule that picks the certified learners' theta (certified/maths/theta_rule.py)
 against synthetic frontiers and a dense scan, and on a real certified run: the release is solved at the chosen
 theta, the certificate and the release state it, verify passes, and what the rule cannot protect is named."""
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import release_of
-from ttp_lightning.certify.linear_head import SolverSettings, solve_on_ball
-from ttp_lightning.certify.residual_step import objective_at
-from ttp_lightning.certify.theta_rule import Probe, check_ladder, choose_theta
-from ttp_lightning.methods.certified.theta import head_scores
+from ttp_lightning.certified.maths.linear_head import SolverSettings, solve_on_ball
+from ttp_lightning.certified.maths.residual_step import objective_at
+from ttp_lightning.certified.maths.theta_rule import Probe, check_ladder, choose_theta
+from ttp_lightning.certified.theta import head_scores
 
 LADDER = [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875]
 

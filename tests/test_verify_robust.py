@@ -387,7 +387,7 @@ def test_the_stated_slope_steps_are_bounded_work_and_verifys_own_are_checked(gen
 def test_a_release_of_the_earlier_format_loads_and_verifies_without_radius_claims(genuine, tmp_path):
     """ttp_lightning.release/1 (before the proven radius): still loaded and verified; its claims were computed
     with interval bounds, and it claims no radius."""
-    from ttp_lightning.ibp.uniformity import Prover
+    from ttp_lightning.bounds.uniformity import Prover
     from ttp_lightning.verify.common import image_files, read_images
 
     release = _copy(genuine, tmp_path / "release")
@@ -435,7 +435,7 @@ def _in_old_words(release: Path, config: dict) -> None:
 def test_a_release_2_written_before_the_float32_bound_verifies_its_exact_claims(genuine, tmp_path):
     """Issue 59: ttp_lightning.release/2 claims were computed by bounds exact for the float64 network. They are
     compared with bounds of that function (said in a line); the verdict is still the float32-sound one."""
-    from ttp_lightning.ibp.uniformity import Prover
+    from ttp_lightning.bounds.uniformity import Prover
     from ttp_lightning.verify.common import image_files, read_images
 
     release = _copy(genuine, tmp_path / "release")
@@ -526,7 +526,7 @@ def _forge_float32(release: Path, forget: Path, scale: float = 2.0 ** 24):
 
 def _exact_bounds(monkeypatch) -> None:
     """The bound before issue 59: exact for the float64 network, blind to float32 rounding."""
-    from ttp_lightning.ibp import rounding
+    from ttp_lightning.bounds import rounding
 
     monkeypatch.setattr(rounding.Rounding, "noise", lambda self, net, node, env: None)
 

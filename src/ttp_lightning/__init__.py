@@ -1,10 +1,10 @@
 """ttp_lightning: test-time privacy for open-weight image classifiers (Lightning + Hydra)."""
 
+from ttp_lightning.alg1.schema import ParetoSchema as _ParetoSchema
+from ttp_lightning.certified.schema import CertifiedSchema as _CertifiedSchema
 from ttp_lightning.config.naming import register as _register_resolvers
 from ttp_lightning.config.schema import register as _register_schemas
 from ttp_lightning.methods.baselines.schemas import SCHEMAS as _BASELINE_SCHEMAS
-from ttp_lightning.methods.certified.schema import CertifiedSchema as _CertifiedSchema
-from ttp_lightning.methods.pareto_schema import ParetoSchema as _ParetoSchema
 from ttp_lightning.version import __version__ as __version__
 
 # the typed config schemas the YAML files name (group `schema`); the methods' own live beside them

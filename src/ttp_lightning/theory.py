@@ -11,8 +11,8 @@ import argparse
 import json
 import sys
 
-from ttp_lightning.certify.bounds import theta_lower_bound, uniformity_bound
-from ttp_lightning.certify.mechanism import noise_sigma
+from ttp_lightning.dp.mechanism import noise_sigma
+from ttp_lightning.dp.sensitivity import theta_lower_bound, uniformity_bound
 
 
 def _positive_int(text: str) -> int:

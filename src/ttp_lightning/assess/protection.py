@@ -7,7 +7,7 @@ this module records three confidence distances (CD):
   attacked   the most confident point the attack evaluation found within `attacks.robust_gamma` / 255 (a lower
              bound on what an adversary can reach);
   proven  an upper bound on the CD anywhere in that ball, from the weights alone (interval bound
-             propagation, ttp_lightning.ibp): no attack can do better, and anyone holding the released weights
+             propagation, ttp_lightning.bounds): no attack can do better, and anyone holding the released weights
              and the image can recompute it (`python -m ttp_lightning.verify robust`).
 
 The gate (`release_gate` in conf/main.yaml) then decides whether the method's model is released as protected:
@@ -27,11 +27,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from ttp_lightning.bounds import UnsupportedLayer, proven_conf_dist
+from ttp_lightning.bounds.uniformity import MAX_RADIUS, Prover
 from ttp_lightning.core.errors import EXIT_NOT_PROTECTED, TTPUserError
 from ttp_lightning.core.inference import probabilities
 from ttp_lightning.core.metrics import conf_dist_of_probs
-from ttp_lightning.ibp import UnsupportedLayer, proven_conf_dist
-from ttp_lightning.ibp.uniformity import MAX_RADIUS, Prover
 
 log = logging.getLogger(__name__)
 

@@ -98,7 +98,7 @@ class PerformanceSchema:
 
 @dataclass
 class BoundsSchema:
-    """conf/main.yaml `bounds` (ibp/): how every forget image's proven CD and proven radius are bounded."""
+    """conf/main.yaml `bounds` (bounds/): how every forget image's proven CD and proven radius are bounded."""
 
     kind: BoundKind = BoundKind["linear"]
     intermediate: Intermediate = Intermediate["auto"]
@@ -374,7 +374,7 @@ class AttacksSchema:
 
 
 SCHEMAS = {"main": MainSchema, "attacks": AttacksSchema, "data": DataSchema, "method": MethodSchema}  # the methods'
-# own schemas live beside them (methods/pareto_schema.py, methods/certified/schema.py, methods/baselines/schemas.py)
+# own schemas live beside them (alg1/schema.py, certified/schema.py, methods/baselines/schemas.py)
 
 
 def register(method_schemas: dict[str, type]) -> None:

@@ -1,4 +1,4 @@
-"""Train / eval mode of a network, switched for a block and restored module by module.
+"""Train / eval mode of a network, switched for a block and restored module by module; the parameters a step trains.
 
 `net.train(was_training)` after `net.eval()` is not a restore: it sets EVERY submodule to `was_training`, so a
 BatchNorm layer that was deliberately in eval mode inside a training step (robust Alg 1 passes the forget images
@@ -35,3 +35,8 @@ def batchnorm_in_eval_mode(net: nn.Module, active: bool = True):
     finally:
         for layer in layers:
             layer.train()
+
+
+def trainable(net: nn.Module) -> list[nn.Parameter]:
+    """The parameters a step trains (requires_grad), in the order net.parameters() gives them."""
+    return [p for p in net.parameters() if p.requires_grad]

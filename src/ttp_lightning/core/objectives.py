@@ -65,7 +65,7 @@ def reduce_forget(losses: torch.Tensor, reduction: str, fraction: float = 0.2,
     """A forget batch's per-image losses as one number: their mean (the paper), their max (the hardest image
     alone), their CVaR (the mean of the `fraction` largest: hardest-image weighting that still sees more
     than one image) or their smooth maximum T log(mean exp(l / T)) at `temperature` T (between the mean and
-    the max; the certified learners' smoothmax, certify/reductions.py)."""
+    the max; the certified learners' smoothmax, certified/maths/reductions.py)."""
     if reduction == "mean":
         return losses.mean()
     if reduction == "max":

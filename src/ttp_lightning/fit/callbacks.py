@@ -1,6 +1,6 @@
 """Generic callbacks every fit can use: per-epoch history and training-step timing (built by Hydra from the
 `callbacks` config group), the divergence guard and the speed settings every fit gets, and a user's own
-callbacks. Alg 1's own (constrained early stopping, warm-up, back-off, the radius rule): fit/alg1_callbacks.py."""
+callbacks. Alg 1's own (constrained early stopping, warm-up, back-off, the radius rule): alg1/callbacks.py."""
 
 import logging
 import time

@@ -88,11 +88,23 @@ class FitSettings:
             if item.name == "trainer":
                 value = {key: v for key, v in plain(value).items() if key not in TRAINER_NOT_IN_RESULTS}
             elif item.name == "callbacks":
-                value = {key: plain(part) for key, part in (value or {}).items()}
+                value = {key: keyed_as(plain(part)) for key, part in (value or {}).items()}
             elif not isinstance(value, (int, float, str, bool, type(None))):
                 value = plain(value)
             values[item.name] = value
         return values
+
+
+def keyed_as(part):
+    """A callback's config as keys hash it: a class that moved to another module is named where it lived when keys
+    were first written (KEYED_AS), so that caches and checkpoints made before the move are still found."""
+    if isinstance(part, dict) and part.get("_target_") in KEYED_AS:
+        return {**part, "_target_": KEYED_AS[part["_target_"]]}
+    return part
+
+
+# {where a class is: where it was when the keys were first written} (issue 60 gathered Alg 1 into alg1/)
+KEYED_AS = {"ttp_lightning.alg1.callbacks.ConstrainedBestModel": "ttp_lightning.fit.alg1_callbacks.ConstrainedBestModel"}
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What a method is: one YAML in conf/method/ whose `_target_` names a Method subclass, plus that class.
 
 The pipeline builds the class its `_target_` names with the YAML's settings, checked once: the schema's
-object (methods/pareto_schema.ParetoSchema, methods/certified/schema.CertifiedSchema, ...; a config for a method without a schema). It then
+object (alg1/schema.ParetoSchema, certified/schema.CertifiedSchema, ...; a config for a method without a schema). It then
 calls `check(settings)` with the whole run's settings (config.schema.MainSchema) before any work (bad values
 end in one `error:` line), `check_data(datamodule)` once the data is read, and `run(ctx, pretrained, datamodule, make_net)`, which returns a MethodOutput.
 Adding a method touches no other file: see docs/extending.md.

@@ -7,7 +7,7 @@ from torch import nn
 
 @dataclass
 class CertifiedRelease:
-    """A certified method's release before it is written (certify/certificate.write_release)."""
+    """A certified method's release before it is written (certified/certificate/document.write_release)."""
 
     certificate: dict   # the public statement: constants, measured values, noise; the pipeline adds identity
     states: list[dict]  # the released state_dicts, in request order (the last is the final model)

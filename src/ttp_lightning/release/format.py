@@ -4,7 +4,7 @@ the file names, reading it and checking what a network is given against it."""
 from pathlib import Path
 
 from ttp_lightning.assess.protection import KINDS, require_problem
-from ttp_lightning.certificates.schema import (
+from ttp_lightning.certified.certificate.schema import (
     SchemaError,
     boolean,
     check_model_spec,
@@ -22,7 +22,7 @@ from ttp_lightning.certificates.schema import (
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.words import BothWords, upgraded
 
-# /3: the claims' proven values are those of bounds sound for the float32 network (ibp/rounding), and the bound-based
+# /3: the claims' proven values are those of bounds sound for the float32 network (bounds/rounding), and the bound-based
 # words are "proven" (certified was the (epsilon, delta) certificate's word too); /2: the proven (then "certified")
 # radius and the bound that gave the claims (exact for the float64 network); /1: neither
 RELEASE_FORMAT = "ttp_lightning.release/3"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ttp_lightning.certificates.schema import SchemaError, model_spec, record
+from ttp_lightning.certified.certificate.schema import SchemaError, model_spec, record
 from ttp_lightning.config.build import Part
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import atomic_tensors, atomic_text, atomic_write, sha256_of

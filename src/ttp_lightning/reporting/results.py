@@ -9,7 +9,7 @@ import torch
 
 from ttp_lightning.assess.protection import KINDS, masking_note, unrequired_note
 from ttp_lightning.attacks.suite import WORST
-from ttp_lightning.certificates.arithmetic import is_vacuous
+from ttp_lightning.certified.certificate.arithmetic import is_vacuous
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import atomic_text, atomic_write
 

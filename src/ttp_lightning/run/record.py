@@ -10,7 +10,7 @@ import types
 from dataclasses import dataclass, field, fields, replace
 
 from ttp_lightning.assess.protection import GateVerdict
-from ttp_lightning.certificates.document import WrittenCertificate
+from ttp_lightning.certified.certificate.document import WrittenCertificate
 from ttp_lightning.run.assessment import Assessment
 
 

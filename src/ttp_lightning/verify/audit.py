@@ -12,14 +12,15 @@ from types import SimpleNamespace
 
 import torch
 
-from ttp_lightning.certificates.document import (
+from ttp_lightning.certified.certificate.document import (
     load_weights,
     noise_free_key,
     sha256_of_vector,
 )
-from ttp_lightning.certificates.schema import rebuild_configs
-from ttp_lightning.certify.newton import newton_path, noised_states
-from ttp_lightning.certify.residual_step import (
+from ttp_lightning.certified.certificate.schema import rebuild_configs
+from ttp_lightning.certified.common import KINDS, request_parts
+from ttp_lightning.certified.maths.newton import newton_path, noised_states
+from ttp_lightning.certified.maths.residual_step import (
     final_linear,
     head_objective,
     mu_of,
@@ -30,7 +31,6 @@ from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import sha256_of
 from ttp_lightning.core.inference import eval_device
 from ttp_lightning.data import build_datamodule
-from ttp_lightning.methods.certified.common import KINDS, request_parts
 from ttp_lightning.models.components import build_classifier
 
 STEP_KEYS = ("gradient_norm", "lam_min_measured", "hessian_norm_measured", "residual", "step_norm", "scale")

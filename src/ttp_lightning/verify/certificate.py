@@ -29,11 +29,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ttp_lightning.assess.evaluation import evaluate
-from ttp_lightning.certificates.arithmetic import training_set_size
-from ttp_lightning.certificates.checks import check_certificate, vacuous_reasons
-from ttp_lightning.certificates.document import CERTIFICATE_FILE
-from ttp_lightning.certificates.schema import check_audit_schema, check_certificate_schema, strict_json
-from ttp_lightning.certificates.statement import guarantee_lines, trusted_line
+from ttp_lightning.certified.certificate.arithmetic import training_set_size
+from ttp_lightning.certified.certificate.checks import check_certificate, vacuous_reasons
+from ttp_lightning.certified.certificate.document import CERTIFICATE_FILE
+from ttp_lightning.certified.certificate.schema import (
+    check_audit_schema,
+    check_certificate_schema,
+    strict_json,
+)
+from ttp_lightning.certified.certificate.statement import guarantee_lines, trusted_line
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.release import read_release_config
 from ttp_lightning.release.load import architecture_of_release, check_size

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ttp_lightning.certificates.schema import SchemaError
+from ttp_lightning.certified.certificate.schema import SchemaError
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.metrics import conf_dist_of_probs
 from ttp_lightning.data.forget import fingerprint, set_digest

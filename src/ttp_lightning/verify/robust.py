@@ -4,7 +4,7 @@ release's proven uniformity without the training data.
 For every image under IMAGES_DIR (PNG or JPEG, in any subfolders; labels are not needed) it computes, from the
 release's weights alone, an upper bound on the confidence distance (CD) anywhere in the L-inf ball of radius
 gamma / 255 around the image (linear bound propagation, CROWN, never looser than interval bounds, computed in
-float64 and sound for the network evaluated in float32, rounding included: ttp_lightning.ibp, ibp/rounding.py):
+float64 and sound for the network evaluated in float32, rounding included: ttp_lightning.bounds, bounds/rounding.py):
 no perturbation of the image within that radius can make the released model, as load_released runs it, more
 confident than that; and the image's proven radius, the largest radius (0, 1/4, ..., 16 per 255) at which that bound is
 at most --at-most. A provider, an auditor or a data subject holding the images can run it; nothing is trusted
@@ -31,10 +31,10 @@ import statistics
 from pathlib import Path
 
 from ttp_lightning.assess.protection import stage_summary
+from ttp_lightning.bounds import UnsupportedLayer
+from ttp_lightning.bounds.linear import INTERMEDIATE, INTERMEDIATE_BUDGET, SLOPE_STEPS
+from ttp_lightning.bounds.uniformity import BOUNDS, MAX_RADIUS, RADIUS_STEP, Prover
 from ttp_lightning.core.errors import TTPUserError
-from ttp_lightning.ibp import UnsupportedLayer
-from ttp_lightning.ibp.linear import INTERMEDIATE, INTERMEDIATE_BUDGET, SLOPE_STEPS
-from ttp_lightning.ibp.uniformity import BOUNDS, MAX_RADIUS, RADIUS_STEP, Prover
 from ttp_lightning.release import CARD, MAX_SLOPE_STEPS, card_cells, effect_rows, read_release_config
 from ttp_lightning.release.format import EARLIER_FORMATS, EXACT_CLAIMS
 from ttp_lightning.release.publish import PER_IMAGE_KEYS

@@ -161,11 +161,30 @@ def strongly_connected(arrows: dict[str, set[str]]) -> list[set[str]]:
     return groups
 
 
+def room_lines(picture: dict) -> list[str]:
+    """The rooms and the rooms each imports, one line each, the rooms that stand on others first (a room's
+    height is the longest chain of arrows below it), the package prefix left out (docs/layout.md shows them)."""
+    arrows = {room: set(targets) - {room} for room, targets in picture["room_arrows"].items()}
+    height: dict[str, int] = {}
+
+    def measure(room: str) -> int:  # the rooms have no loop (test_architecture), so the recursion ends
+        if room not in height:
+            height[room] = 1 + max((measure(target) for target in arrows.get(room, ())), default=-1)
+        return height[room]
+
+    def short(room: str) -> str:
+        return room.removeprefix(PACKAGE + ".") if room != PACKAGE else "(package)"
+
+    order = sorted(arrows, key=lambda room: (-measure(room), short(room)))
+    return [f"{short(room):12s} -> {' '.join(sorted(short(t) for t in arrows[room])) or '(nothing)'}" for room in order]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--src", type=Path, default=Path(__file__).resolve().parents[1] / "src" / PACKAGE)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--list", action="store_true", help="print every function-level project import and cycle")
+    parser.add_argument("--rooms", action="store_true", help="print each room and the rooms it imports")
     args = parser.parse_args()
     picture = scan(args.src)
     print(f"modules {picture['modules']}, lines {picture['lines']}, import arrows {picture['arrows']}, "
@@ -191,6 +210,8 @@ def main() -> None:
         print("omegaconf/hydra importers:", " ".join(picture["framework_importers"]))
         for function in picture["long_functions"]:
             print("long function:", function)
+    if args.rooms:
+        print("\n".join(room_lines(picture)))
     if args.json:
         args.json.write_text(json.dumps(picture, indent=1))
 

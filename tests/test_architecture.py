@@ -140,3 +140,13 @@ def test_hydra_and_omegaconf_stay_at_the_edges(picture):
     identity and config/build.py (everything Hydra builds) import Hydra or OmegaConf; nothing else does."""
     assert set(picture["framework_importers"]) == FRAMEWORK_IMPORTERS
     assert len(picture["framework_importers"]) <= 6
+
+
+def test_the_layout_page_shows_the_rooms_as_they_are():
+    """docs/layout.md's "Who imports whom" is what scripts/architecture.py --rooms prints for src/ today."""
+    spec = importlib.util.spec_from_file_location("architecture", REPO / "scripts" / "architecture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (REPO / "docs" / "layout.md").read_text(encoding="utf-8")
+    block = page.split("## Who imports whom", 1)[1].split("```\n", 2)[1]
+    assert block.splitlines() == module.room_lines(module.scan(SRC))

@@ -141,7 +141,8 @@ BAD_INPUT = [
     ("pretrain.epochs=-3", "pretrain.epochs=-3 is not allowed; choose a positive integer"),
     ("method.lr=-0.01", "method.lr=-0.01 is not allowed; choose a finite value > 0"),
     ("method.mode=sometimes", "method.mode=sometimes Invalid value 'sometimes', expected one of [minibatch, fullbatch]"),
-    ("+attack@attacks.suite.magic=magic", "unknown attack 'magic'; choose one of: apgd, fgsm, gaussian, pgd"),
+    ("+attacks/suite@attacks.suite.magic=magic", "unknown attack 'magic'; choose one of: apgd, fgsm, gaussian, pgd"),
+    ("+attack@attacks.suite.magic=magic", "unknown attack 'magic'; choose one of: apgd, fgsm, gaussian, pgd"),  # earlier spelling
     ("attacks.suite.gaussian=null attacks.suite.apgd=null", "attacks.suite has no attack"),
     ("attacks.names=[gaussian]", "attacks.names is no longer a setting; use attacks.suite (each attack a conf/attack"),
     ("attacks.gammas=[2,-1]", "attacks.gammas=-1.0 is not allowed; choose a finite value > 0"),

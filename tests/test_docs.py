@@ -89,13 +89,13 @@ def test_the_site_builds_strictly_with_the_readme_as_home_and_api_pages_from_doc
 
 
 def test_results_json_reference_is_generated_from_the_run_record():
-    """Issue 40: docs/results-json.md's top-level table is the run record's (scripts/results_schema.py), so the
+    """Issue 40: docs/results-json.md's top-level table is the run record's (scripts/results_table.py), so the
     docs cannot drift from the dataclass."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("results_schema", ROOT / "scripts" / "results_schema.py")
+    spec = importlib.util.spec_from_file_location("results_table", ROOT / "scripts" / "results_table.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     text = (ROOT / "docs" / "results-json.md").read_text()
-    assert module.BEGIN in text and module.with_table(text) == text, "run python scripts/results_schema.py --write"
+    assert module.BEGIN in text and module.with_table(text) == text, "run python scripts/results_table.py --write"
     assert "| `release_gate` | dict | always |" in text

@@ -38,13 +38,14 @@ def test_an_attack_is_one_module_plus_one_yaml(run_main, plugin):
 
             def __call__(self, model, images, gamma, generator, cfg, **_):
                 return (images + gamma).clamp(0, 1)
-        """, "attack", "brighten", "_target_: brighten.Brighten\n")
-    code, out, err, results = run_main(search, "+attack@attacks.suite.brighten=brighten", *FAST_ATTACKS)
+        """, "attacks/suite", "brighten", "_target_: brighten.Brighten\n")
+    code, out, err, results = run_main(search, "+attacks/suite@attacks.suite.brighten=brighten", *FAST_ATTACKS)
     assert code in (0, EXIT_NOT_PROTECTED), err[-2000:]  # the tiny run's gate is not what this test is about
     attacks = results["attacks"]["pareto"]
     assert list(attacks) == ["none", "worst", "gaussian", "apgd", "brighten"]  # the suite's order, worst added
     assert attacks["worst"]["8"]["forget_conf_dist"] >= attacks["brighten"]["8"]["forget_conf_dist"]
     assert "brighten" in out
+    # the group's earlier spelling (conf/attack/, before issue 60) still adds it
     code, _, err, _ = run_main(search, "+attack@attacks.suite.brighten=brighten", "attacks.suite.brighten._target_=brighten.Nope",
                                *FAST_ATTACKS)
     assert code == 2 and err.strip().splitlines()[-1].startswith(

@@ -311,11 +311,11 @@ def test_the_assessment_is_one_record_built_once():
 
 def test_results_json_keys_are_the_run_records(run_job):
     """results.json is written from the run record: its top-level keys are the documented ones, in order."""
-    from ttp_lightning.run.record import schema_keys
+    from ttp_lightning.run.record import results_keys
 
     proc, results = run_job("method.epochs=1")
     finished(proc.returncode, results, proc.stderr)
-    order = schema_keys()
+    order = results_keys()
     assert set(results) <= set(order), set(results) - set(order)
     assert list(results) == sorted(results, key=order.index)
     assert {"attacks", "forget_per_image", "release_gate", "weights_file", "release"} <= set(results)

@@ -267,7 +267,7 @@ def test_checkpoint_keys_under_a_lightning_prefix_and_backbone_prefix_load(tmp_p
 
 
 def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
-    from ttp_lightning.certified.certificate.schema import SchemaError
+    from ttp_lightning.config.allowlist import FormatError
     from ttp_lightning.core.errors import TTPUserError
 
     folder, checkpoint = examples("pt")
@@ -279,7 +279,7 @@ def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
     for architecture, match in (({"_target_": "os.system", "name": "mlp", "hidden_dim": 128}, "_target_"),
                                 ({"name": "../../evil"}, "plain name")):
         (release / "config.json").write_text(json.dumps({**config, "architecture": architecture}))
-        with pytest.raises(SchemaError, match=match):
+        with pytest.raises(FormatError, match=match):
             load_released(release)
     (release / "config.json").write_text(json.dumps(config))
     weights = load_file(str(release / "model.safetensors"))
@@ -304,7 +304,7 @@ def test_load_released_refuses_a_tampered_release(run_main, examples, tmp_path):
         with pytest.raises(TTPUserError, match=match):
             load_released(release)
     (release / "config.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(SchemaError, match="nested too deeply"):
+    with pytest.raises(FormatError, match="nested too deeply"):
         load_released(release)
     (release / "model.safetensors").write_bytes(b"\xff" * 64)  # a corrupt header, its hash rewritten
     (release / "config.json").write_text(json.dumps(

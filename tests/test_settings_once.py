@@ -56,7 +56,7 @@ def test_a_config_from_elsewhere_is_checked_by_the_same_schema(compose_cfg):
 
 
 def test_the_swept_keys_are_what_hydras_parser_calls_a_sweep():
-    overrides = ["method.theta=0.25,0.75", "method=pareto,retrain", "seed=1", "+attack@attacks.suite.apgd=apgd",
+    overrides = ["method.theta=0.25,0.75", "method=pareto,retrain", "seed=1", "+attacks/suite@attacks.suite.apgd=apgd",
                  "hydra.sweep.dir=x,y", "data.forget.size=range(10,30,10)", "data@other=digits,mnist",
                  "method.lr=choice(0.1,0.01)"]
     assert swept_keys(overrides) == ["method.theta", "method", "data.forget.size", "data@other", "method.lr"]

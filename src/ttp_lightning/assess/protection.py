@@ -105,7 +105,7 @@ class GateSettings:
         if not gradient_attacks:
             raise TTPUserError(f"release_gate.require={list(self.require)} judges the attacked CD, and attacks.suite "
                                f"holds no attack that follows gradients (random noise alone would judge it); add one "
-                               f"(+attack@attacks.suite.apgd=apgd), or {accept}")
+                               f"(+attacks/suite@attacks.suite.apgd=apgd), or {accept}")
 
     def check_network(self, net: nn.Module, channels: int, image_size: int, max_radius: float = MAX_RADIUS) -> None:
         """A required proven CD or radius needs a network bounds can propagate through, and a radius the

@@ -2,8 +2,8 @@
 the checks that say whether their numbers can be trusted. `attacks=adaptive` (default): Gaussian noise and APGD
 with ReLU surrogates, restarts and three objectives, worst case per image; `attacks=paper`: the paper's
 Gaussian, FGSM and PGD with exact gradients (the APGD function itself: attacks.apgd.apgd; the name `apgd` here is the
-module, as conf/attack/apgd.yaml's `_target_` needs). Each attack is one class (an Attack subclass, base.py) plus one
-YAML in conf/attack/."""
+module, as conf/attacks/suite/apgd.yaml's `_target_` needs). Each attack is one class (an Attack subclass, base.py) plus one
+YAML in conf/attacks/suite/."""
 
 from ttp_lightning.attacks.apgd import APGD, Probe, adaptive_attack, apgd_checkpoints
 from ttp_lightning.attacks.base import Attack

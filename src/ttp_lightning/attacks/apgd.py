@@ -187,7 +187,7 @@ def _target_classes(model, images) -> torch.Tensor:
 
 
 class APGD(Attack):
-    """conf/attack/apgd.yaml: `adaptive_attack`, APGD under every ReLU surrogate, restart and objective."""
+    """conf/attacks/suite/apgd.yaml: `adaptive_attack`, APGD under every ReLU surrogate, restart and objective."""
 
     own_surrogates = True
 

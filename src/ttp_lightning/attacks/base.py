@@ -1,7 +1,7 @@
-"""What an attack is: one YAML in conf/attack/ whose `_target_` names an Attack subclass, plus that class.
+"""What an attack is: one YAML in conf/attacks/suite/ whose `_target_` names an Attack subclass, plus that class.
 
 `attacks.suite` (conf/attacks/*.yaml) lists the attacks a run uses, each built by Hydra from its YAML;
-`+attack@attacks.suite.NAME=NAME` adds one, `attacks.suite.NAME=null` leaves one out. The evaluation
+`+attacks/suite@attacks.suite.NAME=NAME` adds one, `attacks.suite.NAME=null` leaves one out. The evaluation
 (suite.py) calls every attack per chunk of forget images and radius, each free to start from the most
 confident point found so far, and keeps per image the most confident point of all.
 """

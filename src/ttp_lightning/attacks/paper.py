@@ -51,7 +51,7 @@ def pgd_attack(model: nn.Module, images: torch.Tensor, gamma: float, generator: 
 
 
 class GaussianNoise(Attack):
-    """conf/attack/gaussian.yaml: x + N(0, gamma^2), clipped to [0, 1]."""
+    """conf/attacks/suite/gaussian.yaml: x + N(0, gamma^2), clipped to [0, 1]."""
 
     random = True
 
@@ -60,14 +60,14 @@ class GaussianNoise(Attack):
 
 
 class FGSM(Attack):
-    """conf/attack/fgsm.yaml: one signed-gradient step of logsumexp from a symmetry-breaking start."""
+    """conf/attacks/suite/fgsm.yaml: one signed-gradient step of logsumexp from a symmetry-breaking start."""
 
     def __call__(self, model, images, gamma, generator, cfg, **_) -> torch.Tensor:
         return fgsm_attack(model, images, gamma, generator, cfg)
 
 
 class PGD(Attack):
-    """conf/attack/pgd.yaml: attacks.pgd_steps signed-gradient steps of logsumexp, projected onto the ball."""
+    """conf/attacks/suite/pgd.yaml: attacks.pgd_steps signed-gradient steps of logsumexp, projected onto the ball."""
 
     def __call__(self, model, images, gamma, generator, cfg, **_) -> torch.Tensor:
         return pgd_attack(model, images, gamma, generator, cfg)

@@ -8,12 +8,13 @@ from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import RUN_LOCK
 
 CONF_DIR = Path(__file__).parents[1] / "conf"
-GROUPS = ("data", "model", "method", "trainer", "logger", "attacks", "attack", "experiment", "optimizer", "schedule",
+GROUPS = ("data", "model", "method", "trainer", "logger", "attacks/suite", "attacks", "experiment", "optimizer", "schedule",
           "callbacks", "workflow")
 _OVERRIDE = re.compile(r"^[+~]{0,2}(?P<group>" + "|".join(GROUPS) + r")(@[\w.]+)?=(?P<value>[^\s]*)$")
 
 
 SELECTED_PER_SECTION = ("optimizer", "schedule")  # config groups that pretrain and the method each select
+SUITE_GROUP, OLD_SUITE_GROUP = "attacks/suite@", "attack@"  # the attacks attacks.suite can hold (conf/attacks/suite)
 
 
 def normalize_overrides(argv: list[str]) -> list[str]:
@@ -27,6 +28,9 @@ def normalize_overrides(argv: list[str]) -> list[str]:
         section, _, group = key.partition(".")
         if arg.startswith(("+experiment=", "+workflow=")):
             arg = arg[1:]
+        elif arg.lstrip("+~").startswith(OLD_SUITE_GROUP):  # the group's name before conf/attacks/suite/
+            marks = arg[:len(arg) - len(arg.lstrip("+~"))]
+            arg = marks + SUITE_GROUP + arg.lstrip("+~")[len(OLD_SUITE_GROUP):]
         elif sep and section in ("pretrain", "method") and group in SELECTED_PER_SECTION:
             arg = f"{group}@{key}={value}"
         out.append(arg)
@@ -59,7 +63,8 @@ def check_group_choices(argv: list[str]) -> None:
         options = group_options(match["group"], extra)
         for value in match["value"].split(","):
             if value and value not in options:
-                raise TTPUserError(f"unknown {match['group']} {value!r}; choose one of: {', '.join(options)}")
+                what = "attack" if match["group"] == SUITE_GROUP[:-1] else match["group"]
+                raise TTPUserError(f"unknown {what} {value!r}; choose one of: {', '.join(options)}")
 
 
 def check_launcher(argv: list[str]) -> None:
@@ -128,7 +133,7 @@ def check_not_busy(folder: Path) -> None:
 
 
 RENAMED = {  # settings a release renamed: their old spelling gets one line saying what replaced it
-    "attacks.names": "attacks.suite (each attack a conf/attack YAML: +attack@attacks.suite.fgsm=fgsm adds one, "
+    "attacks.names": "attacks.suite (each attack a conf/attacks/suite YAML: +attacks/suite@attacks.suite.fgsm=fgsm adds one, "
                      "attacks.suite.gaussian=null leaves one out)",
 }
 
@@ -141,8 +146,9 @@ def check_renamed(argv: list[str]) -> None:
             raise TTPUserError(f"{key} is no longer a setting; use {RENAMED[key]}")
 
 
-ADDABLE = ("experiment", "trainer.", "logger.", "hydra.", "callbacks.", "attack@attacks.suite.")  # `+key=` may add
-# these (passed to Lightning/Hydra; callbacks.NAME adds a Lightning callback, attack@attacks.suite.NAME an attack)
+ADDABLE = ("experiment", "trainer.", "logger.", "hydra.", "callbacks.", "attacks/suite@attacks.suite.")  # `+key=`
+# may add these (passed to Lightning/Hydra; callbacks.NAME adds a Lightning callback, attacks/suite@attacks.suite.NAME
+# an attack)
 
 
 def check_unknown_additions(argv: list[str]) -> None:
@@ -155,7 +161,7 @@ def check_unknown_additions(argv: list[str]) -> None:
         if not key.startswith(ADDABLE):
             raise TTPUserError(f"unknown key {key!r}: `+{key}=...` adds a setting ttp_lightning never reads; "
                                "see `--cfg job` for the settings there are (only trainer.*, logger.*, callbacks.*, hydra.*, "
-                               "attack@attacks.suite.* and experiment can be added)")
+                               "attacks/suite@attacks.suite.* and experiment can be added)")
 
 
 def is_sweep(arg: str) -> bool:

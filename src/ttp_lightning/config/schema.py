@@ -346,12 +346,12 @@ class AttacksSchema:
         if not self.enabled:
             return
         if not any(settings is not None for settings in self.suite.values()):
-            raise TTPUserError("attacks.suite has no attack; add one, e.g. +attack@attacks.suite.apgd=apgd, or set "
+            raise TTPUserError("attacks.suite has no attack; add one, e.g. +attacks/suite@attacks.suite.apgd=apgd, or set "
                                "attacks.enabled=false")
         for name, settings in self.suite.items():
             if settings is not None and not (isinstance(settings, dict) and settings.get("_target_")):
                 raise TTPUserError(f"attacks.suite.{name}={settings!r} is not allowed; give an attack's config "
-                                   "(conf/attack/<name>.yaml: `_target_: <module>.<Attack subclass>`) or null")
+                                   "(conf/attacks/suite/<name>.yaml: `_target_: <module>.<Attack subclass>`) or null")
         for gamma in self.gammas:
             checks.positive(gamma, "attacks.gammas")
         checks.at_least_zero(self.alpha, "attacks.alpha")

@@ -4,8 +4,8 @@ the file names, reading it and checking what a network is given against it."""
 from pathlib import Path
 
 from ttp_lightning.assess.protection import KINDS, require_problem
-from ttp_lightning.certified.certificate.schema import (
-    SchemaError,
+from ttp_lightning.config.allowlist import (
+    FormatError,
     boolean,
     check_model_spec,
     count,
@@ -50,7 +50,7 @@ def _reason(value, key):
 
 def _pixel_range(value, key):
     if value != PIXEL_RANGE or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        raise SchemaError(f"{key}={str(value)[:80]} is not allowed; a release's network takes pixels in "
+        raise FormatError(f"{key}={str(value)[:80]} is not allowed; a release's network takes pixels in "
                           f"{PIXEL_RANGE} (the only range this format has)")
     return [float(v) for v in value]
 
@@ -73,7 +73,7 @@ MAX_SLOPE_STEPS = 1000  # a checker recomputes the claims with the stated steps:
 
 def _slope_steps(value, key):
     if count(value, key) > MAX_SLOPE_STEPS:
-        raise SchemaError(f"{key}={value} is not allowed; expected an integer in [0, {MAX_SLOPE_STEPS}]")
+        raise FormatError(f"{key}={value} is not allowed; expected an integer in [0, {MAX_SLOPE_STEPS}]")
     return value
 
 
@@ -87,7 +87,7 @@ def _require(value, key):
     kinds = list_of(one_of(*KINDS), len(KINDS))(value, key)  # the CDs a release gate can require
     problem = require_problem(kinds)  # the very check a run makes of its release_gate.require before any work
     if problem:
-        raise SchemaError(f"{key}={kinds} is not allowed; a gate requires clean and each kind once ({problem})")
+        raise FormatError(f"{key}={kinds} is not allowed; a gate requires clean and each kind once ({problem})")
     return kinds
 
 
@@ -96,7 +96,7 @@ GATE_FIELDS_1 = {"conf_dist_at_most": finite, "require": _require, "gamma": fini
 
 def _positive(value, key):
     if not finite(value, key) > 0:
-        raise SchemaError(f"{key}={value} is not allowed; expected a number > 0")
+        raise FormatError(f"{key}={value} is not allowed; expected a number > 0")
     return value
 
 
@@ -120,26 +120,26 @@ EARLIER_FIELDS = {"ttp_lightning.release/1": _config_fields(GATE_FIELDS_1, PER_I
 
 
 def read_release_config(folder: str | Path) -> dict:
-    """config.json of a release, every field checked (SchemaError naming the first bad one)."""
+    """config.json of a release, every field checked (FormatError naming the first bad one)."""
     path = Path(folder).expanduser() / CONFIG
     if not path.is_file():
         raise TTPUserError(f"{str(path)!r} does not exist; a release folder holds {WEIGHTS}, {CONFIG}, {CARD}")
     if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise SchemaError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes")
+        raise FormatError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
         document = strict_json(path.read_text())
-    except SchemaError as exc:  # a key twice
-        raise SchemaError(f"{str(path)!r} is not JSON this format can hold ({exc})") from None
+    except FormatError as exc:  # a key twice
+        raise FormatError(f"{str(path)!r} is not JSON this format can hold ({exc})") from None
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, an integer of thousands of digits
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0]
-        raise SchemaError(f"{str(path)!r} is not JSON this format can hold ({reason})") from None
+        raise FormatError(f"{str(path)!r} is not JSON this format can hold ({reason})") from None
     form = document.get("format") if isinstance(document, dict) else None
     try:
         if form in EARLIER_FORMATS:  # read in this format's words, so every reader reads one set of names
             document = earlier_in_current_words(document)
         return record(EARLIER_FIELDS.get(form, CONFIG_FIELDS) if isinstance(form, str) else CONFIG_FIELDS)(document, "")
-    except (SchemaError, BothWords) as exc:  # name the file, as every other line about it does
-        raise SchemaError(f"{str(path)!r} {exc}") from None
+    except (FormatError, BothWords) as exc:  # name the file, as every other line about it does
+        raise FormatError(f"{str(path)!r} {exc}") from None
 
 
 def earlier_in_current_words(document: dict) -> dict:
@@ -168,19 +168,19 @@ def check_input(given: dict, folder: Path) -> None:
     every std positive, a class name per class, sizes within MAX_*; one error line naming the bad value."""
     where = f"{str(folder / CONFIG)!r} input"
     if not 1 <= given["channels"] <= MAX_CHANNELS:
-        raise SchemaError(f"{where}.channels={given['channels']} is not allowed; choose 1..{MAX_CHANNELS}")
+        raise FormatError(f"{where}.channels={given['channels']} is not allowed; choose 1..{MAX_CHANNELS}")
     if not 1 <= given["image_size"] <= MAX_IMAGE_SIZE:
-        raise SchemaError(f"{where}.image_size={given['image_size']} is not allowed; choose 1..{MAX_IMAGE_SIZE}")
+        raise FormatError(f"{where}.image_size={given['image_size']} is not allowed; choose 1..{MAX_IMAGE_SIZE}")
     for key in ("mean", "std"):
         if len(given[key]) != given["channels"]:
-            raise SchemaError(f"{where}.{key}={given[key]} is not allowed; give one value per channel "
+            raise FormatError(f"{where}.{key}={given[key]} is not allowed; give one value per channel "
                               f"({given['channels']})")
     if not all(MIN_STD <= value <= MAX_NORMALISATION for value in given["std"]):
-        raise SchemaError(f"{where}.std={given['std']} is not allowed; every value must be in [{MIN_STD:g}, "
+        raise FormatError(f"{where}.std={given['std']} is not allowed; every value must be in [{MIN_STD:g}, "
                           f"{MAX_NORMALISATION:g}]")
     if not all(abs(value) <= MAX_NORMALISATION for value in given["mean"]):
-        raise SchemaError(f"{where}.mean={given['mean']} is not allowed; every value must be in "
+        raise FormatError(f"{where}.mean={given['mean']} is not allowed; every value must be in "
                           f"[-{MAX_NORMALISATION:g}, {MAX_NORMALISATION:g}]")
     if given["num_classes"] < 2 or len(given["class_names"]) != given["num_classes"]:
-        raise SchemaError(f"{where}.num_classes={given['num_classes']} is not allowed; a classifier has at least "
+        raise FormatError(f"{where}.num_classes={given['num_classes']} is not allowed; a classifier has at least "
                           f"2 classes, one class name each ({len(given['class_names'])} given)")

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ttp_lightning.certified.certificate.schema import model_settings
+from ttp_lightning.config.allowlist import model_settings
 from ttp_lightning.config.build import Part, registered_file
 from ttp_lightning.core.dataset_info import DatasetInfo
 from ttp_lightning.core.errors import TTPUserError

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ttp_lightning.certified.certificate.schema import SchemaError, model_spec, record
+from ttp_lightning.config.allowlist import FormatError, model_spec, record
 from ttp_lightning.config.build import Part
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import atomic_tensors, atomic_text, atomic_write, sha256_of
@@ -70,7 +70,7 @@ def readable(config: dict) -> None:
     written)."""
     try:
         record(CONFIG_FIELDS)(json.loads(json.dumps(config)), "")
-    except (SchemaError, ValueError) as exc:
+    except (FormatError, ValueError) as exc:
         raise TTPUserError(f"refusing to write a release that load_released could not read: {exc}") from None
 
 

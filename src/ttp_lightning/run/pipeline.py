@@ -16,7 +16,7 @@ from ttp_lightning.assess.evaluation import evaluate, forget_softmax
 from ttp_lightning.assess.protection import GateSettings
 from ttp_lightning.attacks import build_suite
 from ttp_lightning.certified.certificate.document import AUDIT_FILE, PRIVATE_DIR, write_release
-from ttp_lightning.certified.certificate.schema import data_spec, model_spec
+from ttp_lightning.config.allowlist import data_spec, model_spec
 from ttp_lightning.config.build import Node
 from ttp_lightning.config.schema import MainSchema, plain
 from ttp_lightning.core.errors import TTPUserError

@@ -3,7 +3,7 @@ parts each stage returned, each a frozen record built once by the stage that own
 (`StageMetrics`: its evaluation and what made the model reported), the assessment (run/assessment.py: attacks,
 every forget image, the gate's `GateVerdict`), the weights (`Weights`, with a certified method's
 `WrittenCertificate`) and the release folder (`Release`). results.json is written from it. Its fields'
-documentation is the reference table in docs/results-json.md (`python scripts/results_schema.py`, checked by
+documentation is the reference table in docs/results-json.md (`python scripts/results_table.py`, checked by
 tests/test_docs.py)."""
 
 import types
@@ -162,7 +162,7 @@ def _schema_rows() -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def schema_table() -> str:
+def results_table() -> str:
     """docs/results-json.md's reference tables: results.json's top level from RunRecord's fields, then the keys
     of `release_gate` (GateVerdict) and `release` (Release) from theirs."""
     top = ["| key | type | present | what |", "|---|---|---|---|",
@@ -189,6 +189,6 @@ def _json_kind(kind) -> str:
     return f"{name} or null" if optional else name
 
 
-def schema_keys() -> list[str]:
+def results_keys() -> list[str]:
     """results.json's top-level keys in the order to_json writes them."""
     return [row[0] for row in _schema_rows()]

@@ -17,7 +17,7 @@ from ttp_lightning.certified.certificate.document import (
     noise_free_key,
     sha256_of_vector,
 )
-from ttp_lightning.certified.certificate.schema import rebuild_configs
+from ttp_lightning.certified.certificate.format import rebuild_configs
 from ttp_lightning.certified.common import KINDS, request_parts
 from ttp_lightning.certified.maths.newton import newton_path, noised_states
 from ttp_lightning.certified.maths.residual_step import (
@@ -38,7 +38,7 @@ STEP_KEYS = ("gradient_norm", "lam_min_measured", "hessian_norm_measured", "resi
 
 def method_config(cert: dict) -> SimpleNamespace:
     """The method settings of the original run that the Newton step reads, from the certificate's typed fields
-    (check_certificate_schema checked them); the certificate is never turned into anything that is built."""
+    (check_certificate_format checked them); the certificate is never turned into anything that is built."""
     settings = {key: cert[key] for key in (
         "bound", "layers", "theta", "lam", "uniformity", "forget_temperature", "grad_lipschitz_forget", "grad_lipschitz_retain",
         "hessian_lipschitz_forget", "hessian_lipschitz_retain", "chunk_size", "max_exact_params",

@@ -32,12 +32,9 @@ from ttp_lightning.assess.evaluation import evaluate
 from ttp_lightning.certified.certificate.arithmetic import training_set_size
 from ttp_lightning.certified.certificate.checks import check_certificate, vacuous_reasons
 from ttp_lightning.certified.certificate.document import CERTIFICATE_FILE
-from ttp_lightning.certified.certificate.schema import (
-    check_audit_schema,
-    check_certificate_schema,
-    strict_json,
-)
+from ttp_lightning.certified.certificate.format import check_audit_format, check_certificate_format
 from ttp_lightning.certified.certificate.statement import guarantee_lines, trusted_line
+from ttp_lightning.config.allowlist import strict_json
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.release import read_release_config
 from ttp_lightning.release.load import architecture_of_release, check_size
@@ -118,7 +115,7 @@ def release_config(cert_path: Path) -> dict:
 def checked_certificate(args, cert_path: Path, overrides: list[str]) -> tuple[dict, dict, list[str], list[str]]:
     """(the certificate, its release's config.json, the failures, what was checked); raises on unusable input."""
     check_arguments(args)
-    cert = check_certificate_schema(read_json(cert_path))
+    cert = check_certificate_format(read_json(cert_path))
     config = release_config(cert_path)
     weights = args.weights or [cert_path.parent / entry["file"] for entry in cert["weights"]]
     for path in weights:
@@ -135,7 +132,7 @@ def checked_certificate(args, cert_path: Path, overrides: list[str]) -> tuple[di
         failures += recompute_failures(cert, weights[-1], overrides)
         checked.append("forget set and forget CD recomputed")
     if args.audit:
-        audit = check_audit_schema(read_json(args.audit))
+        audit = check_audit_format(read_json(args.audit))
         failures += audit_failures(cert, cert_path, audit, args.audit.parent, weights, overrides, args.tolerance)
         checked.append("release reproduced from the audit record")
     return cert, config, failures, checked

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ttp_lightning.certified.certificate.schema import SchemaError
+from ttp_lightning.config.allowlist import FormatError
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.metrics import conf_dist_of_probs
 from ttp_lightning.data.forget import fingerprint, set_digest
@@ -19,7 +19,7 @@ EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE, EXIT_VACUOUS = 0, 1, 2, 3
 CLAIM_TOLERANCE = 1e-4
 DEFAULT_GAMMA, DEFAULT_AT_MOST, MAX_GAMMA = 8.0, 0.1, 255.0
 # unusable or hostile input: one `error: cannot verify:` line and exit 2
-INPUT_ERRORS = (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, SchemaError)
+INPUT_ERRORS = (OSError, ValueError, KeyError, TypeError, RecursionError, TTPUserError, FormatError)
 
 
 def check_arguments(gamma: float, at_most: float) -> None:

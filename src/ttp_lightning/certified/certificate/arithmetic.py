@@ -5,7 +5,7 @@ certificate and by the checks that read one (checks.py), so that both compute th
 
 import math
 
-from ttp_lightning.certified.certificate.schema import ALGORITHMS
+from ttp_lightning.certified.certificate.format import ALGORITHMS
 from ttp_lightning.certified.maths.residual import (
     capped_paper_sensitivity,
     distance_bound,

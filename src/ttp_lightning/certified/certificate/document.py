@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from ttp_lightning.certified.certificate.schema import AUDIT_FORMAT, CERTIFICATE_FORMAT
+from ttp_lightning.certified.certificate.format import AUDIT_FORMAT, CERTIFICATE_FORMAT
 from ttp_lightning.core.files import atomic_tensors, atomic_text, sha256_of
 
 CERTIFICATE_FILE, AUDIT_FILE = "certificate.json", "audit.json"

@@ -1,12 +1,13 @@
-"""Typed allowlists for what a certified release says about itself: the certificate, the data and model
-it names, and the provider's private audit record.
+"""How this package reads a file from outside (a release's config.json, a certificate, an audit record): strict
+JSON, every value checked against a typed allowlist of fields, and the data set and model it names rebuilt from
+this package's own registered configs (conf/), never from the file.
 
-A certificate is untrusted input to whoever verifies it. Nothing in it is ever instantiated, imported or
-unpickled: it may only name a registered data set and a registered model (files under conf/), plus typed
-scalar settings from a fixed list; the data and model are then rebuilt from this package's own configs.
-Any other key (e.g. `_target_`), a wrong type, a string that is not a plain name or a file name with a
-path in it is a `SchemaError` (verify: one `error:` line, exit 2). Non-finite numbers pass the schema and
-fail verify's checks instead (they are a false statement, not an unreadable one).
+Nothing in such a file is ever instantiated, imported or unpickled: it may only name a registered data set and a
+registered model, plus typed scalar settings from a fixed list. Any other key (e.g. `_target_`), a wrong type, a
+string that is not a plain name or a file name with a path in it is a `FormatError` (verify: one `error:` line,
+exit 2). Non-finite numbers pass the allowlist and fail verify's checks instead (they are a false statement, not
+an unreadable one). The formats themselves: release/format.py (config.json), certified/certificate/format.py (the
+certificate and the audit record).
 """
 
 import json
@@ -14,45 +15,38 @@ import math
 import re
 from collections.abc import Callable
 
-from ttp_lightning.certified.maths.residual import MU_RULES
 from ttp_lightning.config.build import (
-    ConfigError,
     Node,
     Part,
-    compose_main,
     registered_file,
-    resolve,
-    set_value,
     to_plain,
 )
 from ttp_lightning.config.choices import CONF_DIR
 from ttp_lightning.config.naming import registered_models
-from ttp_lightning.config.schema import Algorithm, DataSchema, plain
+from ttp_lightning.config.schema import DataSchema, plain
 from ttp_lightning.core.errors import TTPUserError
 
-CERTIFICATE_FORMAT = "ttp_lightning.certificate/4"
-AUDIT_FORMAT = "ttp_lightning.audit/1"
-ALGORITHMS = tuple(algorithm.value for algorithm in Algorithm)  # method.algorithm's choices (config.schema)
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 _FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}\.safetensors$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class SchemaError(TTPUserError):
-    """A certificate or audit record that is not in the allowed shape (unusable or hostile input)."""
+class FormatError(TTPUserError):
+    """A file from outside (config.json, a certificate, an audit record) that is not in the allowed shape
+    (unusable or hostile input)."""
 
 
 Check = Callable[[object, str], object]
 
 
 def strict_json(text: str):
-    """JSON as a checker must read it: a key twice in one object is refused (SchemaError), since readers disagree
+    """JSON as a checker must read it: a key twice in one object is refused (FormatError), since readers disagree
     on which of the two counts (Python's json takes the last, others the first) and so would a second checker."""
     def pairs(items):
         seen = {}
         for key, value in items:
             if key in seen:
-                raise SchemaError(f"the key {key!r} appears twice in one object; a claim is stated once")
+                raise FormatError(f"the key {key!r} appears twice in one object; a claim is stated once")
             seen[key] = value
         return seen
 
@@ -61,7 +55,7 @@ def strict_json(text: str):
 
 def _fail(key: str, value, allowed: str):
     shown = repr(value)
-    raise SchemaError(f"{key}={shown[:80]}{'...' if len(shown) > 80 else ''} is not allowed; {allowed}")
+    raise FormatError(f"{key}={shown[:80]}{'...' if len(shown) > 80 else ''} is not allowed; {allowed}")
 
 
 def integer(value, key):
@@ -150,7 +144,7 @@ def record(fields: dict[str, Check]) -> Check:
                   f"this key is not part of the format (allowed: {', '.join(sorted(fields))})")
         missing = sorted(set(fields) - set(value))
         if missing:
-            raise SchemaError(f"{key + '.' if key else ''}{missing[0]} is missing")
+            raise FormatError(f"{key + '.' if key else ''}{missing[0]} is missing")
         return {k: fields[k](v, f"{key}.{k}" if key else k) for k, v in value.items()}
     return check
 
@@ -206,7 +200,7 @@ MODEL_EXCLUDED = ("_target_", "pretrained", "pretrained_file", "checkpoint", "ch
 
 def _registered_config(group: str, choice: str) -> Node:
     if choice not in registered(group):
-        raise SchemaError(f"{group}.name={choice!r} is not a registered {group}; choose one of: "
+        raise FormatError(f"{group}.name={choice!r} is not a registered {group}; choose one of: "
                           f"{', '.join(registered(group))}")
     return registered_file(group, choice)
 
@@ -275,99 +269,3 @@ def model_spec(model: Part | Node) -> dict:
                        f"release needs one of: {', '.join(registered('model'))}")
 
 
-def rebuild_configs(data: dict, model: dict, overrides: list[str]) -> tuple[Node, Part]:
-    """Data and model (its Part) configs composed from this package's registered configs, the checked settings of
-    the specs (typed values, set as values, never parsed) and the verifier's own data.* overrides."""
-    data, model = check_data_spec(data), check_model_spec(model)
-    if data["forget"]["from_file"] and not any(o.startswith(("data.forget.indices_file=", "data.forget.requests="))
-                                               for o in overrides):
-        raise SchemaError("the certified forget set was given as index files; pass them as "
-                          "data.forget.indices_file=FILE (or data.forget.requests=[...])")
-    cfg = compose_main([f"data={data['name']}", f"model={model['name']}"])
-    for key, value in data.items():
-        if key == "forget":
-            for sub, sub_value in value.items():
-                if sub != "from_file":
-                    cfg.data.forget[sub] = sub_value
-        elif key != "name":
-            cfg.data[key] = value
-    for key, value in model_settings(model).items():
-        cfg.model[key] = value
-    cfg.data.download = False
-    cfg.data.num_workers = 0
-    for override in overrides:
-        key, _, value = override.partition("=")
-        if not key.startswith("data.") or not value:
-            raise SchemaError(f"override {override!r} is not allowed; use data.KEY=VALUE (e.g. data.root=DIR)")
-        try:
-            set_value(cfg, key, value)
-        except ConfigError as exc:  # unknown keys and bad values
-            raise SchemaError(f"override {override!r} is not allowed: {exc}".splitlines()[0]) from None
-    data_cfg, model_cfg = cfg.data, cfg.model
-    resolve(data_cfg)
-    return data_cfg, Part.of(model_cfg)
-
-
-# ----------------------------------------------------------------------------------- the certificate
-STEP_FIELDS: dict[str, Check] = {
-    "forget_size": integer, "retain_size": integer, "gradient_norm": number, "residual": number,
-    "lam_min_measured": number, "hessian_norm_measured": number, "ritz_min": number, "ritz_max": number,
-    "spectrum_method": one_of("exact_eigvalsh", "lanczos"), "lanczos_iterations": integer,
-    "spectrum_margin": number, "scale": optional(number), "depth": optional(integer),
-    "step_norm": number, "norm_before_projection": number,
-}
-RESIDUAL_STEP_FIELDS: dict[str, Check] = {
-    "forget_size": integer, "retain_size": integer, "gradient_norm": number, "multiplier": number,
-    "stationarity": number, "rounding_floor": number, "weights_norm": number, "distance_bound": number,
-    "newton_iterations": integer, "hessian_products": integer, "step_norm": number,
-}
-
-
-def step_record(value, key):
-    """A bound=paper step (Newton step, spectrum) or a bound=residual one (stationarity at the solution)."""
-    fields = RESIDUAL_STEP_FIELDS if isinstance(value, dict) and "stationarity" in value else STEP_FIELDS
-    return record(fields)(value, key)
-
-
-CERTIFICATE_FIELDS: dict[str, Check] = {
-    "format": one_of(CERTIFICATE_FORMAT), "algorithm": one_of(*ALGORITHMS), "experiment": name,
-    "bound": one_of("residual", "paper"), "layers": one_of("all", "last"), "mu": optional(number),
-    "mu_rule": optional(one_of(*MU_RULES)),
-    "sensitivity_formula": optional(number),
-    "theta": number, "lam": number, "lam_min_stated": number, "lam_min": optional(number),
-    "hessian_norm": optional(number),
-    "gradient_bound": number, "uniformity": one_of("kl", "reverse_kl", "square"), "forget_temperature": number,
-    # any name: a reduction that is not convex is a failure of the check (document.py), not of the shape
-    "forget_reduction": record({"name": name, "temperature": optional(number), "fraction": optional(number)}),
-    "hessian_lipschitz_forget": number, "hessian_lipschitz_retain": number,
-    "grad_lipschitz_forget": number, "grad_lipschitz_retain": number,
-    "norm_bound": number, "norm_bound_config": number, "projection": one_of("global", "per_tensor"),
-    "epsilon": number, "delta": number, "sigma": number, "sensitivity": number,
-    "sigma_source": one_of("budget", "config"), "mechanism": one_of("classical", "analytic_gaussian"),
-    "release_model": one_of("single", "final", "each"), "releases": integer,
-    "warmup_epochs": integer, "batchnorm": one_of("none", "recomputed_on_retain_after_noise"),
-    "num_params": integer, "parameter_names": list_of(name),
-    "chunk_size": integer, "max_exact_params": integer, "lanczos_iterations": integer, "spectrum_margin": number,
-    "estimator": optional(record({
-        "scale_config": optional(number), "scale_margin": number, "depth_config": optional(integer),
-        "repeats": integer, "sample_size": integer, "estimator_seed": integer, "max_residual": number})),
-    "steps": list_of(step_record, 10_000),
-    "weights": list_of(record({"file": weights_file, "sha256": hex64}), 10_000),
-    "data": check_data_spec, "model": check_model_spec,
-    "forget_fingerprint": hex64, "forget_size": integer, "metrics": metrics_map,
-}
-
-def check_certificate_schema(document) -> dict:
-    """The certificate with every field checked, or SchemaError naming the first bad one."""
-    return record(CERTIFICATE_FIELDS)(document, "")
-
-
-AUDIT_FIELDS: dict[str, Check] = {
-    "format": one_of(AUDIT_FORMAT), "noise_seed": hex64, "certificate_sha256": hex64,
-    "start_file": weights_file, "start_sha256": hex64, "noise_free_file": weights_file,
-    "noise_free_sha256": list_of(hex64, 10_000), "weights_sha256": list_of(hex64, 10_000),
-}
-
-
-def check_audit_schema(document) -> dict:
-    return record(AUDIT_FIELDS)(document, "")

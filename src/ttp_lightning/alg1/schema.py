@@ -171,14 +171,13 @@ class EarlyStoppingSchema:
     retain_acc_drop_at_most: float | None = 0.01
     patience: int | None = 20
     fallback: Fallback = Fallback["pareto"]
-    retain_holdout: float = 0.0
+    retain_holdout: Any = 0.0  # a fraction of the retain set, or auto (alg1/method.holdout_fraction)
 
     def __post_init__(self) -> None:
         key = "method.early_stopping"
-        holdout = checks.number(self.retain_holdout, f"{key}.retain_holdout")
-        if not 0.0 <= holdout <= 0.5:
-            raise TTPUserError(f"{key}.retain_holdout={self.retain_holdout} is not allowed; choose a fraction of the "
-                               "retain set in [0, 0.5] (0: the retain rule on the images finetuning trains on)")
+        if self.retain_holdout != "auto" and not 0.0 <= checks.number(self.retain_holdout, f"{key}.retain_holdout") <= 0.5:
+            raise TTPUserError(f"{key}.retain_holdout={self.retain_holdout} is not allowed; choose auto or a fraction "
+                               "of the retain set in [0, 0.5] (0: the retain rule on the images finetuning trains on)")
         if self.conf_dist_below is not None:
             checks.positive(self.conf_dist_below, f"{key}.conf_dist_below")
         checks.unit_interval(checks.number(self.retain_acc_at_least, f"{key}.retain_acc_at_least"),

@@ -158,6 +158,7 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
         (f"- forget set: {data['forget_size']} images ({data.get('forget_from_test', 0)} from outside the "
          f"training data); SHA-256 fingerprint `{data['forget_fingerprint']}`"),
         judge_line(settings.attacks, gate["gamma"]),
+        *_accuracy_line(after),
     ]
     title = f"# Model card: {results['experiment']} ({method_label})" + ("" if gate["passed"] else ": NOT PROTECTED")
     lines = [title, ""]
@@ -201,6 +202,16 @@ def judge_line(attacks, gamma: float) -> str:
             f"steps x {attacks.restarts} restarts; objectives {', '.join(objectives)}; ReLU surrogates "
             f"{', '.join('exact' if b is None else f'{b:g}' for b in betas)})")
     return line + (f"; WEAKER than the default judge: {'; '.join(weaker)}" if weaker else "")
+
+
+def _accuracy_line(after: dict) -> list[str]:
+    """Where Alg 1's retain rule read the accuracy it spends, beside the test accuracy (nothing without a slice)."""
+    if "retain_holdout_acc" not in after:
+        return []
+    test = f", {after['test_acc']:.2%} on the test split" if "test_acc" in after else " (no test split)"
+    return [(f"- accuracy: {after['retain_fit_acc']:.2%} on the retain images finetuning trained on, "
+             f"{after['retain_holdout_acc']:.2%} on the {after['retain_holdout_size']} held-out retain images it "
+             f"never trained on (what the retain rule read){test}")]
 
 
 def _unrequired_sentence(gate: dict, forget_size: int) -> str:

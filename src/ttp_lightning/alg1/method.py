@@ -114,7 +114,7 @@ class RetainParts:
     """Where Alg 1 trains and where its retain rule is measured. Without a holdout (the paper) both are the
     retain set; with early_stopping.retain_holdout a seeded slice of it is held out from finetuning and early
     stopping and lr_backoffs read its accuracy (val/retain_holdout_acc): finetuning overfits the images it
-    trains on, and their accuracy cannot see it (the radius rule reads those images either way: radius_rule)."""
+    trains on, and their accuracy cannot see it (robust Alg 1's radius rule reads the same: radius_rule)."""
 
     fit: ImageBatchDataset
     fit_augmented: ImageBatchDataset | None

@@ -222,16 +222,14 @@ class ParetoSchema(MethodSchema, TrainingSchema):
         checks.positive(self.forget_temperature, "method.forget_temperature")
         checks.positive_int(self.epochs, "method.epochs")
         checks.positive_int(self.chunk_size, "method.chunk_size")
-        if self.adversarial:
-            self.robust()
-        self._check_combinations()
+        self._check_combinations(self.robust())  # robust Alg 1's settings check themselves as they are made
 
     def robust(self) -> AdversarialSettings | None:
         """Robust Alg 1's attack settings (None: plain Alg 1)."""
         return adversarial_settings(self.adversarial) if self.adversarial else None
 
-    def _check_combinations(self) -> None:
-        """Settings that are allowed alone and not together."""
+    def _check_combinations(self, robust: AdversarialSettings | None) -> None:
+        """Settings that are allowed alone and not together (`robust`: the parsed `adversarial`)."""
         batchnorm = {"forget_batchnorm": self.forget_batchnorm, "retain_batchnorm": self.retain_batchnorm}
         if self.joint_forward and (self.adversarial or self.mode != "minibatch" or "eval" in batchnorm.values()):
             raise TTPUserError(f"method.joint_forward=true is not allowed with method={self.name} "
@@ -242,7 +240,7 @@ class ParetoSchema(MethodSchema, TrainingSchema):
             raise TTPUserError(f"method.adversarial={dict(self.adversarial)} is not allowed with method={PLAIN}, plain "
                                "Alg 1 (an experiment file written for robust Alg 1 sets it); choose "
                                "method=pareto_robust, or add method.adversarial=null for plain Alg 1")
-        if self.adversarial and self.robust().radius_rule == "retain" and not self.early_stopping.enabled:
+        if robust is not None and robust.radius_rule == "retain" and not self.early_stopping.enabled:
             raise TTPUserError("method.adversarial.radius_rule=retain is not allowed with "
                                "method.early_stopping.enabled=false; the radius follows the early-stopping retain "
                                "rule (choose radius_rule=fixed)")

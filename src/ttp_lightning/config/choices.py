@@ -21,16 +21,17 @@ def normalize_overrides(argv: list[str]) -> list[str]:
     """Shorter spellings of group choices, as Hydra's own: `+experiment=X` (the older spelling) as
     `experiment=X` (and `+workflow=X`; the defaults list holds `experiment: null`, and Hydra refuses to append a group that is
     already there); `pretrain.optimizer=sgd` / `method.schedule=cosine` as the choice of the `optimizer` /
-    `schedule` group at that key (`optimizer@pretrain.optimizer=sgd`)."""
+    `schedule` group at that key (`optimizer@pretrain.optimizer=sgd`); the attack group's earlier name
+    (`+attack@attacks.suite.fgsm=fgsm`) as its own (`+attacks/suite@attacks.suite.fgsm=fgsm`)."""
     out = []
     for arg in argv:
         key, sep, value = arg.partition("=")
         section, _, group = key.partition(".")
+        bare = arg.lstrip("+~")
         if arg.startswith(("+experiment=", "+workflow=")):
             arg = arg[1:]
-        elif arg.lstrip("+~").startswith(OLD_SUITE_GROUP):  # the group's name before conf/attacks/suite/
-            marks = arg[:len(arg) - len(arg.lstrip("+~"))]
-            arg = marks + SUITE_GROUP + arg.lstrip("+~")[len(OLD_SUITE_GROUP):]
+        elif bare.startswith(OLD_SUITE_GROUP):  # the group's name before conf/attacks/suite/
+            arg = arg[:len(arg) - len(bare)] + SUITE_GROUP + bare[len(OLD_SUITE_GROUP):]
         elif sep and section in ("pretrain", "method") and group in SELECTED_PER_SECTION:
             arg = f"{group}@{key}={value}"
         out.append(arg)

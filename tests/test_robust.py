@@ -695,3 +695,15 @@ def test_interval_weight_auto_turns_the_bound_term_on_only_where_the_interval_bo
         with pytest.raises(Exception, match="method.adversarial.interval_weight=") as raised:
             dataclasses.replace(SETTINGS, interval_weight=bad)
         assert "\n" not in str(raised.value)
+
+
+def test_robust_alg1_runs_another_round_while_the_kept_epoch_leaves_images_exposed(compose_cfg, tmp_path, monkeypatch):
+    """adversarial.rounds (issue 61): 2 epochs from A(D) leave the forget images exposed at 8/255, so a second
+    cycle runs (4 epochs in the history), the kept epoch may come from either, and results.json says why."""
+    robust = _run(compose_cfg, tmp_path, monkeypatch, "pareto_robust", "method.epochs=2", "attacks.enabled=false",
+                  "release_gate.require=[clean]", "method.adversarial.rounds=2", "method.adversarial.judge_steps=0",
+                  "method.early_stopping.conf_dist_below=1", "method.early_stopping.retain_acc_drop_at_most=0.5")
+    history, metrics = robust["history"]["pareto_robust"], robust["metrics"]["pareto_robust"]
+    assert [row["epoch"] for row in history] == [1, 2, 3, 4]
+    assert metrics["rounds_run"] == 2 and metrics["rounds"][0]["epoch"] == 2
+    assert "exposed" in metrics["rounds"][0]["why"]

@@ -145,8 +145,8 @@ class LrWarmup(Callback):
     Alg 1's first epoch at the full rate cost a BatchNorm ResNet8 on MNIST and the noisy-MNIST MLP half their
     retain accuracy. `setting`: steps (int) or `auto` (warmup_steps)."""
 
-    def __init__(self, setting="auto"):
-        self.setting = setting
+    def __init__(self, setting="auto", cycles: int = 1):
+        self.setting, self.cycles = setting, cycles  # cycles: the fit is this many schedule cycles (Rounds)
         self.steps = 0
         self.origin: int | None = None  # the global step the optimizer (re)started at
         self.scheduled: list[list[float]] | None = None
@@ -159,7 +159,7 @@ class LrWarmup(Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         fit_steps = trainer.estimated_stepping_batches
-        fit_steps = int(fit_steps) if math.isfinite(fit_steps) else 0
+        fit_steps = int(fit_steps) // self.cycles if math.isfinite(fit_steps) else 0
         self.steps = warmup_steps(self.setting, trainer.optimizers[0], fit_steps) if trainer.optimizers else 0
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
@@ -269,6 +269,65 @@ class RadiusFromRetainRule(Callback):
         pl_module.radius_scale = self.rungs[self.rung]
 
 
+def goal_met(rank: tuple[float, ...] | None, bound_on: bool) -> bool:
+    """Whether the epoch kept so far (`rank`: select=proven's (below radius, exposed, unproven, ...), None before
+    one qualifies) meets what robust Alg 1 works toward: trained at the radius judged, no forget image exposed at
+    gamma under early stopping's attack and the judge's, and, where the bound term is on (`bound_on`), every
+    image proven at gamma by the interval bound. NaN never meets it."""
+    if rank is None:
+        return False
+    below, exposed, unproven = (float(value) for value in rank[:3])
+    return below == 0 and exposed == 0 and (not bound_on or unproven == 0)
+
+
+class Rounds(Callback):
+    """Robust Alg 1's controller over how long it trains (adversarial.rounds): the fit is up to `rounds` cosine
+    cycles of `cycle` epochs each. At the end of a cycle, when the epoch kept (`kept_rank`, early stopping's)
+    meets goal_met the fit stops; otherwise the next cycle begins from the current weights with the schedule
+    restarted at its starting rate (and LrWarmup's warm-up again) and the bound term on every image the last
+    validation epoch left unproven (the module's `round`). The first cycle is the single fit of rounds=1, so a
+    run that meets the goal there has the same numbers; `restarts` records (epoch, round begun, why). Saved in
+    checkpoints: a resumed fit is in the same round."""
+
+    def __init__(self, cycle: int, rounds: int, kept_rank, bound_on: bool, warmup: "LrWarmup | None" = None):
+        self.cycle, self.rounds, self.kept_rank, self.bound_on, self.warmup = cycle, rounds, kept_rank, bound_on, warmup
+        self.round, self.stopped = 1, False
+        self.restarts: list[dict] = []
+
+    def state_dict(self) -> dict:
+        return {"round": self.round, "stopped": self.stopped, "log": self.restarts}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.round, self.stopped, self.restarts = int(state_dict["round"]), bool(state_dict["stopped"]), list(state_dict["log"])
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.round = self.round
+        if self.stopped:
+            trainer.should_stop = True
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        epoch = trainer.current_epoch + 1
+        if trainer.sanity_checking or epoch % self.cycle or epoch >= self.cycle * self.rounds:
+            return
+        rank = self.kept_rank()
+        if goal_met(rank, self.bound_on):
+            trainer.should_stop = self.stopped = True
+            return
+        self.round += 1
+        pl_module.round = self.round
+        why = "no epoch qualified" if rank is None else \
+            f"kept epoch: {rank[1]:g} exposed, {rank[2]:g} not proven at gamma, below the radius: {bool(rank[0])}"
+        self.restarts.append({"epoch": epoch, "round": self.round, "why": why})
+        for config in trainer.lr_scheduler_configs:  # at the cycle's top again: the epoch's own step() that
+            config.scheduler.last_epoch = 0        # follows gives the rate of the cycle's second epoch
+            for group in config.scheduler.optimizer.param_groups:
+                group["lr"] = group.get("initial_lr", group["lr"])
+        if self.warmup is not None:
+            self.warmup.origin = trainer.global_step
+        if trainer.global_rank == 0:
+            log.info("robust Alg 1: round %d of %d ends at epoch %d short of the goal (%s): round %d, the schedule "
+                     "restarted, the bound term on every unproven image", self.round - 1, self.rounds, epoch, why,
+                     self.round)
 
 
 def check_method_callbacks(callbacks: dict[str, Part | None] | None) -> None:

@@ -14,6 +14,7 @@ from ttp_lightning.alg1.callbacks import (
     LrBackoff,
     LrWarmup,
     RadiusFromRetainRule,
+    Rounds,
     check_method_callbacks,
     method_callbacks,
 )
@@ -223,15 +224,22 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     radius = radius_rule(parts, best, adversarial) \
         if best is not None and adversarial is not None and adversarial.radius_rule == "retain" else None
     callbacks = ordered_callbacks(history, timer, best, backoff, radius)
-    warmup = getattr(cfg, "lr_warmup", 0)  # the certified learners' warm-up has none
-    if warmup != 0:
-        callbacks.append(LrWarmup(warmup))
+    cycles = adversarial.rounds if adversarial is not None and best is not None else 1
+    warmup_setting = getattr(cfg, "lr_warmup", 0)  # the certified learners' warm-up has none
+    warmup = LrWarmup(warmup_setting, cycles) if warmup_setting != 0 else None
+    if warmup is not None:
+        callbacks.append(warmup)
+    rounds = None
+    if cycles > 1:  # after early stopping's keeper, whose rank it reads at a cycle's end
+        module.schedule_epochs = epochs
+        rounds = Rounds(epochs, cycles, best.kept_rank, float(adversarial.interval_weight) > 0, warmup)
+        callbacks.insert(callbacks.index(best) + 1, rounds)
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:
         forget = attack_targeted_forget(datamodule, adversarial, targets)
         train_loader = datamodule.pareto_dataloader(parts.fit_augmented, forget)
-    wall = fit(ctx, module, epochs, "Alg 1 finetuning" if label == "alg1" else f"Alg 1 {label}", key=ctx.key_for(label), callbacks=callbacks,
+    wall = fit(ctx, module, epochs * cycles, "Alg 1 finetuning" if label == "alg1" else f"Alg 1 {label}", key=ctx.key_for(label), callbacks=callbacks,
                trained_by=TrainedBy(f"method {cfg.name}", "method", float(cfg.lr)), train_dataloaders=train_loader,
                val_dataloaders=parts.val_dataloaders(datamodule))
     summary, best_row = kept_summary(best, history, parts, radius, datamodule, adversarial, wall)
@@ -242,6 +250,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
         "wall_to_best_s": best_row["elapsed_s"],
         **{k: v for k, v in timer.summary().items() if k in ("train_steps", "train_steps_per_s", "train_images_per_s")},
         **({"lr_backoffs": backoff.backoffs} if backoff else {}),
+        **({"rounds_run": rounds.round, "rounds": rounds.restarts} if rounds else {}),
     }
     return MethodOutput(module.net, metrics, history.rows)
 

@@ -29,13 +29,14 @@ def replayed(attacked_conf_dist: torch.Tensor, threshold: float, limit: int) -> 
 STRAGGLERS = 0.1  # interval_focus=unproven: B only while at most this share of the forget set is unproven
 
 
-def stragglers(unproven: torch.Tensor) -> torch.Tensor:
+def stragglers(unproven: torch.Tensor, every: bool = False) -> torch.Tensor:
     """The indices of the unproven forget images (`unproven`: [N] bool) while they are at most STRAGGLERS of the
     forget set (at least one image), else none: the bound term finishes a proof the attack-trained model nearly
     has; it does not push a whole forget set into a provable region (on the noisy-MNIST stand-in that cost 2.5
-    test points against 1.5 without it, docs/robust-measured.md)."""
+    test points against 1.5 without it, docs/robust-measured.md). `every`: all the unproven images (robust Alg 1's
+    later rounds, callbacks.Rounds: the first round did not prove them)."""
     index = unproven.nonzero().flatten().cpu()
-    return index if len(index) <= max(1, int(STRAGGLERS * len(unproven))) else index[:0]
+    return index if every or len(index) <= max(1, int(STRAGGLERS * len(unproven))) else index[:0]
 
 
 class ParetoFinetuneModule(PartsValidationMixin):
@@ -93,6 +94,10 @@ class ParetoFinetuneModule(PartsValidationMixin):
         self.forget_reduction_temperature = forget_reduction_temperature
         self.forget_batchnorm, self.retain_batchnorm = forget_batchnorm, retain_batchnorm
         self.radius_scale = 1.0
+        # robust Alg 1's round (callbacks.Rounds): from round 2 the bound term covers every unproven image
+        self.round = 1
+        # the epochs one cosine cycle of the schedule spans (None: the whole fit)
+        self.schedule_epochs: int | None = None
         # forget images (indices) every step replays (adversarial.replay): set after each validation epoch
         self._replay = torch.empty(0, dtype=torch.long)
         # forget images (indices) the bound term covers every step (adversarial.interval_focus=unproven): those
@@ -232,7 +237,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
             unproven = ~(proven <= self.exposed_above)  # NaN is not a proof
             self.log("val/forget_unproven", float(unproven.sum()), on_epoch=True, sync_dist=False)
             if self.adversarial.interval_focus == "unproven":
-                self._unproven = stragglers(unproven)
+                self._unproven = stragglers(unproven, every=self.round > 1)
 
     def _attacked_conf_dist(self) -> tuple[torch.Tensor, bool]:
         """Each forget image's CD under early stopping's attack, and whether the judge's attack (judge_steps > 0)
@@ -324,5 +329,5 @@ class ParetoFinetuneModule(PartsValidationMixin):
             scheduler.step()
 
     def configure_optimizers(self):
-        return configure_optimizer(self.net.parameters(), self.trainer.max_epochs, **self.optim)
+        return configure_optimizer(self.net.parameters(), self.schedule_epochs or self.trainer.max_epochs, **self.optim)
 

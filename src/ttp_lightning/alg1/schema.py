@@ -52,6 +52,9 @@ class AdversarialSettings:
                                        # epoch that breaks the retain rule and up one after an epoch that keeps it
     radius_start: str = "top"          # radius_rule=retain's first rung: top (train_gamma) | bottom (the clean
                                        # images, climbing a rung after each epoch that keeps the retain rule)
+    rounds: int = 1                    # at most this many cosine cycles of `epochs`: another begins while the
+                                       # epoch kept leaves an image exposed at gamma, trained below it, or (bound
+                                       # term on) not proven there, the bound term then on every unproven image
     replay: int = 0                    # every training step's forget batch also holds up to this many forget
                                        # images the last epoch's attack left above the release threshold, the
                                        # worst first (0: off)
@@ -80,6 +83,7 @@ class AdversarialSettings:
         if self.steps != 0:
             checks.positive_int(self.steps, "method.adversarial.steps")
         checks.whole_number(self.replay, "method.adversarial.replay")
+        checks.positive_int(self.rounds, "method.adversarial.rounds")
         if self.interval_ramp_epochs is not None and self.interval_ramp_epochs != 0:
             checks.positive_int(self.interval_ramp_epochs, "method.adversarial.interval_ramp_epochs")
         checks.positive(self.step_size, "method.adversarial.step_size")
@@ -245,6 +249,10 @@ class ParetoSchema(MethodSchema, TrainingSchema):
                                "method.early_stopping.enabled=false; the radius follows the early-stopping retain "
                                "rule (choose radius_rule=fixed)")
         stopping = self.early_stopping
+        if robust is not None and robust.rounds > 1 and (not stopping.enabled or str(stopping.select) != "proven"):
+            raise TTPUserError(f"method.adversarial.rounds={robust.rounds} is not allowed with "
+                               f"method.early_stopping.enabled={str(stopping.enabled).lower()} select={stopping.select}; "
+                               "a round ends on the epoch early_stopping.select=proven keeps (or choose rounds=1)")
         attacked = [f"early_stopping.{key}={getattr(stopping, key)}" for key in ("criterion", "select")
                     if "attacked" in str(getattr(stopping, key))
                     or str(getattr(stopping, key)) in ("robust_conf_dist", "proven")]

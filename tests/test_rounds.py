@@ -1,0 +1,90 @@
+"""Robust Alg 1's rounds (adversarial.rounds, issue 61): when a cycle ends short of the goal the next one begins with
+the schedule restarted and the bound term on every unproven image; when the goal is met the fit stops."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ttp_lightning.alg1.callbacks import LrWarmup, Rounds, goal_met
+from ttp_lightning.alg1.module import stragglers
+from ttp_lightning.alg1.schema import AdversarialSettings, EarlyStoppingSchema, ParetoSchema
+from ttp_lightning.core.errors import TTPUserError
+
+
+def test_goal_needs_the_radius_no_exposed_image_and_proofs_where_the_bound_is_on():
+    assert not goal_met(None, bound_on=False)  # no epoch qualified
+    assert goal_met((0.0, 0.0, 3.0, 0.2), bound_on=False)  # the bound term off: proofs are not asked for
+    assert not goal_met((0.0, 0.0, 3.0, 0.2), bound_on=True)
+    assert goal_met((0.0, 0.0, 0.0, 0.05), bound_on=True)
+    assert not goal_met((1.0, 0.0, 0.0, 0.05), bound_on=True)  # trained below the radius judged
+    assert not goal_met((0.0, 1.0, 0.0, 0.05), bound_on=True)
+    assert not goal_met((0.0, math.nan, 0.0, 0.05), bound_on=False)  # NaN never meets it
+
+
+def _trainer(epoch: int, lr: float = 1e-4, initial: float = 1e-2):
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=initial)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=4)
+    for _ in range(epoch):
+        scheduler.step()
+    optimizer.param_groups[0]["lr"] = lr
+    return SimpleNamespace(current_epoch=epoch - 1, sanity_checking=False, should_stop=False, global_rank=0,
+                           global_step=40, lr_scheduler_configs=[SimpleNamespace(scheduler=scheduler)])
+
+
+def test_a_cycle_short_of_the_goal_restarts_the_schedule_and_lifts_the_straggler_cap():
+    rank = (0.0, 2.0, 5.0, 0.3)
+    warmup = LrWarmup(10)
+    rounds, module = Rounds(4, 3, lambda: rank, bound_on=True, warmup=warmup), SimpleNamespace(round=1)
+    trainer = _trainer(3)
+    rounds.on_validation_end(trainer, module)  # not a cycle's end
+    assert rounds.round == 1 and module.round == 1
+    trainer = _trainer(4)
+    rounds.on_validation_end(trainer, module)
+    assert rounds.round == 2 and module.round == 2 and not trainer.should_stop
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    for t in (1, 2, 3):  # the epochs' own steps follow the cosine from its top again
+        scheduler.step()
+        assert scheduler.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * (1 + math.cos(math.pi * t / 4)) / 2)
+    assert warmup.origin == 40 and rounds.restarts[0]["epoch"] == 4
+    # a resumed fit is in the same round
+    again = Rounds(4, 3, lambda: rank, bound_on=True)
+    again.load_state_dict(rounds.state_dict())
+    module_again = SimpleNamespace(round=1)
+    again.on_train_start(SimpleNamespace(should_stop=False), module_again)
+    assert module_again.round == 2
+
+
+def test_the_goal_met_at_a_cycles_end_stops_the_fit_and_a_resume_stays_stopped():
+    rounds = Rounds(4, 3, lambda: (0.0, 0.0, 0.0, 0.05), bound_on=True)
+    trainer = _trainer(4)
+    rounds.on_validation_end(trainer, SimpleNamespace(round=1))
+    assert trainer.should_stop and rounds.round == 1
+    resumed = Rounds(4, 3, lambda: None, bound_on=True)
+    resumed.load_state_dict(rounds.state_dict())
+    fresh = SimpleNamespace(should_stop=False)
+    resumed.on_train_start(fresh, SimpleNamespace(round=1))
+    assert fresh.should_stop
+
+
+def test_the_last_round_ends_the_fit_without_another():
+    rounds = Rounds(4, 2, lambda: (0.0, 3.0, 3.0, 0.5), bound_on=True)
+    trainer = _trainer(8)
+    trainer.current_epoch = 7
+    rounds.on_validation_end(trainer, SimpleNamespace(round=2))
+    assert rounds.round == 1 and not rounds.restarts  # the fit's own end (max_epochs) comes next
+
+
+def test_later_rounds_cover_every_unproven_image():
+    unproven = torch.tensor([True] * 6 + [False] * 14)
+    assert len(stragglers(unproven)) == 0  # more than a tenth: the first round leaves them to the attack term
+    assert stragglers(unproven, every=True).tolist() == list(range(6))
+
+
+def test_rounds_are_checked():
+    with pytest.raises(TTPUserError, match="method.adversarial.rounds=0"):
+        AdversarialSettings(rounds=0)
+    with pytest.raises(TTPUserError, match="rounds=2 is not allowed"):
+        ParetoSchema(lr=0.01, weight_decay=0.0, momentum=0.9, name="pareto_robust", adversarial={"rounds": 2},
+                     early_stopping=EarlyStoppingSchema(select="robust_conf_dist"))

@@ -225,15 +225,9 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
         if best is not None and adversarial is not None and adversarial.radius_rule == "retain" else None
     callbacks = ordered_callbacks(history, timer, best, backoff, radius)
     cycles = adversarial.rounds if adversarial is not None and best is not None else 1
-    warmup_setting = getattr(cfg, "lr_warmup", 0)  # the certified learners' warm-up has none
-    warmup = LrWarmup(warmup_setting, cycles) if warmup_setting != 0 else None
-    if warmup is not None:
-        callbacks.append(warmup)
-    rounds = None
-    if cycles > 1:  # after early stopping's keeper, whose rank it reads at a cycle's end
-        module.schedule_epochs = epochs
-        rounds = Rounds(epochs, cycles, best.kept_rank, float(adversarial.interval_weight) > 0, warmup)
-        callbacks.insert(callbacks.index(best) + 1, rounds)
+    warmup = LrWarmup(cfg.lr_warmup, cycles) if getattr(cfg, "lr_warmup", 0) != 0 else None  # none: certified's
+    callbacks += [warmup] if warmup is not None else []
+    rounds = add_rounds(callbacks, module, best, adversarial, epochs, cycles, warmup)
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:
@@ -253,6 +247,17 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
         **({"rounds_run": rounds.round, "rounds": rounds.restarts} if rounds else {}),
     }
     return MethodOutput(module.net, metrics, history.rows)
+
+
+def add_rounds(callbacks: list, module, best, adversarial, epochs: int, cycles: int, warmup) -> Rounds | None:
+    """adversarial.rounds above 1: the Rounds controller, after early stopping's keeper, whose rank it reads at a
+    cycle's end, and the schedule's cycle set to `epochs`; None for one round."""
+    if cycles <= 1:
+        return None
+    module.schedule_epochs = epochs
+    rounds = Rounds(epochs, cycles, best.kept_rank, float(adversarial.interval_weight) > 0, warmup)
+    callbacks.insert(callbacks.index(best) + 1, rounds)
+    return rounds
 
 
 def kept_summary(best, history, parts: RetainParts, radius, datamodule: TTPDataModule,

@@ -291,14 +291,19 @@ class Rounds(Callback):
 
     def __init__(self, cycle: int, rounds: int, kept_rank, bound_on: bool, warmup: "LrWarmup | None" = None):
         self.cycle, self.rounds, self.kept_rank, self.bound_on, self.warmup = cycle, rounds, kept_rank, bound_on, warmup
-        self.round, self.stopped = 1, False
+        self.stopped = False
         self.restarts: list[dict] = []
 
+    @property
+    def round(self) -> int:
+        """The round the fit is in: one more than the rounds begun after the first."""
+        return 1 + len(self.restarts)
+
     def state_dict(self) -> dict:
-        return {"round": self.round, "stopped": self.stopped, "log": self.restarts}
+        return {"stopped": self.stopped, "restarts": self.restarts}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.round, self.stopped, self.restarts = int(state_dict["round"]), bool(state_dict["stopped"]), list(state_dict["log"])
+        self.stopped, self.restarts = bool(state_dict["stopped"]), list(state_dict["restarts"])
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.round = self.round
@@ -313,11 +318,10 @@ class Rounds(Callback):
         if goal_met(rank, self.bound_on):
             trainer.should_stop = self.stopped = True
             return
-        self.round += 1
-        pl_module.round = self.round
         why = "no epoch qualified" if rank is None else \
             f"kept epoch: {rank[1]:g} exposed, {rank[2]:g} not proven at gamma, below the radius: {bool(rank[0])}"
-        self.restarts.append({"epoch": epoch, "round": self.round, "why": why})
+        self.restarts.append({"epoch": epoch, "round": self.round + 1, "why": why})
+        pl_module.round = self.round
         for config in trainer.lr_scheduler_configs:  # at the cycle's top again: the epoch's own step() that
             config.scheduler.last_epoch = 0        # follows gives the rate of the cycle's second epoch
             for group in config.scheduler.optimizer.param_groups:

@@ -237,6 +237,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
                trained_by=TrainedBy(f"method {cfg.name}", "method", float(cfg.lr)), train_dataloaders=train_loader,
                val_dataloaders=parts.val_dataloaders(datamodule))
     summary, best_row = kept_summary(best, history, parts, radius, datamodule, adversarial, wall)
+    summary.update(retain_rule_record(best, parts, start_retain_acc, stopping))
     metrics = {
         **summary,
         "epochs_run": len(history.rows),
@@ -273,6 +274,16 @@ def kept_summary(best, history, parts: RetainParts, radius, datamodule: TTPDataM
             log.info("kept epoch %d: retain accuracy %.2f%% trained on, %.2f%% on %d held out", summary["best_epoch"],
                      100 * summary["retain_fit_acc"], 100 * summary["retain_holdout_acc"], len(parts.holdout))
     return summary, best_row
+
+
+def retain_rule_record(best, parts: RetainParts, start_retain_acc: float | None,
+                       stopping: EarlyStoppingSchema | None) -> dict:
+    """What the retain rule read (the history's key), the accuracy it is relative to and the budget it spends
+    (results.json; the frontier of a refused robust release reads them); nothing without early stopping."""
+    if best is None or start_retain_acc is None:
+        return {}
+    return {"retain_rule_reads": parts.key.removeprefix("val/"), "retain_rule_start_acc": round(start_retain_acc, 6),
+            "retain_acc_drop_at_most": stopping.retain_acc_drop_at_most}
 
 
 def accuracy_split(row: dict, retain_size: int, holdout_size: int) -> dict:

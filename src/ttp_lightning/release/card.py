@@ -7,6 +7,7 @@ import re
 from dataclasses import MISSING, fields
 from types import SimpleNamespace
 
+from ttp_lightning.assess.frontier import format_frontier
 from ttp_lightning.assess.protection import masking_note
 from ttp_lightning.config.schema import AttacksSchema
 from ttp_lightning.release.format import CARD, WEIGHTS
@@ -17,6 +18,11 @@ ATTACKS_TEXT = ("An adversary who holds these weights perturbs a protected image
                 "upper bounds no perturbation within that radius can exceed; `relearn` rows finetune the weights "
                 "on labelled images without the forget set (the test split, a sample of the retain data) for "
                 "that many steps at several learning rates, and show the worst of them:")
+FRONTIER_TEXT = ("What robust Alg 1 measured on its way to the promised radius: per radius it trained at, its "
+                 "best epoch's accuracy cost on the images the retain rule reads and how many forget images were "
+                 "exposed and proven at the promised radius; then these weights judged at each attack radius, and "
+                 "the overrides that would release, each with the cost it was measured at (results.json "
+                 "`frontier`).")
 CERTIFICATE_TEXT = ("The certificate and the hashes of the released weights are in the run's release/ folder "
                     "(`python -m ttp_lightning.verify`).")
 LIMITATIONS = (
@@ -161,13 +167,7 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
         *_accuracy_line(after),
     ]
     title = f"# Model card: {results['experiment']} ({method_label})" + ("" if gate["passed"] else ": NOT PROTECTED")
-    lines = [title, ""]
-    if not gate["passed"]:
-        lines += ["## Not protected", "", *[f"- {reason}" for reason in gate["reasons"]], "",
-                  (f"{len(gate['failing_images'])} forget image(s) failed; the run's results.json lists them "
-                   "(`release_gate.failing_images`, `forget_per_image`)." if gate["failing_images"] else
-                   "Every forget image met the per-image bound; the reasons above concern how the model was "
-                   "obtained, so it is not released as protected either."), ""]
+    lines = [title, "", *_refusal(gate, results.get("frontier"))]
     lines += ["## What was done and why", "", what,
               "", "## Settings", "", *settings, "", "## Effect", "", "| measure | before | after |", "|---|---|---|",
               table, "", PER_IMAGE_TEXT.format(gamma=gamma), ""]
@@ -180,6 +180,21 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
               "## Loading", "", "```python", "import ttp_lightning", "",
               LOAD_LINE, "```", "", PLAIN_LOADING, ""]
     return "\n".join(lines)
+
+
+def _refusal(gate: dict, frontier: dict | None) -> list[str]:
+    """A refused release's sections: why, and (robust Alg 1) what the promise would cost."""
+    if gate["passed"]:
+        return []
+    lines = ["## Not protected", "", *[f"- {reason}" for reason in gate["reasons"]], "",
+             (f"{len(gate['failing_images'])} forget image(s) failed; the run's results.json lists them "
+              "(`release_gate.failing_images`, `forget_per_image`)." if gate["failing_images"] else
+              "Every forget image met the per-image bound; the reasons above concern how the model was "
+              "obtained, so it is not released as protected either."), ""]
+    if frontier is not None:
+        lines += ["## What the promise would cost", "", FRONTIER_TEXT, "", "```", format_frontier(frontier), "```",
+                  ""]
+    return lines
 
 
 def judge_line(attacks, gamma: float) -> str:

@@ -4,8 +4,10 @@ It takes the models, the data and the settings and returns its part of the run's
 (`Assessment`); the pipeline only orchestrates."""
 
 import logging
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
+from ttp_lightning.assess.frontier import Frontier, JudgedRadius, frontier, is_robust_fit, judged_radii
 from ttp_lightning.assess.protection import (
     GateSettings,
     GateVerdict,
@@ -31,6 +33,7 @@ class Attacked:
     checks: dict
     worst_per_image: dict
     robust_conf_dist: dict  # stage -> the worst attack's mean forget CD at robust_gamma
+    worst_by_gamma: dict  # stage -> {gamma: each image's CD at its most confident attacked point there}
     relearn: dict | None = None
     relearn_runs: dict | None = None
     relearn_floor: dict | None = None
@@ -45,6 +48,7 @@ class PerImage:
     proof_bound: dict
     summaries: dict  # stage -> stage_summary
     note: str | None  # why no proven bound could be computed (None when it was)
+    proven_by_gamma: dict = field(default_factory=dict)  # stage -> {gamma: each image's proven CD} (None: no bound)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Assessment:
     attacked: Attacked | None  # None when attacks.enabled is false
     per_image: PerImage
     release_gate: GateVerdict
+    frontier: Frontier | None = None  # a refused robust release: its price (assess/frontier.py)
 
     def stage_metrics(self, stage: str) -> dict:
         """What the assessment adds to a stage's metrics, in results.json's order (nothing to a stage it did not
@@ -71,22 +76,63 @@ class Assessment:
             if self.attacked.relearn_floor is not None:
                 attacked["relearn_floor"] = self.attacked.relearn_floor
         note = {"proof_note": self.per_image.note} if self.per_image.note else {}
+        frontier = {} if self.frontier is None else {"frontier": self.frontier.to_json()}
         return {**attacked, "proven": self.per_image.proven, "proof_bound": self.per_image.proof_bound,
-                **note, "forget_per_image": self.per_image.rows, "release_gate": self.release_gate.to_json()}
+                **note, "forget_per_image": self.per_image.rows, "release_gate": self.release_gate.to_json(),
+                **frontier}
 
 
 def assess(models: dict, method: str, reference: float, reported: dict, datamodule, attacks: AttacksSchema,
-           suite: dict, sources: dict, floor: tuple | None, bounds: BoundsSchema, gate: GateSettings) -> Assessment:
+           suite: dict, sources: dict, floor: tuple | None, bounds: BoundsSchema, gate: GateSettings,
+           history: list | None = None, test_cost: float | None = None) -> Assessment:
     """The whole assessment of `models` ({stage: network}, the method's `method`). Attackers must restore A(D)'s
-    forget CD (`reference`); the gate reads what the method `reported` about how it got its model."""
+    forget CD (`reference`); the gate reads what the method `reported` about how it got its model. A refused
+    robust Alg 1 release gets its price (`frontier`) from the fit's `history` and its `test_cost` (points)."""
     attacked = None
     if attacks.enabled:
         log.info("attacking the forget set: %s at gamma %s/255", ", ".join(suite),
                  ", ".join(f"{float(g):g}" for g in attacks.gammas))
         attacked = attack_models(models, reference, datamodule, attacks, suite, sources, floor)
     per_image = account_per_image(models, datamodule, attacks, attacked, gate.conf_dist_at_most, bounds)
-    verdict = judge(per_image.rows, method, reported, gate, float(attacks.robust_gamma), per_image.note)
-    return Assessment(attacked, per_image, verdict)
+    gamma = float(attacks.robust_gamma)
+    verdict = judge(per_image.rows, method, reported, gate, gamma, per_image.note)
+    price = None
+    if not verdict.passed and attacked is not None and history and is_robust_fit(reported):
+        price = frontier(history, reported, gamma, judged_at_each_radius(per_image, attacked, method, reported, gate,
+                                                                          attacks), test_cost,
+                         per_image.summaries[method], len(per_image.rows))
+    return Assessment(attacked, per_image, verdict, price)
+
+
+def judged_at_each_radius(per_image: PerImage, attacked: Attacked, stage: str, reported: dict, gate: GateSettings,
+                          attacks: AttacksSchema) -> tuple[JudgedRadius, ...]:
+    """`stage`'s weights at each radius of attacks.gammas: exposed under the attack suite, proven, and the
+    gate's own verdict were the release promised there (judge() on each image's CDs at that radius)."""
+    threshold = gate.conf_dist_at_most
+    worst, proven = attacked.worst_by_gamma[stage], per_image.proven_by_gamma.get(stage)
+
+    def at(g: float) -> list[dict]:
+        key = f"{g:g}"
+        return [{**row, stage: {**row[stage], "attacked": worst[key][i],
+                                "proven": None if proven is None else proven[key][i]}}
+                for i, row in enumerate(per_image.rows)]
+
+    def above(values) -> int:
+        return sum(not value <= threshold for value in values)  # NaN counts as above
+
+    judged = judged_radii(
+        [float(g) for g in attacks.gammas], lambda g: above(worst[f"{g:g}"]),
+        lambda g: None if proven is None else len(proven[f"{g:g}"]) - above(proven[f"{g:g}"]),
+        lambda g: judge(at(g), stage, reported, gate, g, per_image.note).passed)
+    least = per_image.summaries[stage].get("forget_proven_radius_min")
+    if not least or math.isnan(least) or least >= max(float(g) for g in attacks.gammas) \
+            or any(row.gamma == least for row in judged):  # none, or nothing the attack grid does not judge
+        return judged
+    # every image proven within `least`: no attack there exceeds the threshold, which the proven CD stands for
+    bound = [{**row, stage: {**row[stage], "attacked": threshold, "proven": threshold}} for row in per_image.rows]
+    passes = judge(bound, stage, reported, gate, float(least), per_image.note).passed
+    return tuple(sorted([*judged, JudgedRadius(float(least), 0, len(bound), passes, "bound")],
+                        key=lambda row: row.gamma))
 
 
 def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema, suite: dict, sources: dict,
@@ -95,15 +141,16 @@ def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema
     predictions and must restore its forget CD (`reference`)."""
     forget = datamodule.dataset("forget")
     targets = predictions(models["pretrain"], forget)
-    scores, checks, per_image, robust = {}, {}, {}, {}
+    scores, checks, per_image, robust, by_gamma = {}, {}, {}, {}, {}
     gamma = f"{float(cfg.robust_gamma):g}"  # validated: one of the gammas
     for stage, net in models.items():
         evaluation = evaluate_attacks(net, forget, cfg, suite, targets=targets, reference_conf_dist=reference)
         scores[stage], checks[stage] = evaluation["scores"], evaluation["checks"]
         robust[stage] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
         per_image[stage] = evaluation["worst_per_image"][gamma]
+        by_gamma[stage] = evaluation["worst_per_image"]
     if not sources:
-        return Attacked(scores, checks, per_image, robust)
+        return Attacked(scores, checks, per_image, robust, by_gamma)
     settings = cfg.relearn
     log.info("relearning attack: Adam at lr %s on %s, forget set measured after %s steps; the worst case is "
              "reported", ", ".join(f"{lr:g}" for lr in settings.lrs), " and ".join(sources),
@@ -112,7 +159,7 @@ def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema
     for stage, net in models.items():
         worst[stage], runs[stage] = relearn(net, sources, forget, cfg)
     floor_record = None if floor is None else relearn_floor(floor, sources, forget, cfg)
-    return Attacked(scores, checks, per_image, robust, worst, runs, floor_record)
+    return Attacked(scores, checks, per_image, robust, by_gamma, worst, runs, floor_record)
 
 
 def relearn(net, sources: dict, forget, cfg: AttacksSchema) -> tuple[dict, dict]:
@@ -156,9 +203,10 @@ def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked
     gamma = float(attacks.robust_gamma)
     gammas = sorted({float(g) for g in attacks.gammas} | {gamma})
     device = eval_device()
-    columns, proven_by_stage, bound_by_stage, summaries, note = {}, {}, {}, {}, None
+    columns, proven_by_stage, bound_by_stage, summaries, note, lists = {}, {}, {}, {}, None, {}
     for stage, net in models.items():
         proven = proven_bounds(net, forget_images, gammas, device, bounds, threshold)
+        lists[stage] = proven.by_gamma
         note = None if proven.by_gamma is not None else proven.note
         columns[stage] = {"clean": clean_conf_dist(net, forget_images, device).tolist(),
                           "attacked": None if attacked is None else attacked.worst_per_image.get(stage),
@@ -171,4 +219,4 @@ def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked
                                  "slope_steps": proven.slope_steps, "note": proven.note}
         summaries[stage] = stage_summary(columns[stage], threshold)
     return PerImage(per_image_rows(datamodule.forget_ids(), columns), proven_by_stage, bound_by_stage, summaries,
-                    note)
+                    note, lists)

@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 
 from ttp_lightning.assess.evaluation import evaluate, forget_softmax
+from ttp_lightning.assess.frontier import format_frontier
 from ttp_lightning.assess.protection import GateSettings
 from ttp_lightning.attacks import build_suite
 from ttp_lightning.certified.certificate.document import AUDIT_FILE, PRIVATE_DIR, write_release
@@ -176,7 +177,7 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     models = {"pretrain": pretrained, method.name: output.net}
     assessment = assess(models, method.name, metrics["pretrain"].evaluation["forget_conf_dist"],
                         metrics[method.name].reported, datamodule, settings.attacks, attacks, sources, floor,
-                        settings.bounds, gate)
+                        settings.bounds, gate, output.history, test_cost(metrics["pretrain"], metrics[method.name]))
     partial = _run_record(settings.experiment_name, method.name, record, datamodule, metrics, output.history, ctx,
                           softmax, assessment)
     try:  # a full disk or a lost mount while writing: one line, and no output of this run left half-made
@@ -191,6 +192,12 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     finish_logger(ctx.logger, results, output_dir)
     remove_checkpoints(ctx.journal.checkpoint_dirs)  # the results are written: a rerun starts afresh
     return run_record
+
+
+def test_cost(before: StageMetrics, after: StageMetrics) -> float | None:
+    """The test-accuracy points the method cost (None without a test split)."""
+    start, end = before.evaluation.get("test_acc"), after.evaluation.get("test_acc")
+    return None if start is None or end is None else round(100.0 * (start - end), 2)
 
 
 def _run_record(experiment: str, method: str, record: dict, datamodule, metrics: dict, history: list,
@@ -239,8 +246,9 @@ def _console_summary(experiment: str, results: dict, attack_table: str | None, c
     rule = metrics[method].get("theta_rule")
     certified += f"\n{rule['verdict']}" if rule else ""
     per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
+    price = f"\n{format_frontier(results['frontier'])}" if "frontier" in results else ""
     return (f"\n{experiment} / {method}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"
-            f"{gate_summary(results['release_gate'], results['data']['forget_size'], checks)}\nresults: {path}")
+            f"{gate_summary(results['release_gate'], results['data']['forget_size'], checks)}{price}\nresults: {path}")
 
 
 OUTPUTS = ("model.pt", "release", "release_not_protected", PRIVATE_DIR, "figures", "results.json")

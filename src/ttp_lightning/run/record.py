@@ -9,6 +9,7 @@ tests/test_docs.py)."""
 import types
 from dataclasses import dataclass, field, fields, replace
 
+from ttp_lightning.assess.frontier import Frontier
 from ttp_lightning.assess.protection import GateVerdict
 from ttp_lightning.certified.certificate.document import WrittenCertificate
 from ttp_lightning.run.assessment import Assessment
@@ -138,6 +139,9 @@ SPREAD = {
                                                "proven CD and proven radius")),
         ("release_gate", "dict", "always", ("the gate's verdict: passed, folder, requirements, reasons, the "
                                            "images that fail")),
+        ("frontier", "dict", "a robust Alg 1 release refused", ("its price: per training radius its best epoch, "
+                                                                "the kept weights at each attack radius, the "
+                                                                "overrides that would release and their cost")),
     ),
     "weights": (
         ("certificate", "dict", "a certified method", "the certificate as written: the document parsed from the very text in the file, what a verifier reads"),
@@ -167,7 +171,8 @@ def results_table() -> str:
     of `release_gate` (GateVerdict) and `release` (Release) from theirs."""
     top = ["| key | type | present | what |", "|---|---|---|---|",
            *(f"| `{key}` | {kind} | {when} | {doc} |" for key, kind, when, doc in _schema_rows())]
-    return "\n".join([*top, *_part_table("release_gate", GateVerdict), *_part_table("release", Release)])
+    return "\n".join([*top, *_part_table("release_gate", GateVerdict), *_part_table("release", Release),
+                      *_part_table("frontier", Frontier)])
 
 
 def _part_table(key: str, record: type) -> list[str]:

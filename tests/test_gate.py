@@ -294,8 +294,8 @@ def test_the_assessment_is_one_record_built_once():
 
     per_image = PerImage(rows=_rows([0.05, 0.5]), proven={}, proof_bound={"pareto": {"bound": None}},
                          summaries={"pareto": {"forget_worst_conf_dist": 0.5, "forget_exposed": 1}}, note="no bound")
-    attacked = Attacked(scores={"pareto": {}}, checks={"pareto": {}}, worst_per_image={"pareto": [0.05, 0.5]},
-                        robust_conf_dist={"pareto": 0.3}, worst_by_gamma={"pareto": {"8": [0.05, 0.5]}},
+    attacked = Attacked(scores={"pareto": {}}, checks={"pareto": {}}, robust_conf_dist={"pareto": 0.3},
+                        worst_by_gamma={"pareto": {"8": [0.05, 0.5]}},
                         relearn={"pareto": {}}, relearn_runs={"pareto": []})
     gate = judge(per_image.rows, "pareto", {"weights_changed": True}, GateSettings(), 8.0)
     assessment = Assessment(attacked, per_image, gate)

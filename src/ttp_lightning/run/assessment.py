@@ -28,10 +28,10 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Attacked:
     """The attack suite's and the relearning attack's part: per stage, the scores, the sanity checks, each forget
-    image's CD at its most confident attacked point within robust_gamma, and the worst relearning case."""
+    image's CD at its most confident attacked point at each radius (robust_gamma's is the one judged), and the
+    worst relearning case."""
     scores: dict
     checks: dict
-    worst_per_image: dict
     robust_conf_dist: dict  # stage -> the worst attack's mean forget CD at robust_gamma
     worst_by_gamma: dict  # stage -> {gamma: each image's CD at its most confident attacked point there}
     relearn: dict | None = None
@@ -141,16 +141,15 @@ def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema
     predictions and must restore its forget CD (`reference`)."""
     forget = datamodule.dataset("forget")
     targets = predictions(models["pretrain"], forget)
-    scores, checks, per_image, robust, by_gamma = {}, {}, {}, {}, {}
+    scores, checks, robust, by_gamma = {}, {}, {}, {}
     gamma = f"{float(cfg.robust_gamma):g}"  # validated: one of the gammas
     for stage, net in models.items():
         evaluation = evaluate_attacks(net, forget, cfg, suite, targets=targets, reference_conf_dist=reference)
         scores[stage], checks[stage] = evaluation["scores"], evaluation["checks"]
         robust[stage] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
-        per_image[stage] = evaluation["worst_per_image"][gamma]
         by_gamma[stage] = evaluation["worst_per_image"]
     if not sources:
-        return Attacked(scores, checks, per_image, robust, by_gamma)
+        return Attacked(scores, checks, robust, by_gamma)
     settings = cfg.relearn
     log.info("relearning attack: Adam at lr %s on %s, forget set measured after %s steps; the worst case is "
              "reported", ", ".join(f"{lr:g}" for lr in settings.lrs), " and ".join(sources),
@@ -159,7 +158,7 @@ def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema
     for stage, net in models.items():
         worst[stage], runs[stage] = relearn(net, sources, forget, cfg)
     floor_record = None if floor is None else relearn_floor(floor, sources, forget, cfg)
-    return Attacked(scores, checks, per_image, robust, by_gamma, worst, runs, floor_record)
+    return Attacked(scores, checks, robust, by_gamma, worst, runs, floor_record)
 
 
 def relearn(net, sources: dict, forget, cfg: AttacksSchema) -> tuple[dict, dict]:
@@ -209,7 +208,7 @@ def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked
         lists[stage] = proven.by_gamma
         note = None if proven.by_gamma is not None else proven.note
         columns[stage] = {"clean": clean_conf_dist(net, forget_images, device).tolist(),
-                          "attacked": None if attacked is None else attacked.worst_per_image.get(stage),
+                          "attacked": None if attacked is None else attacked.worst_by_gamma[stage][f"{gamma:g}"],
                           "proven": None if proven.by_gamma is None else proven.by_gamma[f"{gamma:g}"],
                           "proven_radius": proven.radius}
         if proven.by_gamma is not None:

@@ -2,14 +2,17 @@
 (notMNIST-like), each drawn with its own shift, rotation, scale, stroke weight, clutter and noise, written as an
 image folder for `data=imagefolder`.
 
-  python scripts/make_letters.py OUT [--train 10000] [--test 2000] [--size 28] [--seed 0] [--unseen-fonts 4]
+  python scripts/make_letters.py OUT [--train 10000] [--test 2000] [--val 0] [--size 28] [--seed 0]
+                                     [--unseen-fonts 4]
 
-OUT/train/<letter>/<n>.png and OUT/test/<letter>/<n>.png, 8-bit grayscale. Unlike MNIST's centred,
+OUT/train/<letter>/<n>.png and OUT/test/<letter>/<n>.png (and OUT/val/<letter>/<n>.png with --val), 8-bit
+grayscale. Unlike MNIST's centred,
 size-normalised pen strokes, these are filled glyphs of about twenty typefaces (sans, serif, mono, italic, bold,
 TeX's Computer Modern) at varying size and position, with strokes thickened or thinned, a stray line or blob
 beside some of them and pixel noise on all. The `--unseen-fonts` typefaces (drawn by the seed) appear only in
-the test split, so test accuracy measures what a model has not memorised, as on real data. The same arguments
-give the same files, byte for byte.
+the test split (and val/, drawn like test/ but from its own random stream: a provider's own validation
+images from the distribution the model meets), so test accuracy measures what a model has not memorised, as on
+real data. The same arguments give the same files, byte for byte.
 """
 
 import argparse
@@ -85,7 +88,8 @@ def split_fonts(seed: int, unseen: int) -> tuple[list[Path], list[Path]]:
 
 
 def write(out: Path, split: str, count: int, faces: list[Path], size: int, seed: int) -> None:
-    rng, noise = random.Random(f"{seed}-{split}"), np.random.default_rng([seed, 0 if split == "train" else 1])
+    stream = {"train": 0, "test": 1, "val": 2}[split]
+    rng, noise = random.Random(f"{seed}-{split}"), np.random.default_rng([seed, stream])
     for index in range(count):
         letter = LETTERS[index % len(LETTERS)]
         folder = out / split / letter
@@ -98,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--train", type=int, default=10_000)
     parser.add_argument("--test", type=int, default=2_000)
+    parser.add_argument("--val", type=int, default=0, help="validation images in OUT/val (0: none)")
     parser.add_argument("--size", type=int, default=28)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--unseen-fonts", type=int, default=4)
@@ -105,12 +110,17 @@ def main(argv: list[str] | None = None) -> None:
     for key in ("train", "test", "size"):
         if getattr(args, key) < 1:
             parser.error(f"--{key}={getattr(args, key)} is not allowed; choose a whole number >= 1")
+    if args.val < 0:
+        parser.error(f"--val={args.val} is not allowed; choose a whole number >= 0")
     if args.out.exists() and any(args.out.iterdir()):
         raise SystemExit(f"error: {args.out} is not empty; choose a new folder")
     train_fonts, test_fonts = split_fonts(args.seed, args.unseen_fonts)
     write(args.out, "train", args.train, train_fonts, args.size, args.seed)
     write(args.out, "test", args.test, test_fonts, args.size, args.seed)
-    print(f"{args.out}: {args.train} train and {args.test} test images of {len(LETTERS)} letters, "
+    if args.val:
+        write(args.out, "val", args.val, test_fonts, args.size, args.seed)
+    val = f", {args.val} val" if args.val else ""
+    print(f"{args.out}: {args.train} train, {args.test} test{val} images of {len(LETTERS)} letters, "
           f"{args.size}x{args.size}, {len(train_fonts)} typefaces ({len(test_fonts) - len(train_fonts)} in test only)")
 
 

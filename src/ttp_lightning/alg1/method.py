@@ -25,6 +25,7 @@ from ttp_lightning.bounds.propagate import UnsupportedLayer
 from ttp_lightning.bounds.uniformity import proven_conf_dist
 from ttp_lightning.config.schema import MainSchema, TrainingSchema
 from ttp_lightning.core.batching import ImageBatchDataset
+from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.inference import accuracy, predictions
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.fit.training import RunContext, TrainedBy, fit
@@ -122,6 +123,7 @@ class RetainParts:
     holdout: ImageBatchDataset | None
     eval_parts: list[str]
     key: str
+    source: str = "none"  # none | slice (of the retain set) | val (the user's own val/ folder, outside D)
 
     def start_accuracy(self, net: nn.Module, datamodule: TTPDataModule) -> float:
         """What tau_r is relative to: without a holdout, the starting model's accuracy on the retain set. With
@@ -133,8 +135,15 @@ class RetainParts:
         the test split gives the rule one number, the starting model's, before finetuning begins."""
         if self.holdout is None:
             return evaluate(net, datamodule)["retain_acc"]
-        unseen = datamodule.dataset("test") if len(datamodule.test_labels) else self.holdout
+        unseen = datamodule.dataset("test") if self.reference(datamodule) == "test" else self.holdout
         return accuracy(net, unseen)
+
+    def reference(self, datamodule: TTPDataModule) -> str:
+        """Where start_accuracy reads A(D): the user's val/ folder itself (A(D) never trained on it, and the
+        test split stays unread by every rule), else the test split where there is one, else the slice."""
+        if self.source == "val":
+            return "val"
+        return "test" if len(datamodule.test_labels) else HOLDOUT_PART
 
     def val_dataloaders(self, datamodule: TTPDataModule) -> list:
         extra = [] if self.holdout is None else [datamodule.eval_loader(self.holdout)]
@@ -155,13 +164,27 @@ def holdout_fraction(setting, retain_size: int) -> float:
 
 
 def retain_parts(datamodule: TTPDataModule, stopping: EarlyStoppingSchema | None) -> RetainParts:
-    fraction = holdout_fraction(stopping.retain_holdout, len(datamodule.retain_indices)) if stopping is not None else 0.0
+    """Where finetuning trains and where the retain rule reads accuracy (early_stopping.retain_holdout): auto
+    reads the user's own validation images (an image folder's val/) where there are any, finetuning on the
+    whole retain set, else a seeded slice of the retain set by holdout_fraction's rule; val requires them; a
+    fraction is that slice; 0 the retain set itself (the paper)."""
+    setting = "off" if stopping is None else stopping.retain_holdout
+    has_val = len(datamodule.val_labels) > 0
+    if setting == "val" and not has_val:
+        raise TTPUserError("method.early_stopping.retain_holdout=val needs validation images, "
+                           "<data.root>/val/<class>/<image> (data=imagefolder); this data set has none: choose "
+                           "auto (a held-out slice of the retain set) or a fraction")
+    if setting == "val" or (setting == "auto" and has_val):
+        return RetainParts(datamodule.dataset("retain"), datamodule.dataset("retain", augment=True),
+                           datamodule.dataset("val"), [*datamodule.eval_parts(), HOLDOUT_PART],
+                           f"val/{HOLDOUT_PART}_acc", source="val")
+    fraction = 0.0 if setting == "off" else holdout_fraction(setting, len(datamodule.retain_indices))
     if fraction <= 0:
         return RetainParts(datamodule.dataset("retain"), None, None, datamodule.eval_parts(), "val/retain_acc")
     fit_indices, holdout_indices = datamodule.retain_split(fraction)
     return RetainParts(datamodule.subset(fit_indices), datamodule.subset(fit_indices, augment=True),
                        datamodule.subset(holdout_indices), [*datamodule.eval_parts(), HOLDOUT_PART],
-                       f"val/{HOLDOUT_PART}_acc")
+                       f"val/{HOLDOUT_PART}_acc", source="slice")
 
 
 def ordered_callbacks(history, timer, best, backoff, radius) -> list:
@@ -269,7 +292,8 @@ def kept_summary(best, history, parts: RetainParts, radius, datamodule: TTPDataM
     best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
     summary.update(robust_summary(adversarial, best_row))
     if parts.holdout is not None and "retain_holdout_acc" in best_row:
-        summary.update(accuracy_split(best_row, len(datamodule.retain_indices), len(parts.holdout)))
+        inside = len(parts.holdout) if parts.source == "slice" else 0  # val/ is outside the retain set
+        summary.update(accuracy_split(best_row, len(datamodule.retain_indices), inside))
         if rank_zero_only.rank == 0:
             log.info("kept epoch %d: retain accuracy %.2f%% trained on, %.2f%% on %d held out", summary["best_epoch"],
                      100 * summary["retain_fit_acc"], 100 * summary["retain_holdout_acc"], len(parts.holdout))
@@ -287,9 +311,10 @@ def retain_rule_record(best, parts: RetainParts, start_retain_acc: float | None,
 
 
 def accuracy_split(row: dict, retain_size: int, holdout_size: int) -> dict:
-    """The kept epoch's accuracy on the retain images finetuning trained on and on the held-out slice it never
+    """The kept epoch's accuracy on the retain images finetuning trained on and on the held-out images it never
     trained on (results.json and the card show them beside the test accuracy), the first from the whole retain
-    set's and the slice's correct counts (exact sums, under DDP too)."""
+    set's and the slice's correct counts (exact sums, under DDP too); `holdout_size` 0 where the held-out
+    images are not part of the retain set (the user's val/ folder)."""
     correct = row["retain_acc"] * retain_size - row["retain_holdout_acc"] * holdout_size
     return {"retain_fit_acc": round(correct / (retain_size - holdout_size), 6),
             "retain_holdout_acc": round(row["retain_holdout_acc"], 6)}
@@ -351,7 +376,8 @@ def stopping_summary(best, history, parts: RetainParts, radius, datamodule: TTPD
         summary["radius_rule_threshold"] = round(radius.threshold, 6)  # on the accuracy early stopping reads
     if parts.holdout is not None:  # tau_r's reference: the starting model's accuracy on unseen images
         summary["retain_holdout_size"] = len(parts.holdout)
-        summary["retain_reference"] = "test" if len(datamodule.test_labels) else HOLDOUT_PART
+        summary["retain_holdout_source"] = parts.source
+        summary["retain_reference"] = parts.reference(datamodule)
     if not summary["constraint_met"] and rank_zero_only.rank == 0:  # every DDP rank knows; one says so
         log.warning("no epoch of Alg 1 met the stopping thresholds (%s < %g, retain accuracy >= %.4f); "
                     "kept epoch %d: %s", best.conf_dist_key.removeprefix("val/"), best.conf_dist_below,

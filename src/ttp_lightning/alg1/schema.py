@@ -175,13 +175,16 @@ class EarlyStoppingSchema:
     retain_acc_drop_at_most: float | None = 0.01
     patience: int | None = 20
     fallback: Fallback = Fallback["pareto"]
-    retain_holdout: Any = 0.0  # a fraction of the retain set, or auto (alg1/method.holdout_fraction)
+    retain_holdout: Any = 0.0  # a fraction of the retain set, auto or val (alg1/method.retain_parts)
 
     def __post_init__(self) -> None:
         key = "method.early_stopping"
-        if self.retain_holdout != "auto" and not 0.0 <= checks.number(self.retain_holdout, f"{key}.retain_holdout") <= 0.5:
-            raise TTPUserError(f"{key}.retain_holdout={self.retain_holdout} is not allowed; choose auto or a fraction "
-                               "of the retain set in [0, 0.5] (0: the retain rule on the images finetuning trains on)")
+        holdout = self.retain_holdout
+        if holdout not in ("auto", "val") and (isinstance(holdout, (str, bool)) or holdout is None
+                                               or not 0.0 <= checks.number(holdout, f"{key}.retain_holdout") <= 0.5):
+            raise TTPUserError(f"{key}.retain_holdout={self.retain_holdout} is not allowed; choose auto, val or a "
+                               "fraction of the retain set in [0, 0.5] (0: the retain rule on the images "
+                               "finetuning trains on)")
         if self.conf_dist_below is not None:
             checks.positive(self.conf_dist_below, f"{key}.conf_dist_below")
         checks.unit_interval(checks.number(self.retain_acc_at_least, f"{key}.retain_acc_at_least"),

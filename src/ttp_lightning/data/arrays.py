@@ -16,3 +16,7 @@ class ImageArrays:
     class_names: tuple[str, ...] = ()  # from the data set's own files (CIFAR's meta, TinyImageNet's folders)
     train_files: tuple[str, ...] = ()  # each image's file under the data root, where it has one (image folders)
     test_files: tuple[str, ...] = ()
+    # a validation partition of the user's own (an image folder's val/), never trained on: robust Alg 1's retain
+    # rule reads its accuracy there (alg1/method.retain_parts); None where the data set has none
+    val_images: torch.Tensor | None = None
+    val_labels: torch.Tensor | None = None

@@ -106,15 +106,22 @@ class TTPDataModule(L.LightningDataModule):
             self.forget_requests = [self.forget_indices]
         self.train_images, self.train_labels = train_x, train_y
         self.test_images, self.test_labels = test_x, test_y
+        self.val_images, self.val_labels = (train_x[:0], train_y[:0]) if arrays.val_labels is None else \
+            (arrays.val_images, arrays.val_labels)
         keep = torch.ones(len(train_y), dtype=torch.bool)
         keep[self.forget_indices] = False
         self.retain_indices = keep.nonzero().flatten()
+        self.info = self._normalised(info)
+
+    def _normalised(self, info: DatasetInfo) -> DatasetInfo:
+        """The statistics inputs are normalised with: none (data.normalize=false), the given data.mean /
+        data.std, or the data's own."""
         if not self.normalize:
-            info = replace(info, mean=(0.0,) * info.channels, std=(1.0,) * info.channels)
-        elif self.mean is not None or self.std is not None:
-            info = replace(info, mean=self._statistic("mean", self.mean, info.mean, info.channels),
+            return replace(info, mean=(0.0,) * info.channels, std=(1.0,) * info.channels)
+        if self.mean is not None or self.std is not None:
+            return replace(info, mean=self._statistic("mean", self.mean, info.mean, info.channels),
                            std=self._statistic("std", self.std, info.std, info.channels))
-        self.info = info
+        return info
 
     @staticmethod
     def _statistic(key: str, given, default: tuple, channels: int) -> tuple:
@@ -287,9 +294,12 @@ class TTPDataModule(L.LightningDataModule):
     def dataset(self, part: str, augment: bool = False) -> ImageBatchDataset:
         """`part` is one of pretrain (D before outside forget instances), train (D with them), retain,
         forget, test, forget_nn (each forget instance's nearest test instance, the paper's check that
-        protection does not spill onto similar images)."""
+        protection does not spill onto similar images), val (the user's own validation images, an image
+        folder's val/; empty where there are none: never trained on, in either split)."""
         if part == "test":
             images, labels = self.test_images, self.test_labels
+        elif part == "val":
+            images, labels = self.val_images, self.val_labels
         elif part == "forget_nn":
             index = self.nearest_test_indices()
             images, labels = self.test_images[index], self.test_labels[index]

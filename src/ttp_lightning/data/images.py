@@ -219,19 +219,21 @@ def load_imagefolder(root: str | Path, image_size: int | None, channels: int | N
     root = Path(root).expanduser()
     train_files = class_tree(root / "train", "data.root train")
     test_files = class_tree(root / "test", "data.root test") if (root / "test").exists() else []
+    val_files = class_tree(root / "val", "data.root val") if (root / "val").exists() else []
     if cache_dir is None:
         return _named(root, train_files, test_files, *_decode_imagefolder(root, train_files, test_files, image_size,
-                                                                         channels))
+                                                                         channels, val_files))
     folder = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
     entry = Path(cache_dir).expanduser() / \
-        f"{folder}_{_folder_key(root, train_files + test_files, image_size, channels)}.safetensors"
+        f"{folder}_{_folder_key(root, train_files + test_files + val_files, image_size, channels)}.safetensors"
     cached = _read_decoded(entry, image_size)
     if cached is not None:
         return _named(root, train_files, test_files, *cached)
-    info, arrays, prep = _decode_imagefolder(root, train_files, test_files, image_size, channels)
+    info, arrays, prep = _decode_imagefolder(root, train_files, test_files, image_size, channels, val_files)
     entry.parent.mkdir(parents=True, exist_ok=True)
+    val = {} if arrays.val_images is None else {"val_images": arrays.val_images, "val_labels": arrays.val_labels}
     atomic_tensors(entry, {"train_images": arrays.train_images, "train_labels": arrays.train_labels,
-                           "test_images": arrays.test_images, "test_labels": arrays.test_labels},
+                           "test_images": arrays.test_images, "test_labels": arrays.test_labels, **val},
                    metadata={"format": DECODED_FORMAT, "info": json.dumps(asdict(info))})
     proofs.sign(entry)
     for superseded in entry.parent.glob(f"{folder}_*.safetensors"):  # an image removed from the folder
@@ -286,20 +288,24 @@ def _read_decoded(entry: Path, image_size):
         return None
     prep = Preprocess(info.channels, info.image_size, resize=image_size is not None)
     return info, ImageArrays(tensors["train_images"], tensors["train_labels"], tensors["test_images"],
-                             tensors["test_labels"], class_names=info.class_names), prep
+                             tensors["test_labels"], class_names=info.class_names,
+                             val_images=tensors.get("val_images"), val_labels=tensors.get("val_labels")), prep
 
 
-def _decode_imagefolder(root: Path, train_files, test_files, image_size: int | None, channels: int | None):
-
+def _decode_imagefolder(root: Path, train_files, test_files, image_size: int | None, channels: int | None,
+                        val_files=()):
+    """The folder's images as (info, arrays, prep); val/ (optional) goes to arrays.val_*: the normalisation
+    statistics, channel count and size come from train/ alone."""
     classes = sorted({name for _, name in train_files})
     if len(classes) < 2:
         raise TTPUserError(f"data.root={str(root)!r}: train/ has {len(classes)} class folder; a classifier "
                            "needs at least 2")
-    unknown = sorted({name for _, name in test_files} - set(classes))
-    if unknown:
-        raise TTPUserError(f"data.root={str(root)!r}: test/ has the class folder {unknown[0]!r}, which train/ "
-                           f"does not have; allowed: {', '.join(classes)}")
-    files = train_files + test_files
+    for part, listed in (("test", test_files), ("val", val_files)):
+        unknown = sorted({name for _, name in listed} - set(classes))
+        if unknown:
+            raise TTPUserError(f"data.root={str(root)!r}: {part}/ has the class folder {unknown[0]!r}, which "
+                               f"train/ does not have; allowed: {', '.join(classes)}")
+    files = [*train_files, *test_files, *val_files]
     decoded = [decode(open_image(path, "image"), path, "image") for path, _ in files]
     _log_conversions(root, [d.notes for d in decoded])
     if channels is None:
@@ -316,15 +322,17 @@ def _decode_imagefolder(root: Path, train_files, test_files, image_size: int | N
     tensors = [finish(d, path, prep, "image") for d, (path, _) in zip(decoded, files)]
     del decoded
     labels = torch.as_tensor([index[name] for _, name in files], dtype=torch.long)
-    cut = len(train_files)
+    cut, end = len(train_files), len(train_files) + len(test_files)
     train_x = torch.stack(tensors[:cut])
-    test_x = torch.stack(tensors[cut:]) if test_files else train_x[:0]
+    test_x = torch.stack(tensors[cut:end]) if test_files else train_x[:0]
+    val_x, val_y = (torch.stack(tensors[end:]), labels[end:]) if val_files else (None, None)
     scaled = train_x.float().div(255.0)
     mean = tuple(round(float(v), 4) for v in scaled.mean(dim=(0, 2, 3)))
     std = tuple(round(max(float(v), 1e-3), 4) for v in scaled.std(dim=(0, 2, 3)))
     info = DatasetInfo(len(classes), channels, prep.image_size, mean, std, has_official_split=bool(test_files),
                        class_names=tuple(classes))
-    return info, ImageArrays(train_x, labels[:cut], test_x, labels[cut:], class_names=info.class_names), prep
+    return info, ImageArrays(train_x, labels[:cut], test_x, labels[cut:end], class_names=info.class_names,
+                             val_images=val_x, val_labels=val_y), prep
 
 
 def _log_conversions(root: Path, notes: list[tuple[str, ...]]) -> None:

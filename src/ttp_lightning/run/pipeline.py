@@ -208,6 +208,8 @@ def _run_record(experiment: str, method: str, record: dict, datamodule, metrics:
             "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
             "forget_fingerprint": datamodule.forget_fingerprint(), "forget_set_digest": datamodule.forget_set_digest(),
             **datamodule.forget_record()}
+    if len(datamodule.val_labels):  # the user's own validation images (an image folder's val/)
+        data["val_size"] = len(datamodule.val_labels)
     # resumed: stage -> the epoch a rerun resumed after (wall times cover this process); run: name, wandb group
     # (the sweep), job type, this job's swept values
     return RunRecord(format=RESULTS_FORMAT, experiment=experiment, method=method, config=record, data=data,

@@ -1,0 +1,120 @@
+"""A provider's own validation images (issue 61): data=imagefolder reads <data.root>/val/<class>/<image>, which
+is never trained on (not by pretraining, not by finetuning, in either data.split); robust Alg 1's retain rule
+reads its accuracy there by default (retain_holdout=auto), finetuning on the whole retain set, and results.json
+and the card say so."""
+
+import importlib.util
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from conftest import REPO
+from ttp_lightning.alg1.method import retain_parts
+from ttp_lightning.alg1.schema import EarlyStoppingSchema
+from ttp_lightning.core.errors import TTPUserError
+from ttp_lightning.data import images
+
+
+def _letters():
+    spec = importlib.util.spec_from_file_location("make_letters", REPO / "scripts" / "make_letters.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("letters") / "data"
+    _letters().main([str(root), "--train", "300", "--test", "100", "--val", "80", "--seed", "5"])
+    return root
+
+
+def _rows(tensor) -> set[bytes]:
+    return {bytes(image.numpy()) for image in tensor}
+
+
+def test_val_is_read_beside_train_and_test_and_cached_with_them(folder, tmp_path):
+    info, arrays, _ = images.load_imagefolder(folder, None, None)
+    assert arrays.val_images.shape == (80, 1, 28, 28) and sorted(set(arrays.val_labels.tolist())) == list(range(10))
+    assert not _rows(arrays.val_images) & _rows(arrays.train_images)
+    cached = [images.load_imagefolder(folder, None, None, tmp_path / "cache")[1] for _ in range(2)]  # write, read
+    for again in cached:
+        assert torch.equal(again.val_images, arrays.val_images) and torch.equal(again.val_labels, arrays.val_labels)
+    # the statistics are train/'s alone: a val/ folder does not move the normalisation
+    without = tmp_path / "without"
+    without.mkdir()
+    (without / "train").symlink_to(folder / "train")
+    (without / "test").symlink_to(folder / "test")
+    plain_info, plain, _ = images.load_imagefolder(without, None, None)
+    assert plain_info == info and plain.val_images is None
+
+
+def test_a_val_class_that_train_lacks_is_one_line(folder, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train").symlink_to(folder / "train")
+    (bad / "val" / "Z").mkdir(parents=True)
+    (bad / "val" / "Z" / "0.png").write_bytes((folder / "val" / "A" / "00000.png").read_bytes())
+    with pytest.raises(TTPUserError, match=r"val/ has the class folder 'Z', which train/ does not have; allowed: A, B"):
+        images.load_imagefolder(bad, None, None)
+
+
+def _datamodule(compose_cfg, *overrides):
+    from ttp_lightning.data import build_datamodule
+    from ttp_lightning.run.validation import validate_config
+
+    cfg = compose_cfg("data.forget.size=10", *overrides)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return build_datamodule(validate_config(cfg).data)
+
+
+@pytest.mark.parametrize("split", ["official", "paper"])
+def test_auto_reads_val_and_finetunes_on_the_whole_retain_set(compose_cfg, folder, split):
+    datamodule = _datamodule(compose_cfg, "data=imagefolder", f"data.root={folder}", f"data.split={split}")
+    parts = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout="auto"))
+    assert parts.source == "val" and parts.reference(datamodule) == "val" and parts.key == "val/retain_holdout_acc"
+    assert len(parts.fit) == len(datamodule.retain_indices) and len(parts.holdout) == 80
+    trained = _rows(datamodule.train_images)  # split=paper mixes train and test; val stays out of both
+    assert not _rows(parts.holdout.everything()[0]) & (trained | _rows(datamodule.test_images))
+    sliced = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout=0.2))  # a fraction is the slice asked for
+    assert sliced.source == "slice" and len(sliced.fit) + len(sliced.holdout) == len(datamodule.retain_indices)
+    assert retain_parts(datamodule, EarlyStoppingSchema(retain_holdout=0.0)).holdout is None
+
+
+def test_retain_holdout_val_without_val_images_is_one_line(compose_cfg):
+    datamodule = _datamodule(compose_cfg, "data=digits")
+    assert len(datamodule.val_labels) == 0
+    assert retain_parts(datamodule, EarlyStoppingSchema(retain_holdout="auto")).source == "slice"
+    with pytest.raises(TTPUserError, match=r"retain_holdout=val needs validation images, <data.root>/val/"):
+        retain_parts(datamodule, EarlyStoppingSchema(retain_holdout="val"))
+    with pytest.raises(TTPUserError, match=r"retain_holdout=every is not allowed; choose auto, val or a fraction"):
+        EarlyStoppingSchema(retain_holdout="every")
+
+
+def test_robust_alg1_reads_its_retain_rule_on_val_and_says_so(compose_cfg, folder, tmp_path, monkeypatch):
+    from ttp_lightning.run.pipeline import run
+
+    monkeypatch.setenv("TTP_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = compose_cfg("data=imagefolder", f"data.root={folder}", "data.forget.size=10", "method=pareto_robust",
+                      f"paths.output_dir={tmp_path}", "method.epochs=3", "attacks.enabled=false",
+                      "release_gate.require=[clean]", "method.lr=0.01")
+    with open_dict(cfg):
+        del cfg["hydra"]
+    result = run(cfg, str(tmp_path)).to_json()
+    metrics, history = result["metrics"]["pareto_robust"], result["history"]["pareto_robust"]
+    assert result["data"]["val_size"] == 80
+    assert (metrics["retain_holdout_source"], metrics["retain_holdout_size"], metrics["retain_reference"]) == \
+        ("val", 80, "val")
+    assert metrics["retain_rule_reads"] == "retain_holdout_acc" and "retain_holdout_acc >= " in metrics["stopping_rule"]
+    kept = history[metrics["best_epoch"] - 1]
+    # val/ is outside the retain set: the accuracy on the images trained on is the retain set's own
+    assert metrics["retain_fit_acc"] == pytest.approx(kept["retain_acc"], abs=1e-6)
+    assert metrics["retain_holdout_acc"] == pytest.approx(kept["retain_holdout_acc"], abs=1e-6)
+    assert all(round(row["retain_holdout_acc"] * 80, 3) == round(row["retain_holdout_acc"] * 80) for row in history)
+    # tau_r is relative to A(D)'s accuracy on val/, not on the test split
+    assert metrics["retain_acc_threshold"] == pytest.approx(metrics["retain_rule_start_acc"] - 0.01, abs=1e-6)
+    folders = [f for f in tmp_path.iterdir() if f.name.startswith("release")]
+    card = (folders[0] / "MODEL_CARD.md").read_text()
+    assert f"{metrics['retain_holdout_acc']:.2%} on the 80 validation images of the provider's own (val/)" in card

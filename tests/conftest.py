@@ -42,13 +42,34 @@ def registered_loader(name: str):
 TINY_WITHOUT_METHOD = [o for o in TINY if not o.startswith("method.")]  # for methods without Alg 1 epochs
 
 
+def runs_robust(overrides) -> bool:
+    """Whether `overrides` select robust Alg 1 (method=pareto_robust, +workflow=protect or a *_robust
+    experiment, unless a later method= names another method)."""
+    method = None
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key == "method":
+            method = value
+        elif (key == "workflow" and value == "protect") or (key == "experiment" and value.endswith("_robust")):
+            method = method or "pareto_robust"
+    return method == "pareto_robust"
+
+
+def tiny_for(overrides) -> list[str]:
+    """TINY, with robust Alg 1 in one round (its default is up to 3 cosine cycles: tests/test_rounds.py and the
+    tests that name method.adversarial.rounds test them) where the overrides select it."""
+    overrides = list(overrides)
+    one_round = runs_robust(overrides) and not any(o.startswith("method.adversarial.rounds=") for o in overrides)
+    return TINY + (["method.adversarial.rounds=1"] if one_round else [])
+
+
 @pytest.fixture
 def compose_cfg():
     """Compose the application config with TINY plus the given overrides (no Hydra run dir)."""
 
     def _compose(*overrides: str, tiny: bool = True):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="main", overrides=normalize_overrides((TINY if tiny else []) + list(overrides)),
+            return compose(config_name="main", overrides=normalize_overrides((tiny_for(overrides) if tiny else []) + list(overrides)),
                            return_hydra_config=True)
 
     return _compose
@@ -62,7 +83,7 @@ def run_cli(tmp_path):
         env = dict(os.environ, TTP_CACHE_DIR=str(tmp_path / "cache"), WANDB_MODE="disabled")
         args = [sys.executable, "-m", "ttp_lightning"] + (["-m"] if multirun else [])
         dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        args += (TINY if tiny else []) + list(overrides) + [f"{dir_key}={tmp_path / 'out'}"]
+        args += (tiny_for(overrides) if tiny else []) + list(overrides) + [f"{dir_key}={tmp_path / 'out'}"]
         proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         results_file = tmp_path / "out" / "results.json"
         results = json.loads(results_file.read_text()) if results_file.is_file() else None
@@ -84,7 +105,7 @@ def run_main(tmp_path, monkeypatch, capsys):
     def _run(*overrides: str, tiny: bool = True):
         monkeypatch.setenv("TTP_CACHE_DIR", str(tmp_path / "cache"))
         monkeypatch.setenv("WANDB_MODE", "disabled")
-        monkeypatch.setattr(sys, "argv", ["ttp_lightning", *(TINY if tiny else []), *overrides,
+        monkeypatch.setattr(sys, "argv", ["ttp_lightning", *(tiny_for(overrides) if tiny else []), *overrides,
                                           f"hydra.run.dir={tmp_path / 'out'}", "hydra/job_logging=none",
                                           "hydra/hydra_logging=none"])
         root = logging.getLogger()

@@ -11,7 +11,7 @@ from test_certified_cli import RELEASES
 
 METHODS = {
     "pareto": ["method=pareto", "method.epochs=10"],
-    "pareto_robust": ["method=pareto_robust", "method.epochs=3", "release_gate.require=[clean]"],  # attacks off
+    "pareto_robust": ["method=pareto_robust", "method.epochs=3", "method.adversarial.rounds=1", "release_gate.require=[clean]"],  # attacks off
     "retrain": ["method=retrain"],
     "synthetic": ["method=synthetic", "method.k=5"],
     "labeldp": ["method=labeldp"],

@@ -16,7 +16,7 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from conftest import REPO, TINY, finished, registered_loader, release_of
+from conftest import REPO, TINY, finished, registered_loader, release_of, tiny_for
 from ttp_lightning import load_released
 from ttp_lightning.core.errors import EXIT_NOT_PROTECTED
 from ttp_lightning.core.files import sha256_of
@@ -59,8 +59,11 @@ def pngs(folder: Path) -> tuple[torch.Tensor, torch.Tensor, list[bytes]]:
 
 
 def protect(run_main, folder: Path, checkpoint: Path, *extra: str):
-    return run_main(*PROTECT, f"model.checkpoint={checkpoint}", "data=imagefolder",
-                    f"data.root={folder / 'digits'}", f"data.forget.images={folder / 'forget'}", *extra, tiny=False)
+    """+workflow=protect on the example; robust Alg 1 in one round unless `extra` names rounds (conftest.tiny_for)."""
+    overrides = [*PROTECT, f"model.checkpoint={checkpoint}", "data=imagefolder", f"data.root={folder / 'digits'}",
+                 f"data.forget.images={folder / 'forget'}", *extra]
+    rounds = [o for o in tiny_for(overrides) if o.startswith("method.adversarial.rounds=")]
+    return run_main(*overrides, *rounds, tiny=False)
 
 
 def plain_network() -> nn.Module:

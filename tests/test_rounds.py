@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ttp_lightning.alg1.callbacks import LrWarmup, Rounds, goal_met
+from ttp_lightning.alg1.callbacks import LrWarmup, RadiusFromRetainRule, Rounds, goal_met
 from ttp_lightning.alg1.module import stragglers
 from ttp_lightning.alg1.schema import AdversarialSettings, EarlyStoppingSchema, ParetoSchema
 from ttp_lightning.core.errors import TTPUserError
@@ -54,6 +54,46 @@ def test_a_cycle_short_of_the_goal_restarts_the_schedule_and_lifts_the_straggler
     module_again = SimpleNamespace(round=1)
     again.on_train_start(SimpleNamespace(should_stop=False), module_again)
     assert module_again.round == 2
+
+
+def _radius_at_bottom():
+    rule = RadiusFromRetainRule(0.9, (1.0, 0.5, 0.0), retain_key="val/retain_holdout_acc")
+    rule.rung = 2  # the rule fell back to the clean images during the round
+    return rule
+
+
+def _validate(rule, module, retain: float):
+    rule.on_validation_end(SimpleNamespace(sanity_checking=False,
+                                           callback_metrics={"val/retain_holdout_acc": torch.tensor(retain)}), module)
+
+
+@pytest.mark.parametrize("rank", [None, (1.0, 0.0, 0.0, 0.05)])  # no epoch kept; kept one below the radius
+def test_a_round_spent_below_the_radius_holds_the_full_radius_from_then_on(rank):
+    rule, module = _radius_at_bottom(), SimpleNamespace(round=1, radius_scale=0.0)
+    rounds = Rounds(8, 3, lambda: rank, bound_on=True, radius=rule)
+    rounds.on_validation_end(_trainer(8), module)
+    assert rule.held and "radius held" in rounds.restarts[0]["why"]
+    assert module.radius_scale == 0.5  # a ramp over a quarter of the cycle (2 epochs): half of it first
+    _validate(rule, module, retain=0.1)  # far below tau_r: a held radius does not step down
+    assert rule.rung == 0 and module.radius_scale == 1.0
+    _validate(rule, module, retain=0.1)
+    assert module.radius_scale == 1.0
+    resumed = RadiusFromRetainRule(0.9, (1.0, 0.5, 0.0))
+    resumed.load_state_dict(rule.state_dict())
+    again = SimpleNamespace(radius_scale=0.0)
+    resumed.on_train_start(SimpleNamespace(), again)  # a resumed fit starts at the held radius
+    assert resumed.held and again.radius_scale == 1.0
+    resumed.load_state_dict({"rung": 2})  # a checkpoint written before the hold existed: not held
+    assert not resumed.held
+
+
+def test_a_round_kept_at_the_radius_leaves_the_rule_free():
+    rule, module = _radius_at_bottom(), SimpleNamespace(round=1, radius_scale=0.0)
+    rounds = Rounds(8, 3, lambda: (0.0, 2.0, 5.0, 0.3), bound_on=True, radius=rule)
+    rounds.on_validation_end(_trainer(8), module)
+    assert rounds.round == 2 and not rule.held and "radius held" not in rounds.restarts[0]["why"]
+    _validate(rule, module, retain=0.1)
+    assert rule.rung == 2  # still the rule's to move
 
 
 def test_the_goal_met_at_a_cycles_end_stops_the_fit_and_a_resume_stays_stopped():

@@ -244,29 +244,51 @@ class RadiusFromRetainRule(Callback):
     ResNet that cannot keep its accuracy with a uniform ball around each image goes down to the clean images
     (radius 0), where the retain rule can hold, instead of ending without a qualifying epoch. `rung` is saved in checkpoints; `retain_key` is the logged retain accuracy it reads;
     `start="bottom"` begins at the last rung (the clean images) and climbs, a curriculum instead of the full
-    ball from the first step."""
+    ball from the first step. `held` (set by Rounds after a round the rule spent below the promised radius) pins
+    the full radius: the promise is held, never fallen back from, so the run releases at it or measures its
+    price there (assess/frontier.py). A held radius is reached by a linear ramp over `ramp` epochs, as certified
+    training ramps its radius (Gowal et al. 2018; CROWN-IBP over about 30 % of training): on the letters stand-in
+    the full 12/255 at once, from weights trained on the clean images, took the retain accuracy from 81 to 22 %
+    in one epoch."""
 
     def __init__(self, threshold: float, rungs: tuple[float, ...], retain_key: str = "val/retain_acc",
                  start: str = "top"):
         self.threshold, self.rungs, self.retain_key = threshold, tuple(rungs), retain_key
         self.rung = 0 if start == "top" else len(self.rungs) - 1  # bottom: from the clean images up
+        self.held, self.held_epochs, self.ramp = False, 0, 1
 
     def state_dict(self) -> dict:
-        return {"rung": self.rung}
+        return {"rung": self.rung, "held": self.held, "held_epochs": self.held_epochs, "ramp": self.ramp}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.rung = int(state_dict["rung"])
+        self.rung, self.held = int(state_dict["rung"]), bool(state_dict.get("held", False))
+        self.held_epochs, self.ramp = int(state_dict.get("held_epochs", 0)), int(state_dict.get("ramp", 1))
+
+    def hold(self, pl_module: L.LightningModule, ramp: int = 1) -> None:
+        """From now on the full training radius (rung 0), whatever the accuracy, reached by a linear ramp over
+        `ramp` epochs (the first at 1 / ramp of it)."""
+        self.held, self.rung, self.held_epochs, self.ramp = True, 0, 0, max(1, int(ramp))
+        pl_module.radius_scale = self.scale()
+
+    def scale(self) -> float:
+        """The training radius's fraction this epoch: the rung's, or on a held radius the ramp's."""
+        if not self.held:
+            return self.rungs[self.rung]
+        return self.rungs[0] * min(1.0, (self.held_epochs + 1) / self.ramp)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pl_module.radius_scale = self.rungs[self.rung]
+        pl_module.radius_scale = self.scale()
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         retain = trainer.callback_metrics.get(self.retain_key)
         if trainer.sanity_checking or retain is None:
             return
-        step = 1 if float(retain) < self.threshold else -1
-        self.rung = min(max(self.rung + step, 0), len(self.rungs) - 1)
-        pl_module.radius_scale = self.rungs[self.rung]
+        if self.held:
+            self.held_epochs += 1
+        else:
+            step = 1 if float(retain) < self.threshold else -1
+            self.rung = min(max(self.rung + step, 0), len(self.rungs) - 1)
+        pl_module.radius_scale = self.scale()
 
 
 def goal_met(rank: tuple[float, ...] | None, bound_on: bool) -> bool:
@@ -286,11 +308,16 @@ class Rounds(Callback):
     meets goal_met the fit stops; otherwise the next cycle begins from the current weights with the schedule
     restarted at its starting rate (and LrWarmup's warm-up again) and the bound term on every image the last
     validation epoch left unproven (the module's `round`). The first cycle is the single fit of rounds=1, so a
-    run that meets the goal there has the same numbers; `restarts` records (epoch, round begun, why). Saved in
-    checkpoints: a resumed fit is in the same round."""
+    run that meets the goal there has the same numbers; `restarts` records (epoch, round begun, why). With the
+    radius rule (`radius`), a round that ends with no epoch kept, or the kept one trained below the promised
+    radius, is followed by rounds that hold the full radius (RadiusFromRetainRule.hold): the rule does not fall
+    back twice, and what the promise costs is measured where it is made. Saved in checkpoints: a resumed fit is
+    in the same round."""
 
-    def __init__(self, cycle: int, rounds: int, kept_rank, bound_on: bool, warmup: "LrWarmup | None" = None):
+    def __init__(self, cycle: int, rounds: int, kept_rank, bound_on: bool, warmup: "LrWarmup | None" = None,
+                 radius: "RadiusFromRetainRule | None" = None):
         self.cycle, self.rounds, self.kept_rank, self.bound_on, self.warmup = cycle, rounds, kept_rank, bound_on, warmup
+        self.radius = radius
         self.stopped = False
         self.restarts: list[dict] = []
 
@@ -320,6 +347,9 @@ class Rounds(Callback):
             return
         why = "no epoch qualified" if rank is None else \
             f"kept epoch: {rank[1]:g} exposed, {rank[2]:g} not proven at gamma, below the radius: {bool(rank[0])}"
+        if self.radius is not None and (rank is None or bool(rank[0])) and not self.radius.held:
+            self.radius.hold(pl_module, ramp=max(1, self.cycle // 4))
+            why += f"; the radius held at the full training radius from now on (a ramp of {self.radius.ramp} epochs)"
         self.restarts.append({"epoch": epoch, "round": self.round + 1, "why": why})
         pl_module.round = self.round
         for config in trainer.lr_scheduler_configs:  # at the cycle's top again: the epoch's own step() that

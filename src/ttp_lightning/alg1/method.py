@@ -250,7 +250,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     cycles = adversarial.rounds if adversarial is not None and best is not None else 1
     warmup = LrWarmup(cfg.lr_warmup, cycles) if getattr(cfg, "lr_warmup", 0) != 0 else None  # none: certified's
     callbacks += [warmup] if warmup is not None else []
-    rounds = add_rounds(callbacks, module, best, adversarial, epochs, cycles, warmup)
+    rounds = add_rounds(callbacks, module, best, adversarial, epochs, cycles, warmup, radius)
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:
@@ -273,13 +273,15 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     return MethodOutput(module.net, metrics, history.rows)
 
 
-def add_rounds(callbacks: list, module, best, adversarial, epochs: int, cycles: int, warmup) -> Rounds | None:
+def add_rounds(callbacks: list, module, best, adversarial, epochs: int, cycles: int, warmup,
+               radius=None) -> Rounds | None:
     """adversarial.rounds above 1: the Rounds controller, after early stopping's keeper, whose rank it reads at a
-    cycle's end, and the schedule's cycle set to `epochs`; None for one round."""
+    cycle's end (and which holds the radius rule's full radius after a round below it), and the schedule's cycle
+    set to `epochs`; None for one round."""
     if cycles <= 1:
         return None
     module.schedule_epochs = epochs
-    rounds = Rounds(epochs, cycles, best.kept_rank, float(adversarial.interval_weight) > 0, warmup)
+    rounds = Rounds(epochs, cycles, best.kept_rank, float(adversarial.interval_weight) > 0, warmup, radius)
     callbacks.insert(callbacks.index(best) + 1, rounds)
     return rounds
 

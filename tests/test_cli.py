@@ -146,7 +146,11 @@ BAD_INPUT = [
     ("attacks.suite.gaussian=null attacks.suite.apgd=null", "attacks.suite has no attack"),
     ("attacks.names=[gaussian]", "attacks.names is no longer a setting; use attacks.suite (each attack a conf/attack"),
     ("attacks.gammas=[2,-1]", "attacks.gammas=-1.0 is not allowed; choose a finite value > 0"),
-    ("method.thetta=0.5", "Could not override 'method.thetta'. Key 'thetta' not in 'ParetoSchema'"),
+    ("method.thetta=0.5", ("Could not override 'method.thetta'. Key 'thetta' not in 'ParetoSchema'; did you mean "
+                           "'method.theta'?")),
+    ("mehtod.early_stoping.patience=3", "did you mean 'method.early_stoping.patience'?"),  # the first wrong part
+    ("method.early_stoping.patience=3", "did you mean 'method.early_stopping.patience'?"),
+    ("method.zzzzzz=1", "Key 'zzzzzz' not in 'ParetoSchema' (see `--cfg job` for every setting)"),  # nothing close
     ("threads=0", "threads=0 is not allowed; choose auto or a positive integer"),
     ("attacks=strongest", "unknown attacks 'strongest'; choose one of: adaptive, paper"),
     ("attacks.robust_gamma=3", "attacks.robust_gamma=3 is not allowed; choose one of attacks.gammas: 1, 2, 5, 8"),

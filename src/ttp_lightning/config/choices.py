@@ -199,10 +199,43 @@ def check_composition(argv: list[str]) -> None:
         text = str(exc) + ("\n" + str(exc.__cause__) if exc.__cause__ else "")
         lines = [line.strip() for line in text.splitlines()
                  if line.strip() and not line.strip().startswith(("To append", "full_key", "object_type", "reference_type"))]
-        raise TTPUserError(" ".join(lines) + " (see `--cfg job` for every setting)") from exc
+        GlobalHydra.instance().clear()
+        hint = did_you_mean(text, overrides)
+        raise TTPUserError(" ".join(lines) + (f"; did you mean {hint!r}?" if hint else "")
+                           + " (see `--cfg job` for every setting)") from exc
     finally:
         GlobalHydra.instance().clear()
     check_devices(composed.trainer)  # before Hydra's job starts a process per device
+
+
+def did_you_mean(error: str, overrides: list[str]) -> str | None:
+    """The setting a mistyped override most likely meant: the closest key (difflib) beside the unknown one, in
+    the config composed without it; None when Hydra's `error` names no unknown key or nothing is close."""
+    import difflib
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import DictConfig
+
+    wrong, bad = re.search(r"Could not override '([^']+)'", error), re.search(r"Key '([^']+)' not in", error)
+    parts = wrong.group(1).lstrip("+~").split(".") if wrong else []
+    if bad is None or bad.group(1) not in parts:
+        return None
+    at = parts.index(bad.group(1))
+    rest = [o for o in overrides if o.lstrip("+~").partition("=")[0] != wrong.group(1)]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            node = compose(config_name="main", overrides=rest)
+    except Exception:  # noqa: BLE001 -- the other overrides fail too: Hydra's own message is all there is
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+    for part in parts[:at]:
+        node = node.get(part) if isinstance(node, DictConfig) else None
+    if not isinstance(node, DictConfig):
+        return None
+    close = difflib.get_close_matches(parts[at], [str(key) for key in node], n=1, cutoff=0.6)
+    return ".".join([*parts[:at], close[0], *parts[at + 1:]]) if close else None
 
 
 def check_devices(trainer) -> None:

@@ -200,3 +200,28 @@ def test_nearest_test_neighbours_of_the_forget_set():
         assert distances[nearest[position]] == distances.min()
     _, labels = dm.dataset("forget_nn")[list(range(7))]
     assert torch.equal(labels, dm.test_labels[nearest]) and "forget_nn" in dm.eval_parts()
+
+
+def test_a_data_root_the_embedded_data_set_does_not_read_is_warned_about(compose_cfg, caplog):
+    """data.root on the embedded digits would be silently ignored: one warning names it; the default and a data set
+    that reads its files say nothing."""
+    import logging
+
+    from omegaconf import open_dict
+
+    from ttp_lightning.run.validation import validate_config
+
+    def warnings(*overrides):
+        cfg = compose_cfg(*overrides)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            validate_config(cfg)
+        return [r.getMessage() for r in caplog.records if "data.root" in r.getMessage()]
+
+    assert warnings("data.root=/nonexistent") == [
+        "data.root=/nonexistent is ignored: data=digits reads no files, it needs nothing (bundled with scikit-learn)"]
+    assert warnings() == []
+    assert warnings("paths.data_dir=/elsewhere") == []  # the root follows paths.data_dir: not set by hand
+    assert warnings("data=mnist", "data.root=/nonexistent") == []  # read there (and refused there if missing)

@@ -22,6 +22,8 @@ class Source:
     """A data set's loader: what a model needs to know about it (`info`) and how its official train and test
     partitions are read (`read`); `load` adds the one-line errors for missing or corrupt files."""
 
+    reads_root = True  # whether data.root is where the files are read from
+
     def __init__(self, num_classes: int, channels: int, image_size: int, mean, std, expected_files: str,
                  has_official_split: bool = True):
         self.info = DatasetInfo(int(num_classes), int(channels), int(image_size), tuple(float(m) for m in mean),
@@ -102,6 +104,8 @@ class CifarSource(Source):
 
 class DigitsSource(Source):
     """scikit-learn's bundled 8x8 digits (values 0..16) rescaled to uint8; no official split exists."""
+
+    reads_root = False  # bundled with scikit-learn: data.root is not read (run/validation warns when it is set)
 
     def read(self, root: Path, download: bool) -> ImageArrays:
         from sklearn.datasets import load_digits

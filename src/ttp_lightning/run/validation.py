@@ -4,6 +4,7 @@ one MainSchema object (config.schema.settings_of; types and closed choices faile
 and what depends on more than one setting. build_method then builds the method from its typed settings,
 and the method checks what only it knows (Method.check)."""
 
+import logging
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,6 +17,8 @@ from ttp_lightning.core.checks import positive_int as _positive_int
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.methods.base import Method
 from ttp_lightning.reporting.run_identity import run_identity
+
+log = logging.getLogger(__name__)
 
 
 def _accelerator(trainer: DictConfig) -> None:
@@ -97,12 +100,30 @@ def validate_config(cfg: DictConfig) -> MainSchema:
                            "[0, 1] (e.g. 0.98)")
     if settings.paths is not None and settings.paths.get("cache_dir"):
         check_cache_dir(settings.paths.cache_dir)
+    _ignored_root(cfg)
     if settings.data.forget.source != "train":
         _positive_int(settings.pretrain.absorb_epochs, "pretrain.absorb_epochs")
     if str(settings.performance.data_on_device).lower() == "true" and settings.data.num_workers:
         raise TTPUserError(f"performance.data_on_device=true needs data.num_workers=0 (it is "
                            f"{settings.data.num_workers}): loader worker processes cannot gather from GPU tensors")
     return settings
+
+
+def _ignored_root(cfg: DictConfig) -> None:
+    """A warning when data.root is set away from paths.data_dir for a data set that reads no files (the
+    embedded digits): the setting would otherwise be silently ignored."""
+    from hydra.utils import get_class
+
+    loader = cfg.data.get("loader")
+    target = loader.get("_target_") if loader is not None else None
+    try:
+        reads = getattr(get_class(str(target)), "reads_root", True) if target else True
+    except (ImportError, AttributeError, ValueError):  # reported, in one line, where the data module builds it
+        return
+    root, default = cfg.data.get("root"), cfg.get("paths", {}).get("data_dir")
+    if not reads and root is not None and str(root) != str(default):
+        log.warning("data.root=%s is ignored: data=%s reads no files, it needs %s", root, cfg.data.get("name"),
+                    loader.get("expected_files", "bundled"))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from conftest import REPO
-from ttp_lightning.fit.progress import PhaseBar
+from ttp_lightning.fit.progress import PhaseBar, StageLine
 
 
 def test_make_run_redirected_to_a_file_is_under_200_readable_lines(tmp_path):
@@ -33,6 +33,9 @@ def test_make_run_redirected_to_a_file_is_under_200_readable_lines(tmp_path):
                   "anonymous setting"):
         assert noise not in text, noise
     assert "digits_mlp / pareto" in text and "attacks on the forget set" in text
+    # within 100 columns (issue 63), but for the path of results.json, which is the user's own
+    wide = [line for line in lines if len(line) > 100 and not line.startswith("results: ")]
+    assert wide == [], wide
 
 
 class Tiny(L.LightningModule):
@@ -60,3 +63,58 @@ def test_on_a_terminal_each_phase_is_one_bar_without_validation_bars(monkeypatch
     shown = buffer.getvalue().replace("\r", "\n")
     assert "Alg 1 finetuning: epoch 3/3, <1 s left" in shown and "Epoch " not in shown  # the time left
     assert "Validation" not in shown and "Sanity" not in shown
+
+
+class StopAfter(L.Callback):
+    def __init__(self, epochs: int):
+        self.epochs = epochs
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        trainer.should_stop = trainer.current_epoch + 1 >= self.epochs
+
+
+def _fit(callbacks, epochs: int = 5):
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.rand(32, 2)), batch_size=8)
+    trainer = L.Trainer(max_epochs=epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
+                        enable_model_summary=False, accelerator="cpu")
+    trainer.fit(Tiny(), loader, [loader])
+
+
+def test_a_bar_stopped_early_says_where_it_ended_with_short_names(monkeypatch):
+    """Issue 63: the bar ends at the epoch the phase ended at (not `epoch 3/5, ~N s left`), its postfix short."""
+    buffer = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", buffer)
+    _fit([PhaseBar("Alg 1 finetuning", 1), StopAfter(2)])
+    final = buffer.getvalue().replace("\r", "\n").strip().splitlines()[-1]
+    assert final.startswith("Alg 1 finetuning: 2 epochs in ") and "(stopped at epoch 2 of 5)" in final, final
+    assert "val/" not in buffer.getvalue() and "train/" not in buffer.getvalue()
+
+
+def test_in_a_pipe_a_long_phase_prints_a_line_at_least_every_interval():
+    """Issue 63: through a pipe or a cluster log a phase says how far it is while it runs (every 60 s by default;
+    here every epoch), and once at its end."""
+    stream = io.StringIO()
+    _fit([StageLine("Alg 1 finetuning", stream=stream, every=0.0), StopAfter(3)])
+    lines = stream.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines[:3]] == [f"Alg 1 finetuning: epoch {n}/5" for n in (1, 2, 3)]
+    assert lines[-1].startswith("Alg 1 finetuning: 3 epochs in ") and len(lines) == 4
+    quiet = io.StringIO()
+    _fit([StageLine("Alg 1 finetuning", stream=quiet), StopAfter(3)])  # a short phase: its end line only
+    assert len(quiet.getvalue().splitlines()) == 1
+
+
+def test_the_resume_warning_of_the_projects_own_checkpoint_folders_is_silenced():
+    """Lightning warns "Checkpoint directory ... exists and is not empty" on every resume, which the project does on
+    purpose (fit/checkpointing.py); its other warnings still show."""
+    import warnings
+
+    from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+    from ttp_lightning.fit.progress import quiet_lightning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_lightning()
+        rank_zero_warn("Checkpoint directory /tmp/x/checkpoints exists and is not empty.")
+        rank_zero_warn("something else")
+    assert [str(w.message) for w in caught] == ["something else"]

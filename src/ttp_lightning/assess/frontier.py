@@ -21,11 +21,11 @@ No torch here: pure functions of the run's records, tested on their own.
 """
 
 import math
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-WIDTH = 100  # the console's columns
+from ttp_lightning.core.console import WIDTH, table, wrapped
+
 BUDGET_STEP = 0.005  # a suggested budget is the measured cost rounded up to half a point
 
 
@@ -233,7 +233,7 @@ def format_frontier(record: dict) -> str:
     rows += [[f"{row['train_gamma']:g}/255", str(row["epochs"]), str(row["epoch"]),
               _cell(row["retain_cost"], " pt"), f"{_cell(row['exposed'])} of {size}",
               f"{_cell(row['proven'])} of {size}" if row["proven"] is not None else "-"] for row in record["trained"]]
-    lines += _aligned(rows)
+    lines += _indented(rows)
     kept = record["kept"]
     lines.append(_wrapped(f"kept epoch {kept['epoch']} (trained at {_cell(kept['train_gamma'], '/255')}): accuracy cost "
                  f"{_cell(kept['retain_cost'], ' pt')}, test cost {_cell(kept['test_cost'], ' pt')}, proven radius "
@@ -243,7 +243,7 @@ def format_frontier(record: dict) -> str:
               f"{_cell(row['exposed'])} of {size}",
               f"{_cell(row['proven'])} of {size}" if row["proven"] is not None else "-",
               "passes" if row["passes"] else "refuses"] for row in record["judged"]]
-    lines += _aligned(rows)
+    lines += _indented(rows)
     for offer in record["overrides"]:
         lines.append(_wrapped(f"would release: {offer['override']} (cost {_cell(offer['cost'], ' pt')}: "
                               f"{offer['measured']})"))
@@ -252,10 +252,8 @@ def format_frontier(record: dict) -> str:
 
 
 def _wrapped(text: str) -> str:
-    return textwrap.fill(text, width=WIDTH, subsequent_indent="    ", break_on_hyphens=False)
+    return wrapped(text, WIDTH, indent="    ")
 
 
-def _aligned(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-            for row in rows]
+def _indented(rows: list[list[str]]) -> list[str]:
+    return ["  " + line for line in table(rows, WIDTH - 2).splitlines()]

@@ -16,6 +16,7 @@ REPEATED_WARNINGS = (
     r"(?s).*isinstance\(treespec, LeafSpec\)",             # Lightning's own use of a deprecated torch API
     r"(?s).*is smaller than the logging interval",          # small data sets: fewer batches than 50 per epoch
     r"(?s).*does not have many workers",                    # in-memory tensors need no loader workers
+    r"(?s).*Checkpoint directory .* exists and is not empty",  # the project's own keyed folders, resumed on purpose
 )
 
 
@@ -48,12 +49,29 @@ def _eta(started: float, done: int, total: int) -> str:
     return f", ~{left:.0f} s left" if left >= 1 else ", <1 s left"
 
 
+SHOWN = (("loss", "train/loss"), ("loss", "train/pareto_loss"), ("retain acc", "val/retain_acc"),
+         ("test acc", "val/test_acc"), ("forget CD", "val/forget_conf_dist"))
+EVERY_S = 60.0  # without a terminal, a line at least this often while a phase runs
+
+
 def _metrics(trainer) -> str:
     values = trainer.callback_metrics
-    shown = [(name, key) for name, key in (("loss", "train/loss"), ("loss", "train/pareto_loss"),
-                                           ("retain acc", "val/retain_acc"), ("test acc", "val/test_acc"),
-                                           ("forget CD", "val/forget_conf_dist")) if key in values]
+    shown = [(name, key) for name, key in SHOWN if key in values]
     return "  ".join(f"{name} {float(values[key]):.4f}" for name, key in shown)
+
+
+def _loss(trainer) -> dict:
+    values = trainer.callback_metrics
+    key = next((key for name, key in SHOWN if name == "loss" and key in values), None)
+    return {} if key is None else {"loss": f"{float(values[key]):.4f}"}
+
+
+def _ended(phase: str, trainer, first: int, started: float) -> str:
+    """`<phase>: N epochs in T s`, and `(stopped at epoch N of M)` where it ended before max_epochs."""
+    epochs = trainer.current_epoch - first
+    early = f" (stopped at epoch {trainer.current_epoch} of {trainer.max_epochs})" \
+        if trainer.current_epoch < (trainer.max_epochs or 0) else ""
+    return f"{phase}: {epochs} epoch{'s' if epochs != 1 else ''} in {time.perf_counter() - started:.1f} s{early}"
 
 
 class PhaseBar(TQDMProgressBar):
@@ -91,23 +109,51 @@ class PhaseBar(TQDMProgressBar):
             f"{self.phase}: epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
             f"{_eta(self._started, done, trainer.max_epochs - self._first)}")
 
+    def get_metrics(self, trainer, pl_module) -> dict:
+        """The bar's postfix: one number, the forget CD where the phase has one, else the loss (Lightning's
+        would show every logged key, cut off at a 100-column terminal's edge; the phase's end line has them)."""
+        values = trainer.callback_metrics
+        if "val/forget_conf_dist" in values:
+            return {"forget CD": f"{float(values['val/forget_conf_dist']):.4f}"}
+        return _loss(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        """The bar's last state says where the phase ended (early stopping may end it before max_epochs)."""
+        if self.train_progress_bar is not None and not self.train_progress_bar.disable:
+            self.train_progress_bar.set_description(_ended(self.phase, trainer, self._first, self._started))
+            self.train_progress_bar.refresh()
+        super().on_train_end(trainer, pl_module)
+
 
 class StageLine(Callback):
-    """Without a terminal: one line per phase when it ends, `<phase>: N epochs in T s  <metrics>` (a log file
-    or a pipe gets no per-epoch lines; each epoch's metrics are in results.json's history and the logger)."""
+    """Without a terminal: a line when the phase ends, `<phase>: N epochs in T s  <metrics>`, and while it runs
+    one at least every `every` seconds, `<phase>: epoch N/total, T s, ~L s left  <metrics>` (a log file or a
+    cluster job's output shows the run is alive and how far it is; each epoch's metrics are in results.json's
+    history and the logger)."""
 
-    def __init__(self, phase: str, stream=None):
-        self.phase, self.stream = phase, stream
+    def __init__(self, phase: str, stream=None, every: float = EVERY_S):
+        self.phase, self.stream, self.every = phase, stream, every
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._started, self._first = time.perf_counter(), trainer.current_epoch
+        self._last = self._started
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        now = time.perf_counter()
+        if trainer.global_rank != 0 or now - self._last < self.every:
+            return
+        self._last = now
+        done, total = trainer.current_epoch + 1 - self._first, (trainer.max_epochs or 0) - self._first
+        self._print(f"{self.phase}: epoch {trainer.current_epoch + 1}/{trainer.max_epochs}, {now - self._started:.0f} s"
+                    f"{_eta(self._started, done, total)}  {_metrics(trainer)}")
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_rank == 0:
-            epochs = trainer.current_epoch - self._first
-            print(f"{self.phase}: {epochs} epoch{'s' if epochs != 1 else ''} in "
-                  f"{time.perf_counter() - self._started:.1f} s  {_metrics(trainer)}".rstrip(),
-                  file=self.stream or sys.stdout, flush=True)
+            ended = _ended(self.phase, trainer, self._first, self._started)
+            self._print(f"{ended.partition(' (stopped')[0]}  {_metrics(trainer)}")
+
+    def _print(self, line: str) -> None:
+        print(line.rstrip(), file=self.stream or sys.stdout, flush=True)
 
 
 def progress_callbacks(phase: str, refresh_rate: int, enabled: bool) -> list:

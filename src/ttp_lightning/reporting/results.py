@@ -10,6 +10,7 @@ import torch
 from ttp_lightning.assess.protection import KINDS, masking_note, unrequired_note
 from ttp_lightning.attacks.suite import WORST
 from ttp_lightning.certified.certificate.arithmetic import is_vacuous
+from ttp_lightning.core.console import table, wrapped
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import atomic_text, atomic_write
 
@@ -65,7 +66,7 @@ def metric_rows(metrics: dict[str, dict]) -> list[list[str]]:
 
 
 def format_table(metrics: dict[str, dict]) -> str:
-    return _aligned(metric_rows(metrics))
+    return table(metric_rows(metrics))
 
 
 def attack_rows(attacks: dict[str, dict]) -> list[list[str]]:
@@ -124,14 +125,14 @@ def format_attack_table(attacks: dict[str, dict], proven: dict[str, dict] | None
         rows.append(["relearn", f"{steps} step{'s' if steps != '1' else ''}"] + [
             cell for stage in stages for cell in (f"{relearn[stage][steps]['forget_conf_dist']:.4f}",
                                                   f"{relearn[stage][steps]['forget_acc']:.2%}")])
-    table = _aligned(rows)
+    text = table(rows)
     if floor:
         worst = floor["worst"]
         reached = " / ".join(f"{scores['forget_conf_dist']:.4f}" for scores in worst.values())
-        table += (f"\nrelearn floor: A(D_r), retrained without the forget images, reaches forget CD {reached} after "
-                  f"{' / '.join(worst)} steps of the same finetuning (a release that relearns to it is no better "
-                  "protected than a model that never saw the images)")
-    return table
+        text += "\n" + wrapped(f"relearn floor: A(D_r), retrained without the forget images, reaches forget CD "
+                               f"{reached} after {' / '.join(worst)} steps of the same finetuning (a release that "
+                               "relearns to it is no better protected than a model that never saw the images)")
+    return text
 
 
 PER_IMAGE_COLUMNS = [("forget_worst_conf_dist", "worst CD", "{:.4f}"), ("forget_exposed", "CD > {t}", "{:d}"),
@@ -145,11 +146,13 @@ PER_IMAGE_COLUMNS = [("forget_worst_conf_dist", "worst CD", "{:.4f}"), ("forget_
 
 
 def per_image_title(results: dict) -> str:
+    """The per-image table's title line, and what its words mean, wrapped within the console's width."""
     gate = results["release_gate"]
     bound = next((b["bound"] for b in (results.get("proof_bound") or {}).values() if b.get("bound")), None)
-    return (f"forget images one by one ({results['data']['forget_size']} images; attacked and proven within "
-            f"{gate['gamma']:g}/255; proven: a bound no attack can exceed" + (f", by {bound} bounds" if bound else "")
-            + f"; radius: the largest L-inf radius, in 1/255, proven at CD <= {gate['conf_dist_at_most']:g})")
+    return wrapped(f"forget images one by one ({results['data']['forget_size']} images, attacked and proven within "
+                   f"{gate['gamma']:g}/255)\n  proven: a bound no attack can exceed"
+                   + (f" ({bound} bounds)" if bound else "") + "; radius: the largest L-inf radius, in 1/255, "
+                   f"proven at CD <= {gate['conf_dist_at_most']:g}")
 
 
 def per_image_summary_rows(metrics: dict[str, dict], gate: dict) -> list[list[str]]:
@@ -171,7 +174,7 @@ def forget_image_rows(per_image: list[dict]) -> list[list]:
 
 
 def format_per_image_table(metrics: dict[str, dict], gate: dict) -> str:
-    return _aligned(per_image_summary_rows(metrics, gate))
+    return table(per_image_summary_rows(metrics, gate))
 
 
 def gate_summary(gate: dict, forget_size: int, checks: dict | None = None) -> str:
@@ -182,14 +185,6 @@ def gate_summary(gate: dict, forget_size: int, checks: dict | None = None) -> st
     if gate["passed"]:
         rule = f"every forget image's {' / '.join(gate['require'])} CD <= {gate['conf_dist_at_most']:g}"
         note = unrequired_note(gate, forget_size)
-        return f"release gate: passed ({rule}) -> {gate['folder']}/" + (f"\n  {note}" if note else "") + masking
-    return f"release gate: NOT PROTECTED: {'; '.join(gate['reasons'])} -> {gate['folder']}/" + masking
-
-
-def _aligned(rows: list[list[str]]) -> str:
-    header = rows[0]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths)))
-             for r in rows]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
+        return wrapped(f"release gate: passed ({rule}) -> {gate['folder']}/" + (f"\n  {note}" if note else "")
+                       + masking)
+    return wrapped(f"release gate: NOT PROTECTED: {'; '.join(gate['reasons'])} -> {gate['folder']}/" + masking)

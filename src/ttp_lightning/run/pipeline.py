@@ -20,6 +20,7 @@ from ttp_lightning.certified.certificate.document import AUDIT_FILE, PRIVATE_DIR
 from ttp_lightning.config.allowlist import data_spec, model_spec
 from ttp_lightning.config.build import Node
 from ttp_lightning.config.schema import MainSchema, plain
+from ttp_lightning.core.console import wrapped
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import supersede_outputs
 from ttp_lightning.core.words import RESULTS_FORMAT
@@ -247,6 +248,7 @@ def _console_summary(experiment: str, results: dict, attack_table: str | None, c
     certified = f"\n{certificate_line}\n{format_noise_free_line(results['noise_free'])}" if certificate_line else ""
     rule = metrics[method].get("theta_rule")
     certified += f"\n{rule['verdict']}" if rule else ""
+    certified = wrapped(certified) if certified else ""
     per_image = f"\n\n{per_image_title(results)}\n{format_per_image_table(metrics, results['release_gate'])}"
     price = f"\n{format_frontier(results['frontier'])}" if "frontier" in results else ""
     return (f"\n{experiment} / {method}\n{format_table(metrics)}{per_image}{attacks}{certified}\n"

@@ -1,0 +1,69 @@
+"""What the console shows, within its width: tables (rich) whose headers fold onto more lines instead of widening
+the table, and notes wrapped with an indent. The width is the terminal's, at most WIDTH (a pipe or a file gets
+WIDTH), so a 100-column terminal, a cluster log and `make run > log.txt` read the same lines."""
+
+import io
+import logging
+import shutil
+import textwrap
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+WIDTH = 100  # the widest line the console prints
+NARROWEST = 60  # below this a table stays at this width (a terminal that narrow wraps it itself)
+
+# a dashed line under the header and nothing else: the look of the earlier hand-aligned tables, in ASCII so a
+# log file or a pipe shows the same characters as a terminal
+RULE_UNDER_HEADER = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
+
+
+def console_width() -> int:
+    """The terminal's columns, at most WIDTH (WIDTH when stdout is not a terminal: COLUMNS, then WIDTH)."""
+    return max(NARROWEST, min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns))
+
+
+def table(rows: list[list[str]], width: int | None = None) -> str:
+    """`rows` (a header, then the rows; the first column a label, the others values) as aligned text within
+    `width` columns: values right-aligned and never broken, a header too long for its column folded onto the
+    next lines of the header, a dashed line under it."""
+    width = width or console_width()
+    grid = Table(box=RULE_UNDER_HEADER, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), header_style="",
+                 show_header=True)
+    header, *body = rows
+    for i, title in enumerate(header):  # never narrower than a value or a word of the header
+        longest = max([len(str(row[i])) for row in body] + [len(word) for word in str(title).split()])
+        grid.add_column(str(title), justify="left" if i == 0 else "right", no_wrap=False, overflow="fold",
+                        min_width=longest)
+    for row in body:
+        grid.add_row(*(str(cell) for cell in row))
+    buffer = io.StringIO()
+    Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False, emoji=False,
+            markup=False, legacy_windows=False).print(grid, crop=False)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+
+
+def wrapped(text: str, width: int | None = None, indent: str = "  ") -> str:
+    """`text` (one paragraph per line) wrapped within `width` columns, each continuation line indented by
+    `indent` more than the line it continues."""
+    width = width or console_width()
+    out = []
+    for line in text.splitlines():
+        lead = line[: len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line.strip(), width=width, initial_indent=lead, subsequent_indent=lead + indent,
+                             break_long_words=False, break_on_hyphens=False) or [""]
+    return "\n".join(out)
+
+
+class ConsoleFormatter(logging.Formatter):
+    """Log lines for the console (conf/hydra/default.yaml's job_logging): `[HH:MM:SS] message`, a level word
+    before the message when it is not INFO (`warning: `), wrapped within the console's width; the log file keeps
+    Hydra's full format (date, logger, level)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+        text = wrapped(f"[{self.formatTime(record, '%H:%M:%S')}] {level}{record.getMessage()}", indent="  ")
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text

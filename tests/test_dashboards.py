@@ -3,6 +3,7 @@ the offline files with wandb's own reader (`wandb leet inspect`), as the wandb a
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,72 @@ def test_the_csv_logger_writes_the_flat_config_as_hyperparameters(run_job, tmp_p
     values = yaml.safe_load(hparams.read_text())
     assert values["method.theta"] == 0.75 and values["data.forget.size"] == 20 and values["model.hidden_dim"] == 100
     assert results["run"] == {"name": "digits_mlp-pareto-theta=0.75", "group": None, "job_type": "pareto", "swept": {}}
+
+
+def _table(run_dir: Path, name: str) -> dict:
+    """A logged wandb table as written into the offline run's files (columns, data)."""
+    (path,) = [p for p in (run_dir / "files" / "media" / "table" / "tables").glob(f"{name}_*.table.json")
+               if re.fullmatch(rf"{name}_\d+_[0-9a-f]+\.table\.json", p.name)]
+    return json.loads(path.read_text())
+
+
+def test_a_default_job_gives_a_dashboard_numbers_phases_the_released_epoch_the_gate_and_the_release(tmp_path):
+    """Issue 63: decoded from the offline files as the wandb app reads them. Tables hold numbers (not "98.14%"),
+    pretraining and the floor's retraining have their own step axes instead of one restarting train/loss, the
+    summary holds the released epoch's values and the gate's verdict, and the release folder is an artifact."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    env.update(WANDB_MODE="offline", TTP_CACHE_DIR=str(tmp_path / "cache"))
+    overrides = [o for o in TINY if not o.startswith(("logger=", "attacks.relearn.floor"))]
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "ttp_lightning", *overrides, "method.epochs=30",
+                           "attacks.relearn.floor=true", "attacks.gammas=[2]", "attacks.robust_gamma=2",
+                           f"hydra.run.dir={out}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    results = json.loads((out / "results.json").read_text())
+    finished(proc.returncode, results, proc.stderr)
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    (wandb_file,) = run_dir.glob("run-*.wandb")
+    run = inspect_run(wandb_file)
+    for name in ("metrics", "per_image", "forget_images", "attacks", "relearn", "relearn_floor"):
+        table = _table(run_dir, name)
+        cells = [cell for row in table["data"] for cell in row[1:]]
+        assert cells and all(cell is None or isinstance(cell, (int, float)) for cell in cells
+                             if not (name == "relearn" or name == "relearn_floor") or not isinstance(cell, str)), name
+    metrics = _table(run_dir, "metrics")
+    row = dict(zip(metrics["columns"], metrics["data"][1], strict=True))
+    assert row["stage"] == "pareto" and row["test_acc"] == results["metrics"]["pareto"]["test_acc"]
+    # one step axis per phase: pretraining and the floor's retraining no longer share train/loss
+    keys = {key for item in run["history"] for key in _history_keys(item)}
+    assert {"pretrain/train/loss", "pretrain/step", "floor/train/loss", "floor/step", "alg1/step"} <= keys
+    assert "train/loss" not in keys
+    # the summary: the released epoch, not the last one logged
+    summary, method = run["view"]["summary"], results["metrics"]["pareto"]
+    kept = results["history"]["pareto"][method["best_epoch"] - 1]
+    assert summary["epoch"] == method["best_epoch"] and summary["val/forget_conf_dist"] == kept["forget_conf_dist"]
+    assert summary["gate/passed"] is results["release_gate"]["passed"]
+    assert summary["gate/folder"] == results["release_gate"]["folder"]
+    assert summary["gate/failing_images"] == [str(i) for i in results["release_gate"]["failing_images"]]
+    # the release folder, as a model artifact
+    records = subprocess.run([str(WANDB), "leet", "inspect", "--json", str(wandb_file)], capture_output=True,
+                             text=True, check=True, timeout=120).stdout
+    artifacts = [json.loads(line)["artifact"] for line in records.splitlines() if json.loads(line)["type"] == "artifact"]
+    model = [a for a in artifacts if a.get("type") == "model"]
+    assert len(model) == 1 and model[0]["name"] == f"{results['run']['name'].replace('=', '_')}-{results['release_gate']['folder']}"
+    files = {entry["path"] for entry in model[0]["manifest"]["contents"]}
+    assert {"model.safetensors", "config.json", "MODEL_CARD.md"} <= files
+
+
+def test_the_summary_holds_the_released_epoch_not_the_last_one_and_the_gate_in_full():
+    from ttp_lightning.reporting.wandb_charts import released_summary
+
+    history = [{"epoch": n, "elapsed_s": n, "forget_conf_dist": cd, "test_acc": 0.9} for n, cd in
+               ((1, 0.5), (2, 0.0076), (3, 0.026))]
+    results = {"method": "pareto", "metrics": {"pareto": {"best_epoch": 2}}, "history": {"pareto": history},
+               "release_gate": {"passed": False, "folder": "release_not_protected", "failing_images": ["train:3", 7],
+                                "reasons": ["2 of 20 images above 0.1", "below the radius"]}}
+    summary = released_summary(results)
+    assert summary["epoch"] == 2 and summary["val/forget_conf_dist"] == 0.0076 and "val/elapsed_s" not in summary
+    assert summary["gate/passed"] is False and summary["gate/failing_images"] == ["train:3", "7"]
+    assert summary["gate/reasons"] == "2 of 20 images above 0.1; below the radius"
+    results["metrics"]["pareto"]["best_epoch"] = None  # a method without epochs: no epoch claimed
+    assert "epoch" not in released_summary(results)

@@ -1,5 +1,6 @@
 """Builds Trainers from the `trainer` config group and fits a module, timing the fit."""
 
+import re
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -265,7 +266,25 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
         callbacks.append(timer)
     trainer = make_trainer(ctx, max_epochs, callbacks, trained_by, root_dir=folder, guard=guard, phase=stage)
     start = time.perf_counter()
-    with fitting():
-        trainer.fit(module, ckpt_path=ckpt_path, weights_only=True, **loaders)
+    set_phase = getattr(ctx.logger, "set_phase", None)  # a logger with a step axis per phase (our WandbLogger)
+    if set_phase is not None:
+        set_phase(phase_key(stage))
+    try:
+        with fitting():
+            trainer.fit(module, ckpt_path=ckpt_path, weights_only=True, **loaders)
+    finally:
+        if set_phase is not None:
+            set_phase(None)
     ctx.journal.speed[stage] = timer.summary()
     return time.perf_counter() - start
+
+
+PHASES = {"pretraining A(D)": "pretrain", "absorbing the outside forget instances": "absorb",
+          "retraining A(D_r) (the relearning floor)": "floor", "Alg 1 finetuning": "alg1",
+          "certified step": "certified"}
+
+
+def phase_key(stage: str) -> str:
+    """The short name a fit's metrics are logged under (`pretrain/train/loss`): PHASES, else the stage's words
+    joined by underscores."""
+    return PHASES.get(stage) or re.sub(r"[^a-z0-9]+", "_", stage.lower()).strip("_")

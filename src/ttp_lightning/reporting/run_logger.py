@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ttp_lightning.config.build import Node, instantiate
 from ttp_lightning.reporting.run_identity import flat_config
-from ttp_lightning.reporting.wandb_charts import log_run_charts
+from ttp_lightning.reporting.wandb_charts import log_release, log_run_charts, released_summary
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,9 @@ def finish_logger(logger, results: dict, output_dir: str) -> None:
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
     flat["final/protected"] = int(results["release_gate"]["passed"])  # the release gate's verdict, 1 or 0
     if type(logger).__name__ == "WandbLogger":  # final values are the run's summary, not one-point charts
-        logger.experiment.summary.update(flat)
+        logger.experiment.summary.update({**flat, **released_summary(results)})
         log_run_charts(logger.experiment, results, run_figures(results, output_dir))
+        log_release(logger.experiment, results, output_dir)
     else:
         logger.log_metrics(flat)
     end_logger(logger, "success")

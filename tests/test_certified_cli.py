@@ -82,13 +82,13 @@ def test_release_is_public_weights_and_certificate_and_the_seed_stays_private(re
     cert = json.loads((release_of(out) / "certificate.json").read_text())
     audit = json.loads((out / "private" / "audit.json").read_text())
     assert results["certificate"] == cert and cert["algorithm"] == ALGORITHMS[method]
-    expected = {"certificate.json", "config.json", "MODEL_CARD.md", "model.safetensors"} | \
+    expected = {"certificate.json", "config.json", "README.md", "model.safetensors"} | \
         {w["file"] for w in cert["weights"]}
     assert sorted(p.name for p in (release_of(out)).iterdir()) == sorted(expected)
     # the hub files describe the last certified weights, which stay the file the certificate hashes
     hub = json.loads((release_of(out) / "config.json").read_text())["weights"]
     assert cert["weights"][-1]["sha256"] == hub["sha256"] and hub["file"] == "model.safetensors"
-    assert hub["prefix"] == "backbone." and "## Certificate" in (release_of(out) / "MODEL_CARD.md").read_text()
+    assert hub["prefix"] == "backbone." and "## Certificate" in (release_of(out) / "README.md").read_text()
     released = load_released(release_of(out))
     final = load_file(str(release_of(out) / "model.safetensors"))
     assert all(torch.equal(v, final[f"backbone.{k}"]) for k, v in released.backbone.state_dict().items())
@@ -160,7 +160,7 @@ def test_residual_certificate_states_the_stationarity_it_rests_on(released, meth
     assert abs(noise_free["test_acc"] - released_scores["test_acc"]) < 0.01
     assert released_scores["test_acc"] > 0.7 and released_scores["test_conf_dist"] > 0.3
     assert "noise-free model (private, for comparison" in (out / "console.txt").read_text()
-    assert "noise-free" not in (release_of(out) / "MODEL_CARD.md").read_text()  # private scores stay private
+    assert "noise-free" not in (release_of(out) / "README.md").read_text()  # private scores stay private
 
 
 def test_a_residual_certificate_that_understates_the_residual_fails_the_audit(released, tmp_path, capsys):
@@ -313,8 +313,8 @@ def test_two_releases_of_one_config_draw_different_noise(released, tmp_path):
 
 
 def beside(folder, release):
-    """The rest of a release folder (config.json, MODEL_CARD.md) copied into `folder`."""
-    for name in ("config.json", "MODEL_CARD.md"):
+    """The rest of a release folder (config.json, README.md) copied into `folder`."""
+    for name in ("config.json", "README.md"):
         (folder / name).write_bytes((release / name).read_bytes())
     return folder
 

@@ -152,6 +152,7 @@ BAD_INPUT = [
     ("method.early_stoping.patience=3", "did you mean 'method.early_stopping.patience'?"),
     ("method.zzzzzz=1", "Key 'zzzzzz' not in 'ParetoSchema' (see `--cfg job` for every setting)"),  # nothing close
     ("threads=0", "threads=0 is not allowed; choose auto or a positive integer"),
+    ("license=MIT/../x", "license=MIT/../x is not allowed; choose a licence id of lower-case letters"),
     ("attacks=strongest", "unknown attacks 'strongest'; choose one of: adaptive, paper"),
     ("attacks.robust_gamma=3", "attacks.robust_gamma=3 is not allowed; choose one of attacks.gammas: 1, 2, 5, 8"),
     ("method=pareto_robust method.adversarial.clean_weight=1",

@@ -139,7 +139,7 @@ def test_a_default_job_gives_a_dashboard_numbers_phases_the_released_epoch_the_g
     model = [a for a in artifacts if a.get("type") == "model"]
     assert len(model) == 1 and model[0]["name"] == f"{results['run']['name'].replace('=', '_')}-{results['release_gate']['folder']}"
     files = {entry["path"] for entry in model[0]["manifest"]["contents"]}
-    assert {"model.safetensors", "config.json", "MODEL_CARD.md"} <= files
+    assert {"model.safetensors", "config.json", "README.md"} <= files
 
 
 def test_the_summary_holds_the_released_epoch_not_the_last_one_and_the_gate_in_full():

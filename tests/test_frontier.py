@@ -144,7 +144,7 @@ def test_a_refused_robust_release_states_its_price_and_the_smaller_radius_it_nam
     assert price["kept"]["test_cost"] == test_cost
     printed = capsys.readouterr().out
     assert "the price of 8/255" in printed
-    card = (out / "release_not_protected" / "MODEL_CARD.md").read_text()
+    card = (out / "release_not_protected" / "README.md").read_text()
     assert "## What the promise would cost" in card and "the price of 8/255" in card
     smaller = [offer for offer in price["overrides"] if "attacks.robust_gamma=" in offer["override"]]
     assert judged[1.0]["passes"], "the tiny run should pass at 1/255 (else this test checks nothing)"

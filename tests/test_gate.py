@@ -23,6 +23,7 @@ from ttp_lightning.assess.protection import (
 )
 from ttp_lightning.core.batching import ShardedBatchSampler
 from ttp_lightning.core.errors import EXIT_NOT_PROTECTED, TTPUserError
+from ttp_lightning.release.card import card_title
 
 
 def _rows(clean, attacked=None, proven=None):
@@ -126,11 +127,12 @@ def test_an_unchanged_model_ends_in_exit_4_with_a_folder_that_says_so(run_main, 
     out_dir = tmp_path / "out"
     assert not (out_dir / PROTECTED_DIR).exists() and not (out_dir / "model.pt").exists()
     folder = out_dir / NOT_PROTECTED_DIR
-    assert {"model.safetensors", "config.json", "MODEL_CARD.md", "model.pt"} == {p.name for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "README.md", "model.pt"} == {p.name for p in folder.iterdir()}
     assert results["state_dict_file"] == f"{NOT_PROTECTED_DIR}/model.pt"  # state_dict=true: the raw state_dict too
     assert set(torch.load(folder / "model.pt", weights_only=True)) == {f"backbone.{k}" for k in load_file(folder / "model.safetensors")}
-    card = (folder / "MODEL_CARD.md").read_text()
-    assert card.splitlines()[0].endswith("NOT PROTECTED") and "do not publish it as protected" in card
+    card = (folder / "README.md").read_text()
+    assert card_title(card).endswith("NOT PROTECTED") and "do not publish it as protected" in card
+    assert "- not-protected" in card.split("\n---\n")[0]  # the hub metadata's tag says it too
     assert json.loads((folder / "config.json").read_text())["protection"]["protected"] is False
     gate = results["release_gate"]
     assert not gate["passed"] and len(gate["failing_images"]) == 20 and results["weights_file"] == \

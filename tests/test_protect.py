@@ -115,7 +115,7 @@ def test_protect_a_model_trained_elsewhere(run_main, examples, tmp_path):
     assert all(r["test_copies"] == 1 for r in images if r["outside"])  # and they left the test set
 
     release = tmp_path / "out" / "release"
-    assert {"model.safetensors", "config.json", "MODEL_CARD.md"} <= {p.name for p in release.iterdir()}
+    assert {"model.safetensors", "config.json", "README.md"} <= {p.name for p in release.iterdir()}
     forget_x, _, raw = pngs(folder / "forget")
     test_x, _, _ = pngs(folder / "digits" / "test")
     model = load_released(release)
@@ -131,7 +131,7 @@ def test_protect_a_model_trained_elsewhere(run_main, examples, tmp_path):
         probs = torch.softmax(plain(forget_x), dim=1)
         cd = (probs.max(dim=1).values - 1 / 10).clamp(min=0).mean().item()  # Sec. 5's confidence distance
     assert cd <= 0.05 and abs(cd - protected["forget_conf_dist"]) < 1e-4
-    card = (release / "MODEL_CARD.md").read_text()
+    card = (release / "README.md").read_text()
     assert "theta = 0.5" in card and results["data"]["forget_fingerprint"] in card
     assert "## Attacks on the forget set" in card
     # the workflow's gate is the images themselves; what it did not require and did not hold is on the card

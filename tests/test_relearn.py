@@ -83,7 +83,7 @@ def test_a_run_relearns_its_models_and_the_retrained_floor(run_main, tmp_path):
     # A(D_r) never saw the forget images and was never made uniform: confident on them before any finetuning
     assert floor["worst"]["1"]["forget_conf_dist"] > 0.5
     assert "relearn floor: A(D_r)" in out and results["relearn"]["pareto"]["100"]["run"] in results["relearn_runs"]["pareto"]
-    assert "relearn floor: A(D_r)" in (tmp_path / "out" / results["release"]["folder"] / "MODEL_CARD.md").read_text()
+    assert "relearn floor: A(D_r)" in (tmp_path / "out" / results["release"]["folder"] / "README.md").read_text()
     (tmp_path / "out" / "results.json").unlink()
     code, _, err, again = run_main(*overrides)
     assert code in (0, 4), err

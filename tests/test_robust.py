@@ -320,7 +320,7 @@ def test_the_retain_rule_on_a_held_out_slice_never_trains_on_it(compose_cfg, tmp
     from ttp_lightning.release import card_cells
 
     (folder,) = [f for f in (tmp_path / "pareto_robust").iterdir() if f.name.startswith("release")]
-    card = (folder / "MODEL_CARD.md").read_text()
+    card = (folder / "README.md").read_text()
     line = (f"- accuracy: {metrics['retain_fit_acc']:.2%} on the retain images finetuning trained on, "
             f"{metrics['retain_holdout_acc']:.2%} on the {len(seen['holdout'])} held-out retain images")
     assert line in card and f"{metrics['test_acc']:.2%} on the test split" in card

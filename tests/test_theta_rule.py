@@ -138,7 +138,7 @@ def test_theta_auto_releases_at_the_chosen_theta_and_states_it(run_job, tmp_path
     cert = json.loads((release / "certificate.json").read_text())
     assert cert["theta"] == chosen
     assert json.loads((release / "config.json").read_text())["protection"]["theta"] == chosen
-    assert "chosen by the theta rule" in (release / "MODEL_CARD.md").read_text()
+    assert "chosen by the theta rule" in (release / "README.md").read_text()
     for public in release.iterdir():  # the probes score private, noise-free optima: never in the release
         assert b"probes" not in public.read_bytes() and b"theta_rule" not in public.read_bytes(), public
     assert "theta rule: theta" in proc.stderr + proc.stdout

@@ -116,5 +116,5 @@ def test_robust_alg1_reads_its_retain_rule_on_val_and_says_so(compose_cfg, folde
     # tau_r is relative to A(D)'s accuracy on val/, not on the test split
     assert metrics["retain_acc_threshold"] == pytest.approx(metrics["retain_rule_start_acc"] - 0.01, abs=1e-6)
     folders = [f for f in tmp_path.iterdir() if f.name.startswith("release")]
-    card = (folders[0] / "MODEL_CARD.md").read_text()
+    card = (folders[0] / "README.md").read_text()
     assert f"{metrics['retain_holdout_acc']:.2%} on the 80 validation images of the provider's own (val/)" in card

@@ -1,7 +1,7 @@
 """Issue 36: `verify robust` and `load_released` decide from what they recompute, never from the folder they check.
 
 One genuine protected release (the default digits job, tiny) is attacked the way an adversary would: by editing its
-own files (config.json, the weights with their SHA-256 rewritten, MODEL_CARD.md), every value replaced by NaN,
+own files (config.json, the weights with their SHA-256 rewritten, the card README.md and its metadata), every value replaced by NaN,
 infinities, 0, a negative, 1e308, a string, a list of another length or nothing. Nothing may verify unless the
 edited field takes no part in the verdict (SAFE, each with its reason)."""
 
@@ -26,6 +26,7 @@ from ttp_lightning.config.choices import normalize_overrides
 from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.files import sha256_of
 from ttp_lightning.release import NotProtectedWarning, load_released
+from ttp_lightning.release.format import CARD, LEGACY_CARD, RELEASE_FORMAT
 from ttp_lightning.verify import main as verify
 
 RUN = ["method.epochs=40", "attacks.gammas=[2]", "attacks.robust_gamma=2", "attacks.apgd_steps=10",
@@ -173,17 +174,24 @@ def test_a_release_that_says_it_is_not_protected_fails_unless_asked_and_load_rel
     config["protection"]["protected"] = False
     config["protection"]["release_gate"]["reasons"] = ["4 of 20 forget images keep clean CD > 0.1"]
     _write_config(release, config)
-    card = (release / "MODEL_CARD.md").read_text().splitlines()
-    (release / "MODEL_CARD.md").write_text("\n".join([card[0] + ": NOT PROTECTED", *card[1:]]))
+    card = (release / CARD).read_text().splitlines()
+    title = _title_index(card)
+    marked = [line.replace("protected: true", "protected: false").replace("- protected", "- not-protected")
+              for line in card[:title]]  # the metadata of a refused release says so too
+    assert marked != card[:title]
+    (release / CARD).write_text("\n".join([*marked, card[title] + ": NOT PROTECTED", *card[title + 1:]]))
     code, text = _check(release, genuine.forget, "--gamma", "0")
     assert code == 1 and text.startswith("FAIL: ") and "is NOT a protected release" in text.splitlines()[0]
     code, text = _check(release, genuine.forget, "--gamma", "0", "--allow-unprotected")
     assert code == 0 and text.startswith("checked as asked (--allow-unprotected)")
     with pytest.warns(NotProtectedWarning, match="NOT a protected release"):
         load_released(release)
-    (release / "MODEL_CARD.md").write_text("\n".join(card))  # a card that says protected beside that config
+    (release / CARD).write_text("\n".join([*marked, *card[title:]]))  # a title that says protected beside it
     code, text = _check(release, genuine.forget, "--gamma", "0", "--allow-unprotected")
-    assert code == 1 and "MODEL_CARD.md's title" in text
+    assert code == 1 and f"{CARD}'s title" in text
+    (release / CARD).write_text("\n".join([*card[:title], card[title] + ": NOT PROTECTED", *card[title + 1:]]))
+    code, text = _check(release, genuine.forget, "--gamma", "0", "--allow-unprotected")  # metadata says protected
+    assert code == 1 and "metadata (ttp_lightning.protected, tags) contradicts" in text, text
 
 
 @pytest.mark.parametrize("change, message", [
@@ -231,12 +239,12 @@ SAFE = {
     "config.json protection.per_image.slope_steps": "how the claims were computed (alpha-CROWN's steps): they are "
         "recomputed that way and must still match (on this tiny MLP CROWN's own slopes give the same worst bounds); "
         "the verdict uses verify's own --slope-steps",
-    "MODEL_CARD.md (prose and the before column)": "text and the starting model's numbers, for people: verify reads "
+    "README.md (prose and the before column)": "text and the starting model's numbers, for people: verify reads "
         "only the title (against \"protected\") and the after cells config.json also claims",
-    "MODEL_CARD.md row 'retain accuracy'": "needs the retain set, which verify does not have",
-    "MODEL_CARD.md row 'forget accuracy'": "needs the forget images' labels, which verify does not read",
-    "MODEL_CARD.md row 'forget confidence distance under attack'": "the mean of an attack's results: not a bound",
-    "MODEL_CARD.md row 'test confidence distance'": "needs the test set, which verify does not have",
+    "README.md row 'retain accuracy'": "needs the retain set, which verify does not have",
+    "README.md row 'forget accuracy'": "needs the forget images' labels, which verify does not read",
+    "README.md row 'forget confidence distance under attack'": "the mean of an attack's results: not a bound",
+    "README.md row 'test confidence distance'": "needs the test set, which verify does not have",
 }
 
 
@@ -295,7 +303,7 @@ def test_no_single_edit_of_a_release_verifies_unless_the_field_takes_no_part(gen
 
     folder = _copy(genuine, tmp_path / "release")
     original = _config(folder)
-    card = (folder / "MODEL_CARD.md").read_text()
+    card = (folder / CARD).read_text()
     weights, weights_file = load_file(str(folder / "model.safetensors")), (folder / "model.safetensors").read_bytes()
     assert _check(folder, genuine.forget, "--gamma", "0")[0] == 0  # the genuine release verifies
     passed, tried = {}, 0
@@ -333,18 +341,27 @@ def test_no_single_edit_of_a_release_verifies_unless_the_field_takes_no_part(gen
     lines = card.splitlines()
     effect = [i for i, line in enumerate(lines) if line.startswith("| ") and line.count("|") == 4
               and not line.startswith("| measure")]
-    edits = [(0, lines[0] + ": NOT PROTECTED", "MODEL_CARD.md title"),
-             (0, "# Model card", "MODEL_CARD.md (prose and the before column)")]
+    title = _title_index(lines)
+    edits = [(title, lines[title] + ": NOT PROTECTED", "README.md title"),
+             (title, "# Model card", "README.md (prose and the before column)")]
+    values = [i for i, line in enumerate(lines[:title]) if line.strip().startswith("value:")]
+    assert values, "the metadata states the Effect table's values"
+    for i in values:  # the hub metadata restates the claims: an edit there is a claim that must be compared too
+        stated = lines[i].split("value:")[1].strip()
+        for value in ("0.0", "-1.5", "1e308", ".nan", "x"):
+            if value != ".nan" and value != "x" and float(value) == float(stated):
+                continue  # the same number, written differently: the same claim
+            edits.append((i, lines[i].split("value:")[0] + f"value: {value}", "README.md metadata"))
     for i in effect:
         label, before, after = (part.strip() for part in lines[i].strip("|").split("|"))
         for value in ("nan", "0.0000", "x", "-1.5000", "1e308"):
             if value != after:
-                edits.append((i, f"| {label} | {before} | {value} |", f"MODEL_CARD.md row {label!r}"))
-        edits.append((i, f"| {label} | 0.1234 | {after} |", "MODEL_CARD.md (prose and the before column)"))
+                edits.append((i, f"| {label} | {before} | {value} |", f"README.md row {label!r}"))
+        edits.append((i, f"| {label} | 0.1234 | {after} |", "README.md (prose and the before column)"))
     for i, text, field in edits:
-        (folder / "MODEL_CARD.md").write_text("\n".join(lines[:i] + [text] + lines[i + 1:]))
+        (folder / CARD).write_text("\n".join(lines[:i] + [text] + lines[i + 1:]))
         attempt(field)
-    (folder / "MODEL_CARD.md").write_text(card)
+    (folder / CARD).write_text(card)
 
     assert tried >= 200, tried
     unsafe = {field: how for field, how in passed.items() if field not in SAFE}
@@ -404,13 +421,14 @@ def test_a_release_of_the_earlier_format_loads_and_verifies_without_radius_claim
                                              forget_proven_share_05=float((interval <= 0.05).double().mean()),
                                              forget_proven_share_10=float((interval <= 0.1).double().mean()))
     _rewrite_card(release, config)  # the card of a release/1 run states the interval bounds too
+    _as_earlier(release)
     _in_old_words(release, config)
     with pytest.warns(UserWarning, match="is a ttp_lightning.release/1 release, read as"):
         load_released(release)
     code, text = _check(release, genuine.forget, "--gamma", "0")
     assert code == 0, text
     config = _config(release)
-    config["format"] = "ttp_lightning.release/3"  # the new format without its new fields is refused
+    config["format"] = RELEASE_FORMAT  # the new format without its new fields is refused
     _write_config(release, config)
     assert _check(release, genuine.forget, "--gamma", "0")[0] == 2
 
@@ -427,9 +445,9 @@ def _in_old_words(release: Path, config: dict) -> None:
     gate = protection["release_gate"]
     gate["require"] = ["certified" if kind == "proven" else kind for kind in gate["require"]]
     _write_config(release, config)
-    text = (release / "MODEL_CARD.md").read_text().splitlines()
-    (release / "MODEL_CARD.md").write_text("\n".join(line.replace("proven", "certified") if line.startswith("| ")
-                                                    else line for line in text))
+    text = (release / LEGACY_CARD).read_text().splitlines()
+    (release / LEGACY_CARD).write_text("\n".join(line.replace("proven", "certified") if line.startswith("| ")
+                                                 else line for line in text))
 
 
 def test_a_release_2_written_before_the_float32_bound_verifies_its_exact_claims(genuine, tmp_path):
@@ -440,7 +458,7 @@ def test_a_release_2_written_before_the_float32_bound_verifies_its_exact_claims(
 
     release = _copy(genuine, tmp_path / "release")
     config = _config(release)
-    assert config["format"] == "ttp_lightning.release/3"
+    assert config["format"] == RELEASE_FORMAT
     net = load_released(release)
     images = read_images(image_files(genuine.forget), 1, 8, False).float() / 255
     claims = config["protection"]["per_image"]
@@ -451,6 +469,7 @@ def test_a_release_2_written_before_the_float32_bound_verifies_its_exact_claims(
     config["protection"]["per_image"]["forget_proven_worst_conf_dist"] = round(worst, 6)
     config["format"] = "ttp_lightning.release/2"
     _rewrite_card(release, config)
+    _as_earlier(release)
     _in_old_words(release, config)  # and in /2's words
     assert "forget_certified_worst_conf_dist" in (release / "config.json").read_text()
     code, text = _check(release, genuine.forget, "--gamma", "0")
@@ -464,20 +483,44 @@ def test_a_release_2_written_before_the_float32_bound_verifies_its_exact_claims(
 
 
 def _rewrite_card(release: Path, config: dict) -> None:
-    """MODEL_CARD.md's Effect cells made to say what config.json claims (as the run that wrote both would)."""
+    """The card's Effect cells made to say what config.json claims, and its metadata to restate them (as the run
+    that wrote both would)."""
+    from huggingface_hub import ModelCard
+
     from ttp_lightning.release import effect_rows
+    from ttp_lightning.release.card import number_of
 
     protection = config["protection"]
     gate = protection["release_gate"]
     claims = {**protection["per_image"], "forget_conf_dist": protection["forget_conf_dist"],
               "test_acc": protection["test_acc"]}
-    lines = (release / "MODEL_CARD.md").read_text().splitlines()
+    card = release / CARD
+    lines = card.read_text().splitlines()
+    cells = {}
     for key, (label, cell) in effect_rows(gate["gamma"], gate["conf_dist_at_most"]).items():
         for i, line in enumerate(lines):
             if line.startswith(f"| {label} |") and key in claims:
                 before = line.strip().strip("|").split("|")[1].strip()
-                lines[i] = f"| {label} | {before} | {cell({key: claims[key]})} |"
-    (release / "MODEL_CARD.md").write_text("\n".join(lines))
+                cells[key] = cell({key: claims[key]})
+                lines[i] = f"| {label} | {before} | {cells[key]} |"
+    rewritten = ModelCard("\n".join(lines))
+    for result in rewritten.data.eval_results or []:
+        if result.metric_type in cells:
+            result.metric_value = number_of(cells[result.metric_type])
+    card.write_text(rewritten.content)
+
+
+def _as_earlier(release: Path) -> None:
+    """The card as releases /1-/3 wrote it: MODEL_CARD.md, without the hub metadata."""
+    from ttp_lightning.release.card import split_front_matter
+
+    text = (release / CARD).read_text()
+    (release / LEGACY_CARD).write_text(split_front_matter(text)[1].lstrip("\n"))
+    (release / CARD).unlink()
+
+
+def _title_index(lines: list[str]) -> int:
+    return next(i for i, line in enumerate(lines) if line.startswith("# "))
 
 
 def _forge_float32(release: Path, forget: Path, scale: float = 2.0 ** 24):
@@ -593,8 +636,8 @@ def test_claims_without_a_set_digest_are_refused(genuine, tmp_path):
 
 
 def _card_with(release: Path, edit) -> None:
-    lines = (release / "MODEL_CARD.md").read_text().splitlines()
-    (release / "MODEL_CARD.md").write_text("\n".join(edit(lines)))
+    lines = (release / CARD).read_text().splitlines()
+    (release / CARD).write_text("\n".join(edit(lines)))
 
 
 @pytest.mark.parametrize("where", ["above", "below", "outside", "no pipes", "html", "missing", "reordered"])
@@ -631,7 +674,7 @@ def test_a_card_with_a_second_row_for_a_claim_or_any_other_table_is_refused(genu
     assert _check(release, genuine.forget, "--gamma", "0")[0] == 0
     _card_with(release, edit)
     code, text = _check(release, genuine.forget, "--gamma", "0")
-    assert code == 1 and "MODEL_CARD.md" in text.split("FAIL")[-1] and "verified" not in text.split("FAIL")[-1], text
+    assert code == 1 and CARD in text.split("FAIL")[-1] and "verified" not in text.split("FAIL")[-1], text
     message = {"above": "two rows for", "below": "two rows for", "outside": "outside the Effect table",
                "no pipes": "outside the Effect table", "html": "HTML table", "missing": "has no row",
                "reordered": "not in the order"}[where]
@@ -699,3 +742,26 @@ def test_a_key_twice_in_config_json_is_refused(genuine, tmp_path):
     assert code == 2 and "'protected' appears twice" in text and text.count("\n") == 1, text
     with pytest.raises(TTPUserError, match="appears twice"):
         load_released(release)
+
+
+def test_the_card_is_a_hub_readme_whose_metadata_restates_the_effect_table(genuine):
+    """Issue 63: README.md as a model hub reads it (huggingface_hub.ModelCard.load): licence, library, tags, the data
+    set and the Effect table's after values as model-index results; load and verify take it as it is."""
+    from huggingface_hub import ModelCard
+
+    from ttp_lightning.release.card import card_cells, number_of
+
+    card = ModelCard.load(genuine.release / CARD)
+    data, config = card.data, _config(genuine.release)
+    assert data.license == "other" and data.library_name == "pytorch" and data.pipeline_tag == "image-classification"
+    assert {"ttp_lightning", "protected"} <= set(data.tags) and "not-protected" not in data.tags
+    assert data.datasets == ["digits"] and data.to_dict()["ttp_lightning"]["protected"] is True
+    gate = config["protection"]["release_gate"]
+    cells, failures = card_cells((genuine.release / CARD).read_text(), gate["gamma"], gate["conf_dist_at_most"])
+    assert not failures
+    stated = {result.metric_type: result.metric_value for result in data.eval_results}
+    assert stated == {key: number_of(cell) for key, cell in cells.items() if number_of(cell) is not None}
+    assert "test_acc" in stated and "forget_proven_worst_conf_dist" in stated
+    assert card.text.lstrip().startswith("# Model card")
+    load_released(genuine.release)
+    assert _check(genuine.release, genuine.forget, "--gamma", "0")[0] == 0

@@ -9,6 +9,7 @@ Values typed `Any` hold either a word or a number (`lam: auto | float`) or a `_p
 """
 
 import copy
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -157,6 +158,7 @@ class MainSchema:
     state_dict: bool = False
     progress_bar_refresh_rate: int = 20
     required: list[str] = field(default_factory=list)
+    license: str = "other"  # the release card's hub licence (release/card.front_matter)
     performance: PerformanceSchema = field(default_factory=PerformanceSchema)
     pretrain: PretrainSchema = field(default_factory=PretrainSchema)
     release_gate: ReleaseGateSchema = field(default_factory=ReleaseGateSchema)
@@ -166,6 +168,9 @@ class MainSchema:
         checks.auto_or(self.threads, "threads", checks.positive_int)
         checks.positive_int(self.progress_bar_refresh_rate, "progress_bar_refresh_rate")
         checks.at_least_zero(self.checkpoint_every_n_epochs, "checkpoint_every_n_epochs")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]{0,63}", str(self.license)):
+            raise TTPUserError(f"license={self.license} is not allowed; choose a licence id of lower-case letters, "
+                               "digits, '.', '+' and '-' (mit, apache-2.0, cc-by-4.0, ...) or other")
 
 
 @dataclass

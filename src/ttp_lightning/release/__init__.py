@@ -1,5 +1,5 @@
 """What a provider publishes: `release/model.safetensors` (no pickle), `release/config.json` (what rebuilds
-the architecture and what inputs it expects) and `release/MODEL_CARD.md`; and `load_released(DIR)`.
+the architecture and what inputs it expects) and `release/README.md`; and `load_released(DIR)`.
 
 The weights are the network's own state_dict (the names the provider's checkpoint had, no `backbone.`
 prefix), so code that loaded the original model loads the protected one unchanged. (A certified release keeps

@@ -1,7 +1,7 @@
-"""MODEL_CARD.md: what a release protects, how well (the per-image numbers and the attacks), what it assumes
-and how to load it."""
-
-
+"""The release's card, README.md: a model hub's YAML metadata (licence, library, tags, data set, the Effect table's
+after values as the hub's model-index results, and what the promise means), then what a release protects, how
+well (the per-image numbers and the attacks), what it assumes and how to load it. The metadata restates the
+Effect table's claims: verify robust compares the two (metadata_failures) and the table with what it recomputes."""
 
 import re
 from dataclasses import MISSING, fields
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from ttp_lightning.assess.frontier import format_frontier
 from ttp_lightning.assess.protection import masking_note
 from ttp_lightning.config.schema import AttacksSchema
-from ttp_lightning.release.format import CARD, WEIGHTS
+from ttp_lightning.release.format import CARD, RELEASE_FORMAT, WEIGHTS
 
 # ------------------------------------------------------------------------------------------- model card
 ATTACKS_TEXT = ("An adversary who holds these weights perturbs a protected image to recover a confident "
@@ -75,14 +75,32 @@ EFFECT_HEADING, EFFECT_HEADER = "## Effect", "| measure | before | after |"
 DELIMITER_ROW = re.compile(r"^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)+\|?$")  # what makes the lines around it a table
 
 
+def split_front_matter(card: str) -> tuple[str | None, str]:
+    """(the YAML between a first line `---` and the next `---` line, or None; the card with those lines blanked,
+    so its line numbers stay the file's)."""
+    lines = card.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None, card
+    end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
+    if end is None:
+        return None, card
+    return "\n".join(lines[1:end]), "\n".join([""] * (end + 1) + lines[end + 1:])
+
+
+def card_title(card: str) -> str:
+    """The card's first line after its metadata (its `# ...` title)."""
+    return next((line for line in split_front_matter(card)[1].splitlines() if line.strip()), "")
+
+
 def card_cells(card: str, gamma: float, threshold: float, old_words: bool = False) -> tuple[dict[str, str], list[str]]:
     """({key: the "after" cell} of the Effect table, why the card cannot be read unambiguously). The card is read
-    whole: its Effect table must hold this format's rows, each once and in order (a release/1 card may lack the
-    radius rows), and nothing outside the table may look like one of its rows, or like any table (a second row
-    for a claim, above or below the genuine one, is a claim that escapes comparison); HTML tables are refused."""
+    whole, its YAML metadata aside (metadata_failures reads that): its Effect table must hold this format's rows,
+    each once and in order (a release/1 card may lack the radius rows), and nothing outside the table may look
+    like one of its rows, or like any table (a second row for a claim, above or below the genuine one, is a claim
+    that escapes comparison); HTML tables are refused."""
     rows = effect_rows(gamma, threshold, old_words)
     labels = {label: key for key, (label, _) in rows.items()}
-    lines = card.splitlines()
+    lines = split_front_matter(card)[1].splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip() == EFFECT_HEADING), None)
     if start is None:
         return {}, [f"{CARD} has no {EFFECT_HEADING!r} section"]
@@ -137,17 +155,83 @@ def _count(values: dict, key: str, percent: bool) -> str:
     return f"{100 * value:.0f} %" if percent else f"{value:d}"
 
 
+def number_of(cell: str) -> float | None:
+    """The number an Effect table cell states ("96.10 %" -> 96.1, "0.0260" -> 0.026, "10.5" -> 10.5; "-" -> None)."""
+    try:
+        return float(cell.removesuffix(" %"))
+    except ValueError:
+        return None
+
+
+def front_matter(results: dict, settings, cells: dict[str, tuple[str, str]]) -> str:
+    """The hub's YAML metadata (huggingface_hub.ModelCardData): licence (`license`), library, tags, data set, the
+    Effect table's after values (`cells`: {key: (label, cell)}) as model-index results, and `ttp_lightning`: the
+    format, whether it is protected, the promise and what a proven radius means."""
+    from huggingface_hub import EvalResult, ModelCardData
+
+    gate, data_name = results["release_gate"], str(settings.data.name)
+    protected = bool(gate["passed"])
+    evals = [EvalResult(task_type="image-classification", dataset_type=data_name, dataset_name=data_name,
+                        metric_type=key, metric_name=label, metric_value=number_of(cell))
+             for key, (label, cell) in cells.items() if number_of(cell) is not None]
+    metadata = ModelCardData(
+        license=str(settings.license), library_name="pytorch", pipeline_tag="image-classification",
+        datasets=[data_name], model_name=results["experiment"], eval_results=evals or None,
+        tags=["ttp_lightning", "test-time-privacy", "image-classification",
+              "protected" if protected else "not-protected", results["method"]],
+        ttp_lightning={"format": RELEASE_FORMAT, "protected": protected, "gamma": gate["gamma"],
+                       "conf_dist_at_most": gate["conf_dist_at_most"], "require": list(gate["require"]),
+                       "radius": (f"the largest L-inf radius, in 1/255, within which a bound proves a forget "
+                                  f"image's confidence distance <= {gate['conf_dist_at_most']:g}"),
+                       "check": "python -m ttp_lightning.verify robust RELEASE FORGET_IMAGES"})
+    return f"---\n{metadata.to_yaml()}\n---\n"
+
+
+def metadata_failures(card: str, cells: dict[str, str], rows: dict, protected: bool) -> list[str]:
+    """Where a card's YAML metadata says something its Effect table (`cells`, read by card_cells; `rows`:
+    effect_rows) or config.json (`protected`) does not: a metric whose value differs from its row's cell, a
+    metric no row states, a protected flag or tag that contradicts config.json. The YAML is read as data
+    (huggingface_hub's safe loader); a card without metadata has nothing to compare (release/1-3)."""
+    from huggingface_hub import ModelCard
+
+    yaml_text, _ = split_front_matter(card)
+    if yaml_text is None:
+        return []
+    try:
+        data = ModelCard(card, ignore_metadata_errors=True).data
+    except Exception as exc:  # noqa: BLE001 -- any unreadable metadata is a failure, never a pass
+        return [f"{CARD}'s metadata cannot be read ({type(exc).__name__})"]
+    failures = []
+    for result in data.eval_results or []:
+        key = getattr(result, "metric_type", None)
+        if key not in rows:
+            failures.append(f"{CARD}'s metadata states {key!r}, which its Effect table has no row for")
+            continue
+        stated, cell = getattr(result, "metric_value", None), number_of(cells.get(key, "-"))
+        if not isinstance(stated, (int, float)) or isinstance(stated, bool) or cell is None or float(stated) != cell:
+            failures.append(f"{CARD}'s metadata says {stated!r} for {rows[key][0]!r}; its Effect table says "
+                            f"{cells.get(key, 'nothing')!r}")
+    ours = data.to_dict().get("ttp_lightning") or {}
+    tags = data.tags or []
+    if ours.get("protected") is not protected or ("protected" in tags) != protected or \
+            ("not-protected" in tags) == protected:
+        failures.append(f"{CARD}'s metadata (ttp_lightning.protected, tags) contradicts config.json's \"protected\": "
+                        f"{str(protected).lower()}")
+    return failures
+
+
 def model_card(results: dict, method_label: str, attack_table: str | None, certificate_line: str | None,
                settings) -> str:
-    """MODEL_CARD.md: whether the release gate passed, what was done and why, the settings (the run's typed
-    `settings`, config.schema.MainSchema), the measured effect (per image too) and the limitations."""
+    """README.md: the hub's metadata (front_matter), then whether the release gate passed, what was done and
+    why, the settings (the run's typed `settings`, config.schema.MainSchema), the measured effect (per image
+    too) and the limitations."""
     data, metrics, gate = results["data"], results["metrics"], results["release_gate"]
-    method = results["method"]
+    method, typed = results["method"], settings
     before, after = metrics.get("pretrain_original", metrics["pretrain"]), metrics[method]
     theta = method_theta(results, settings.method)
     gamma = f"{gate['gamma']:g}/255"
-    table = "\n".join(f"| {label} | {cell(before)} | {cell(after)} |"
-                      for label, cell in effect_rows(gate["gamma"], gate["conf_dist_at_most"]).values())
+    rows = effect_rows(gate["gamma"], gate["conf_dist_at_most"])
+    table = "\n".join(f"| {label} | {cell(before)} | {cell(after)} |" for label, cell in rows.values())
     source = settings.model.get("checkpoint")
     start = "the provider's checkpoint (model.checkpoint)" if source else "a model pretrained by ttp_lightning"
     what = (f"This model was rewritten with ttp_lightning ({method_label}) so that it is maximally uncertain (a "
@@ -179,7 +263,8 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
     lines += ["## Limitations", "", *LIMITATIONS, *([f"- The attacked CDs: {masking}."] if masking else []), "",
               "## Loading", "", "```python", "import ttp_lightning", "",
               LOAD_LINE, "```", "", PLAIN_LOADING, ""]
-    return "\n".join(lines)
+    return front_matter(results, typed, {key: (label, cell(after)) for key, (label, cell) in rows.items()}) \
+        + "\n".join(lines)
 
 
 def _refusal(gate: dict, frontier: dict | None) -> list[str]:

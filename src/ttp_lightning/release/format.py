@@ -25,11 +25,19 @@ from ttp_lightning.core.words import BothWords, upgraded
 # /3: the claims' proven values are those of bounds sound for the float32 network (bounds/rounding), and the bound-based
 # words are "proven" (certified was the (epsilon, delta) certificate's word too); /2: the proven (then "certified")
 # radius and the bound that gave the claims (exact for the float64 network); /1: neither
-RELEASE_FORMAT = "ttp_lightning.release/3"
-EARLIER_FORMATS = ("ttp_lightning.release/1", "ttp_lightning.release/2")  # read as well (loading and verify robust)
+# /4: the card is README.md with a model hub's YAML metadata (release/card.py), where /1-/3 wrote MODEL_CARD.md
+RELEASE_FORMAT = "ttp_lightning.release/4"
+EARLIER_FORMATS = ("ttp_lightning.release/1", "ttp_lightning.release/2")  # read as well, in their own words
+SAME_WORDS = ("ttp_lightning.release/3",)  # read as well: this format's words, the card under its old name
 EXACT_CLAIMS = EARLIER_FORMATS  # formats whose proven claims were computed for the exact (float64) network
 CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
-WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "MODEL_CARD.md"
+WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
+LEGACY_CARD = "MODEL_CARD.md"  # the card's name up to release/3
+
+
+def card_name(form: str) -> str:
+    """The card's file name in a release of format `form` (config.json's `format`)."""
+    return CARD if form == RELEASE_FORMAT else LEGACY_CARD
 MAX_CONFIG_BYTES = 1 << 20
 
 PIXEL_RANGE = [0.0, 1.0]  # what a release's network takes (before its own normalisation); nothing else is allowed
@@ -116,14 +124,15 @@ def _config_fields(gate: dict, per_image: dict, form: str) -> dict:
 
 CONFIG_FIELDS = _config_fields(GATE_FIELDS, PER_IMAGE_FIELDS, RELEASE_FORMAT)
 EARLIER_FIELDS = {"ttp_lightning.release/1": _config_fields(GATE_FIELDS_1, PER_IMAGE_FIELDS_1, "ttp_lightning.release/1"),
-                  "ttp_lightning.release/2": _config_fields(GATE_FIELDS, PER_IMAGE_FIELDS, "ttp_lightning.release/2")}
+                  "ttp_lightning.release/2": _config_fields(GATE_FIELDS, PER_IMAGE_FIELDS, "ttp_lightning.release/2"),
+                  "ttp_lightning.release/3": _config_fields(GATE_FIELDS, PER_IMAGE_FIELDS, "ttp_lightning.release/3")}
 
 
 def read_release_config(folder: str | Path) -> dict:
     """config.json of a release, every field checked (FormatError naming the first bad one)."""
     path = Path(folder).expanduser() / CONFIG
     if not path.is_file():
-        raise TTPUserError(f"{str(path)!r} does not exist; a release folder holds {WEIGHTS}, {CONFIG}, {CARD}")
+        raise TTPUserError(f"{str(path)!r} does not exist; a release folder holds {WEIGHTS}, {CONFIG}, {CARD} (its card)")
     if path.stat().st_size > MAX_CONFIG_BYTES:
         raise FormatError(f"{str(path)!r} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
@@ -159,7 +168,7 @@ def not_protected_line(folder: str | Path, config: dict) -> str | None:
     if config["protection"]["protected"]:
         return None
     return (f"{str(folder)!r} is NOT a protected release: its config.json says \"protected\": false (its release "
-            "gate failed; MODEL_CARD.md gives the reasons)")
+            "gate failed; its card gives the reasons)")
 
 
 MAX_IMAGE_SIZE, MAX_CHANNELS = 4096, 4

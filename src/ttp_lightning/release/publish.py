@@ -1,4 +1,4 @@
-"""Writing a release: model.safetensors (no pickle), config.json and MODEL_CARD.md, each by an atomic rename."""
+"""Writing a release: model.safetensors (no pickle), config.json and README.md, each by an atomic rename."""
 
 import json
 import shutil
@@ -33,7 +33,7 @@ def architecture_of(model: Part) -> dict | None:
 
 def write_hub_release(net: nn.Module, output_dir: str | Path, architecture: dict | None, info, protection: dict,
                       card: str, certified_file: str | None = None, folder_name: str = "release") -> Path:
-    """Write <folder_name>/{model.safetensors, config.json, MODEL_CARD.md} (each through a temporary file;
+    """Write <folder_name>/{model.safetensors, config.json, README.md} (each through a temporary file;
     release/, or release_not_protected/ when the release gate failed); returns the folder. A certified release's model.safetensors is already there (the certificate's file,
     under the classifier's `backbone.` names; `certified_file`) and is kept as it is; Alg 4's, which names
     one file per request, gets model.safetensors as a copy of the last one."""

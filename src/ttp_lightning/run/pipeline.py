@@ -108,7 +108,7 @@ def method_key(ctx: RunContext, method, datamodule) -> str:
 def publish(record: RunRecord, results: dict, net, settings: MainSchema, datamodule, attack_table, certificate_line,
             output_dir) -> Release:
     """The release folder the gate chose (release/ or release_not_protected/): model.safetensors, config.json,
-    MODEL_CARD.md (what a model hub takes). The card and config.json state what `results` (the record's JSON)
+    README.md (what a model hub takes). The card and config.json state what `results` (the record's JSON)
     states."""
     label = method_label(results)
     architecture = architecture_of(settings.model)

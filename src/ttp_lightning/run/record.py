@@ -59,7 +59,7 @@ class Release:
 
     folder: str = field(metadata={"doc": "release or release_not_protected (the gate's folder)"})
     files: tuple[str, ...] = field(metadata={"doc": "the files written there: model.safetensors, config.json, "
-                                                    "MODEL_CARD.md"})
+                                                    "README.md"})
     loadable: bool = field(metadata={"doc": "whether load_released can rebuild the architecture (a registered "
                                             "model config)"})
     protected: bool = field(metadata={"doc": "the gate's verdict"})

@@ -13,7 +13,8 @@ from ttp_lightning.core.errors import TTPUserError
 from ttp_lightning.core.metrics import conf_dist_of_probs
 from ttp_lightning.data.forget import fingerprint, set_digest
 from ttp_lightning.data.images import IMAGE_SUFFIXES, Preprocess, inside, read_file
-from ttp_lightning.release import CARD, network_of, not_protected_line
+from ttp_lightning.release import network_of, not_protected_line
+from ttp_lightning.release.format import card_name
 
 EXIT_OK, EXIT_FAIL, EXIT_UNUSABLE, EXIT_VACUOUS = 0, 1, 2, 3
 CLAIM_TOLERANCE = 1e-4
@@ -66,9 +67,10 @@ def load_subjects(release: Path, config: dict, images_dir: Path, resize: bool) -
     """The network (from the weights alone, their SHA-256 checked) and the images (the release's input size)."""
     import torch
 
-    if not (release / CARD).is_file():
-        raise TTPUserError(f"{str(release)!r} holds no {CARD}; a release folder holds model.safetensors, config.json "
-                           f"and {CARD}")
+    card = card_name(config["format"])
+    if not (release / card).is_file():
+        raise TTPUserError(f"{str(release)!r} holds no {card}; a release folder holds model.safetensors, config.json "
+                           f"and {card} (its card)")
     model = network_of(release, config)
     given = config["input"]
     files = image_files(images_dir)

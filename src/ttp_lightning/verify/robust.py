@@ -35,8 +35,9 @@ from ttp_lightning.bounds import UnsupportedLayer
 from ttp_lightning.bounds.linear import INTERMEDIATE, INTERMEDIATE_BUDGET, SLOPE_STEPS
 from ttp_lightning.bounds.uniformity import BOUNDS, MAX_RADIUS, RADIUS_STEP, Prover
 from ttp_lightning.core.errors import TTPUserError
-from ttp_lightning.release import CARD, MAX_SLOPE_STEPS, card_cells, effect_rows, read_release_config
-from ttp_lightning.release.format import EARLIER_FORMATS, EXACT_CLAIMS
+from ttp_lightning.release import MAX_SLOPE_STEPS, card_cells, effect_rows, read_release_config
+from ttp_lightning.release.card import card_title, metadata_failures
+from ttp_lightning.release.format import EARLIER_FORMATS, EXACT_CLAIMS, card_name
 from ttp_lightning.release.publish import PER_IMAGE_KEYS
 from ttp_lightning.verify.common import (
     CLAIM_TOLERANCE,
@@ -174,11 +175,12 @@ def folder_failures(release: Path, config: dict) -> list[str]:
     card's Effect cells with config.json's claims (which are compared with the recomputation), and `certificate`
     with the certificate beside it."""
     protection = config["protection"]
-    text = (release / CARD).read_text(errors="replace")
-    title = text.splitlines()[0] if text else ""
+    card = card_name(config["format"])
+    text = (release / card).read_text(errors="replace")
+    title = card_title(text)
     failures = []
     if (NOT_PROTECTED_TITLE in title) == protection["protected"]:
-        failures.append(f"{CARD}'s title {title[:80]!r} contradicts config.json's \"protected\": "
+        failures.append(f"{card}'s title {title[:80]!r} contradicts config.json's \"protected\": "
                         f"{str(protection['protected']).lower()}")
     claims = {**protection["per_image"], "forget_conf_dist": protection["forget_conf_dist"],
               "test_acc": protection["test_acc"]}
@@ -189,12 +191,13 @@ def folder_failures(release: Path, config: dict) -> list[str]:
     failures += unreadable
     if config["format"] != "ttp_lightning.release/1" and not unreadable and cells.keys() != rows.keys():
         missing = next(rows[key][0] for key in rows if key not in cells)
-        failures.append(f"{CARD}'s Effect table has no row {missing!r}")
+        failures.append(f"{card}'s Effect table has no row {missing!r}")
     for key in rows.keys() & claims.keys():
         expected = rows[key][1]({key: claims[key]})
         if cells.get(key) != expected:
-            failures.append(f"{CARD} says {cells.get(key, 'nothing')!r} for {rows[key][0]!r}; config.json claims "
+            failures.append(f"{card} says {cells.get(key, 'nothing')!r} for {rows[key][0]!r}; config.json claims "
                             f"{expected!r}")
+    failures += metadata_failures(text, cells, rows, protection["protected"])
     if protection["certificate"] != (release / "certificate.json").is_file():
         failures.append(f"config.json says certificate: {str(protection['certificate']).lower()}, but the folder "
                         + ("holds no" if protection["certificate"] else "holds a") + " certificate.json")

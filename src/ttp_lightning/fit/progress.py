@@ -136,16 +136,20 @@ class StageLine(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._started, self._first = time.perf_counter(), trainer.current_epoch
-        self._last = self._started
+        self._last, self._last_epoch = self._started, trainer.current_epoch
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         now = time.perf_counter()
         if trainer.global_rank != 0 or now - self._last < self.every:
             return
-        self._last = now
-        done, total = trainer.current_epoch + 1 - self._first, (trainer.max_epochs or 0) - self._first
-        self._print(f"{self.phase}: epoch {trainer.current_epoch + 1}/{trainer.max_epochs}, {now - self._started:.0f} s"
-                    f"{_eta(self._started, done, total)}  {_metrics(trainer)}")
+        epoch = trainer.current_epoch + 1
+        # the time left at the pace since the last line (a phase's epochs need not take the same time: robust Alg 1
+        # trains its later rounds at a larger radius)
+        pace = (now - self._last) / max(1, epoch - self._last_epoch)
+        left = pace * max(0, (trainer.max_epochs or 0) - epoch)
+        self._last, self._last_epoch = now, epoch
+        self._print(f"{self.phase}: epoch {epoch}/{trainer.max_epochs}, {now - self._started:.0f} s"
+                    f"{f', ~{left:.0f} s left' if left >= 1 else ''}  {_metrics(trainer)}")
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_rank == 0:

@@ -158,3 +158,27 @@ def test_a_refused_robust_release_states_its_price_and_the_smaller_radius_it_nam
     assert "frontier" not in released
     weights = "model.safetensors"
     assert (again / "release" / weights).read_bytes() == (out / "release_not_protected" / weights).read_bytes()
+
+
+def test_a_held_radius_ramp_is_two_rows_around_the_promise_and_the_rungs_are_the_rules():
+    """The epochs of a held radius's ramp (Rounds) each train at their own radius; the frontier groups them into one
+    row below the promised radius and one at or above it (each with its best epoch), beside the rule's rungs."""
+    from ttp_lightning.alg1.schema import RADIUS_RUNGS
+    from ttp_lightning.assess.frontier import RUNG_FRACTIONS, format_frontier
+
+    assert RUNG_FRACTIONS == RADIUS_RUNGS
+    history = [_row(1, 6.0, 0.90, 100, 100), _row(2, 0.0, 0.98, 100, 100), _row(3, 2.4, 0.95, 90, 100),
+               _row(4, 4.8, 0.93, 60, 90), _row(5, 9.6, 0.91, 5, 7), _row(6, 12.0, 0.94, 0, 0),
+               _row(7, 12.0, 0.96, 0, 0), _row(8, 7.2, 0.92, 40, 60)]
+    rows = trained_radii(history, "retain_acc", 0.99, 100, target=12.0, gamma=8.0)
+    assert [(r.train_gamma, r.ramp_from, r.epochs, r.epoch) for r in rows] == [
+        (12.0, None, 2, 7), (9.6, None, 1, 5), (7.2, 2.4, 3, 8), (6.0, None, 1, 1), (0.0, None, 1, 2)]
+    assert budget_override(rows, 8.0, 0.01, True, 100)[0].override.endswith("=0.03")  # epoch 7: 3 points
+    two = trained_radii([*history, _row(9, 10.8, 0.9, 3, 3)], "retain_acc", 0.99, 100, target=12.0, gamma=8.0)
+    ramp = next(r for r in two if r.ramp_from is not None and r.train_gamma >= 8.0)
+    assert (ramp.ramp_from, ramp.train_gamma, ramp.epochs) == (9.6, 10.8, 2)
+    record = {"gamma": 8.0, "budget": 0.01, "reads": "the validation images (val/)", "forget_size": 100,
+              "kept": {"epoch": 7, "train_gamma": 12.0, "retain_cost": 3.0, "test_cost": 3.5,
+                       "proven_radius_min": 8, "proven_radius_median": 10}, "trained": [r.to_json() for r in two],
+              "judged": [], "overrides": [], "unmeasured": []}
+    assert "ramp 9.6-10.8/255" in format_frontier(record) and "ramp 2.4-7.2/255" in format_frontier(record)

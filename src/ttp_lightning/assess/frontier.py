@@ -42,10 +42,14 @@ class TrainedRadius:
                                                  "early stopping's attack (null: not measured)"})
     proven: int | None = field(metadata={"doc": "forget images the interval bound proves at or below the threshold "
                                                 "at the promised radius (null: the bound term off)"})
+    ramp_from: float | None = field(default=None, metadata={
+        "doc": "for the epochs of a held radius's ramp (alg1 Rounds), the smallest radius among them; train_gamma "
+               "is then the largest (null: one radius of the radius rule)"})
 
     def to_json(self) -> dict:
         return {"train_gamma": self.train_gamma, "epochs": self.epochs, "epoch": self.epoch,
-                "retain_cost": self.retain_cost, "exposed": self.exposed, "proven": self.proven}
+                "retain_cost": self.retain_cost, "exposed": self.exposed, "proven": self.proven,
+                "ramp_from": self.ramp_from}
 
 
 @dataclass(frozen=True)
@@ -110,22 +114,37 @@ def _count(value) -> int | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
 
 
-def trained_radii(history: list[dict], reads: str, start_acc: float, forget_size: int) -> tuple[TrainedRadius, ...]:
+RUNG_FRACTIONS = (1.0, 0.5, 0.25, 0.125, 0.0)  # the radius rule's rungs (alg1/schema.RADIUS_RUNGS; a test ties them)
+
+
+def _group(radius: float, target: float | None, gamma: float) -> float | str:
+    """A radius of the radius rule is its own row; the epochs of a held radius's ramp are one row below the
+    promised radius and one at or above it."""
+    if target is None or any(abs(radius - target * fraction) < 1e-6 for fraction in RUNG_FRACTIONS):
+        return radius
+    return "ramp at or above" if radius >= gamma - 1e-9 else "ramp below"
+
+
+def trained_radii(history: list[dict], reads: str, start_acc: float, forget_size: int, target: float | None = None,
+                  gamma: float = math.inf) -> tuple[TrainedRadius, ...]:
     """Per training radius in `history` (the fit's epoch rows), its best epoch; largest radius first. `reads`:
-    the row key of the accuracy the retain rule reads; `start_acc`: the accuracy it is relative to."""
-    by_radius: dict[float, list[dict]] = {}
+    the row key of the accuracy the retain rule reads; `start_acc`: the accuracy it is relative to; `target`: the
+    full training radius (the rule's rungs are fractions of it; other radii are a ramp's, grouped around the
+    promised radius `gamma`)."""
+    groups: dict[float | str, list[dict]] = {}
     for row in history:
         if "train_gamma" in row and reads in row:
-            by_radius.setdefault(round(float(row["train_gamma"]), 4), []).append(row)
+            groups.setdefault(_group(round(float(row["train_gamma"]), 4), target, gamma), []).append(row)
     out = []
-    for radius in sorted(by_radius, reverse=True):
-        rows = by_radius[radius]
+    for rows in groups.values():
+        radii = [round(float(row["train_gamma"]), 4) for row in rows]
         best = min(rows, key=lambda row: _order(row, start_acc, reads))
         unproven = _count(best.get("forget_unproven"))
-        out.append(TrainedRadius(radius, len(rows), int(best["epoch"]), points(start_acc - best[reads]),
+        out.append(TrainedRadius(max(radii), len(rows), int(best["epoch"]), points(start_acc - best[reads]),
                                  _count(best.get("forget_robust_exposed")),
-                                 None if unproven is None else forget_size - unproven))
-    return tuple(out)
+                                 None if unproven is None else forget_size - unproven,
+                                 min(radii) if len(set(radii)) > 1 else None))
+    return tuple(sorted(out, key=lambda row: (row.train_gamma, row.ramp_from is None), reverse=True))
 
 
 def _order(row: dict, start_acc: float, reads: str) -> tuple[float, float, float]:
@@ -172,7 +191,10 @@ def radius_override(judged: tuple[JudgedRadius, ...], gamma: float, test_cost: f
     attacks.gammas, or every image's least proven radius (the override then adds it to attacks.gammas)."""
     below = [row for row in judged if row.gamma < gamma and row.passes]
     if not below:
-        return None, f"the gate refuses the kept weights at every radius below {gamma:g}/255 it judged them at"
+        clear = [row for row in judged if row.gamma < gamma]
+        why = " (for a reason that is no image's, such as the retain rule: no smaller radius changes it)" \
+            if clear and all(row.exposed == 0 for row in clear) else ""
+        return None, f"the gate refuses the kept weights at every radius below {gamma:g}/255 it judged them at{why}"
     best = max(below, key=lambda row: row.gamma)
     cost = math.nan if test_cost is None else test_cost
     radii = sorted({row.gamma for row in judged if row.by == "attack"} | {best.gamma})
@@ -199,7 +221,8 @@ def frontier(history: list[dict], reported: dict, gamma: float, judged: tuple[Ju
     and proven `radius` summary (forget_proven_radius_min / _median)."""
     reads, start = str(reported["retain_rule_reads"]), float(reported["retain_rule_start_acc"])
     budget = reported.get("retain_acc_drop_at_most")
-    trained = trained_radii(history, reads, start, forget_size)
+    target = reported.get("train_gamma_target")
+    trained = trained_radii(history, reads, start, forget_size, None if target is None else float(target), gamma)
     bound_on = float(reported.get("interval_weight") or 0.0) > 0
     offers = [budget_override(trained, gamma, budget, bound_on, forget_size),
               radius_override(judged, gamma, test_cost)]
@@ -216,6 +239,11 @@ def frontier(history: list[dict], reported: dict, gamma: float, judged: tuple[Ju
                     tuple(why for _, why in offers if why is not None))
 
 
+def _radius_cell(row: dict) -> str:
+    ramp = row.get("ramp_from")
+    return f"{row['train_gamma']:g}/255" if ramp is None else f"ramp {ramp:g}-{row['train_gamma']:g}/255"
+
+
 def _cell(value, suffix: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -230,7 +258,7 @@ def format_frontier(record: dict) -> str:
     lines = [f"the price of {gamma} (budget {budget} of accuracy on {record['reads']}):"]
     rows = [["trained at", "epochs", "best epoch", "accuracy cost", f"exposed at {gamma}",
              f"interval-proven at {gamma}"]]
-    rows += [[f"{row['train_gamma']:g}/255", str(row["epochs"]), str(row["epoch"]),
+    rows += [[_radius_cell(row), str(row["epochs"]), str(row["epoch"]),
               _cell(row["retain_cost"], " pt"), f"{_cell(row['exposed'])} of {size}",
               f"{_cell(row['proven'])} of {size}" if row["proven"] is not None else "-"] for row in record["trained"]]
     lines += _indented(rows)

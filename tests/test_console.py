@@ -118,3 +118,22 @@ def test_the_resume_warning_of_the_projects_own_checkpoint_folders_is_silenced()
         rank_zero_warn("Checkpoint directory /tmp/x/checkpoints exists and is not empty.")
         rank_zero_warn("something else")
     assert [str(w.message) for w in caught] == ["something else"]
+
+
+def test_a_long_loop_logs_its_progress_at_most_once_an_interval(caplog):
+    """Issue 63: the relearning attack ran 35 minutes without a line; Paced logs one at least every interval."""
+    import logging
+
+    from ttp_lightning.core.console import Paced
+
+    clock = iter([0.0, 30.0, 61.0, 90.0, 125.0, 200.0])
+    paced = Paced("relearning attack (pareto)", "runs", every=60.0)
+    paced._clock = lambda: next(clock)
+    paced.started = paced.last = paced._clock()
+    with caplog.at_level(logging.INFO):
+        for done in range(1, 6):
+            paced.step(done, 6)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["relearning attack (pareto): 2 of 6 runs, 61 s, ~122 s left",
+                     "relearning attack (pareto): 4 of 6 runs, 125 s, ~62 s left",
+                     "relearning attack (pareto): 5 of 6 runs, 200 s, ~40 s left"]

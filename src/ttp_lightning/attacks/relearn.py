@@ -59,12 +59,18 @@ def retain_subset(retain: ImageBatchDataset, size: int | None, seed: int) -> Ima
 
 
 def relearn_worst(net: nn.Module, sources: dict[str, ImageBatchDataset], forget: ImageBatchDataset,
-                  steps: list[int], lrs: list[float], batch_size: int, seed: int, device) -> tuple[dict, dict]:
+                  steps: list[int], lrs: list[float], batch_size: int, seed: int, device,
+                  progress=None) -> tuple[dict, dict]:
     """(worst, runs): `runs` {"<source> lr <lr>": {steps: scores}} is relearn_attack for every source and learning
     rate; `worst` {steps: scores} holds, per number of steps, the highest forget CD, worst image's CD and forget
-    accuracy over the runs, and `run`, the run with the highest forget CD (NaN counts as the highest)."""
-    runs = {f"{name} lr {lr:g}": relearn_attack(net, data, forget, steps, lr, batch_size, seed, device)
-            for name, data in sources.items() for lr in lrs}
+    accuracy over the runs, and `run`, the run with the highest forget CD (NaN counts as the highest).
+    `progress(done, total)` is called after each run."""
+    plan = [(f"{name} lr {lr:g}", data, lr) for name, data in sources.items() for lr in lrs]
+    runs = {}
+    for done, (label, data, lr) in enumerate(plan, 1):
+        runs[label] = relearn_attack(net, data, forget, steps, lr, batch_size, seed, device)
+        if progress is not None:
+            progress(done, len(plan))
     worst = {}
     for count in next(iter(runs.values())):
         rows = {name: scores[count] for name, scores in runs.items()}

@@ -67,3 +67,27 @@ class ConsoleFormatter(logging.Formatter):
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text
+
+
+class Paced:
+    """Progress lines for a long loop that is not a training fit (the relearning attack's runs): `step(done,
+    total)` logs `<label>: done of total <unit>, T s, ~L s left` when at least `every` seconds have passed since
+    the last line (or the start), so a pipe or a cluster log hears from the run at least once a minute and a short
+    loop says nothing."""
+
+    def __init__(self, label: str, unit: str, every: float = 60.0, log: logging.Logger | None = None):
+        import time
+
+        self.label, self.unit, self.every = label, unit, every
+        self.log = log or logging.getLogger(__name__)
+        self._clock = time.perf_counter
+        self.started = self.last = self._clock()
+
+    def step(self, done: int, total: int) -> None:
+        now = self._clock()
+        if now - self.last < self.every or done >= total:
+            return
+        self.last = now
+        left = (now - self.started) / done * (total - done)
+        self.log.info("%s: %d of %d %s, %.0f s, ~%.0f s left", self.label, done, total, self.unit,
+                      now - self.started, left)

@@ -20,6 +20,7 @@ from ttp_lightning.assess.protection import (
 from ttp_lightning.attacks import WORST, evaluate_attacks
 from ttp_lightning.attacks.relearn import relearn_worst, retain_subset
 from ttp_lightning.config.schema import AttacksSchema, BoundsSchema
+from ttp_lightning.core.console import Paced
 from ttp_lightning.core.inference import eval_device, predictions
 
 log = logging.getLogger(__name__)
@@ -156,23 +157,25 @@ def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema
              ", ".join(map(str, settings.steps)))
     worst, runs = {}, {}
     for stage, net in models.items():
-        worst[stage], runs[stage] = relearn(net, sources, forget, cfg)
+        worst[stage], runs[stage] = relearn(net, sources, forget, cfg, Paced(f"relearning attack ({stage})", "runs"))
     floor_record = None if floor is None else relearn_floor(floor, sources, forget, cfg)
     return Attacked(scores, checks, robust, by_gamma, worst, runs, floor_record)
 
 
-def relearn(net, sources: dict, forget, cfg: AttacksSchema) -> tuple[dict, dict]:
-    """attacks.relearn on `net` from `sources` (relearn_sources): (worst case, every run), relearn_worst's."""
+def relearn(net, sources: dict, forget, cfg: AttacksSchema, paced: Paced | None = None) -> tuple[dict, dict]:
+    """attacks.relearn on `net` from `sources` (relearn_sources): (worst case, every run), relearn_worst's;
+    `paced` says how far it is at least once a minute."""
     settings = cfg.relearn
     return relearn_worst(net, sources, forget, list(settings.steps), [float(lr) for lr in settings.lrs],
-                         int(settings.batch_size), int(cfg.seed), eval_device())
+                         int(settings.batch_size), int(cfg.seed), eval_device(),
+                         progress=None if paced is None else paced.step)
 
 
 def relearn_floor(floor: tuple, sources: dict, forget, cfg: AttacksSchema) -> dict:
     """The relearning attack's floor: the same finetuning of A(D_r), which never saw the forget images and was
     never made uniform on them. {worst: {steps: worst-case scores}, retrain_wall_s, retrain_cached}."""
     net, info = floor
-    worst, _ = relearn(net, sources, forget, cfg)
+    worst, _ = relearn(net, sources, forget, cfg, Paced("relearning attack (the floor, A(D_r))", "runs"))
     return {"worst": worst, "retrain_wall_s": info["wall_s"], "retrain_cached": info["cached"]}
 
 

@@ -126,7 +126,7 @@ def test_wandb_logs_offline_and_finishes(tmp_path):
     media = runs[0] / "files" / "media"
     assert {p.name.split("_")[0] for p in (media / "images" / "figures").glob("*.png")} == {"dynamics", "softmax", "attacks"}
     tables = {p.name.rsplit("_", 2)[0] for p in (media / "table" / "tables").glob("*.table.json")}
-    assert tables == {"metrics", "attacks", "per_image", "forget_images"}, tables
+    assert tables == {"metrics", "attacks", "per_image", "forget_images", "relearn"}, tables  # the floor: off in TINY
     assert (tmp_path / "figures" / "softmax.png").is_file()
 
 

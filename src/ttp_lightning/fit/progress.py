@@ -12,6 +12,8 @@ import warnings
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
 
+from ttp_lightning.core.console import wrapped
+
 REPEATED_WARNINGS = (
     r"(?s).*isinstance\(treespec, LeafSpec\)",             # Lightning's own use of a deprecated torch API
     r"(?s).*is smaller than the logging interval",          # small data sets: fewer batches than 50 per epoch
@@ -157,7 +159,7 @@ class StageLine(Callback):
             self._print(f"{ended.partition(' (stopped')[0]}  {_metrics(trainer)}")
 
     def _print(self, line: str) -> None:
-        print(line.rstrip(), file=self.stream or sys.stdout, flush=True)
+        print(wrapped(line.rstrip()), file=self.stream or sys.stdout, flush=True)
 
 
 def progress_callbacks(phase: str, refresh_rate: int, enabled: bool) -> list:

@@ -26,21 +26,33 @@ def console_width() -> int:
 
 def table(rows: list[list[str]], width: int | None = None) -> str:
     """`rows` (a header, then the rows; the first column a label, the others values) as aligned text within
-    `width` columns: values right-aligned and never broken, a header too long for its column folded onto the
-    next lines of the header, a dashed line under it."""
+    `width` columns: values right-aligned and never broken; headers folded onto more lines at word boundaries,
+    the largest saving first, until the table fits (or nothing more folds); a dashed line under them."""
     width = width or console_width()
+    header, *body = [[str(cell) for cell in row] for row in rows]
+    values = [max([len(row[i]) for row in body] or [0]) for i in range(len(header))]
+    titles = list(header)
+
+    def narrowest(i: int) -> int:  # a column is never narrower than a value or a word of its header
+        return max(values[i], *(len(word) for word in header[i].split()))
+
+    def total() -> int:
+        return sum(max(values[i], *(len(line) for line in titles[i].split("\n"))) for i in range(len(titles))) \
+            + 2 * (len(titles) - 1)
+
+    for i in sorted(range(len(header)), key=lambda i: narrowest(i) - len(header[i])):
+        if total() <= width:
+            break
+        titles[i] = "\n".join(textwrap.wrap(header[i], narrowest(i), break_long_words=False)) or header[i]
     grid = Table(box=RULE_UNDER_HEADER, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), header_style="",
                  show_header=True)
-    header, *body = rows
-    for i, title in enumerate(header):  # never narrower than a value or a word of the header
-        longest = max([len(str(row[i])) for row in body] + [len(word) for word in str(title).split()])
-        grid.add_column(str(title), justify="left" if i == 0 else "right", no_wrap=False, overflow="fold",
-                        min_width=longest)
+    for i, title in enumerate(titles):
+        grid.add_column(title, justify="left" if i == 0 else "right", no_wrap=True, vertical="bottom")
     for row in body:
-        grid.add_row(*(str(cell) for cell in row))
+        grid.add_row(*row)
     buffer = io.StringIO()
-    Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False, emoji=False,
-            markup=False, legacy_windows=False).print(grid, crop=False)
+    Console(file=buffer, width=max(width, total()), color_system=None, force_terminal=False, highlight=False,
+            emoji=False, markup=False, legacy_windows=False).print(grid, crop=False)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 

@@ -12,6 +12,11 @@ from hydra import compose, initialize_config_dir
 
 from ttp_lightning.config.choices import normalize_overrides
 
+# pytest's environment carries COLUMNS (80) into every run the tests start; the console folds its tables to the
+# terminal's width (core/console.py), so the tests read the console as a pipe does: 100 columns
+for _size in ("COLUMNS", "LINES"):
+    os.environ.pop(_size, None)
+
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "src" / "ttp_lightning" / "conf"
 MNIST_ROOT = REPO.parent / "shared" / "data"

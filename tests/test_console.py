@@ -137,3 +137,18 @@ def test_a_long_loop_logs_its_progress_at_most_once_an_interval(caplog):
     assert lines == ["relearning attack (pareto): 2 of 6 runs, 61 s, ~122 s left",
                      "relearning attack (pareto): 4 of 6 runs, 125 s, ~62 s left",
                      "relearning attack (pareto): 5 of 6 runs, 200 s, ~40 s left"]
+
+
+def test_tables_fold_to_the_width_given_and_never_break_a_value():
+    from ttp_lightning.core.console import table
+
+    rows = [["stage", "retain acc", "test acc", "forget acc", "forget CD", "robust CD", "test CD", "forget l2", "NN CD",
+             "wall s"], ["pretrain_original", "100.00%", "98.14%", "100.00%", "0.9000", "-", "0.8846", "0.9487",
+                         "0.8999", "116.4"]]
+    narrowest = sum(max(len(value), *(len(word) for word in title.split())) for title, value in zip(*rows)) + 2 * 9
+    for width in (100, 80):  # 80 is narrower than the values allow: folded as far as it goes, no value broken
+        lines = table(rows, width).splitlines()
+        assert max(len(line) for line in lines) <= max(width, narrowest), (width, lines)
+        assert lines[-1].split() == rows[1]  # every value whole, in its column
+    assert max(len(line) for line in table(rows, 80).splitlines()) == narrowest == 90
+    assert table(rows, 100).splitlines()[1].split()[:3] == ["stage", "acc", "test"]  # folded only as needed

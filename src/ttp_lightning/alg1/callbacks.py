@@ -348,7 +348,7 @@ class Rounds(Callback):
         why = "no epoch qualified" if rank is None else \
             f"kept epoch: {rank[1]:g} exposed, {rank[2]:g} not proven at gamma, below the radius: {bool(rank[0])}"
         if self.radius is not None and (rank is None or bool(rank[0])) and not self.radius.held:
-            self.radius.hold(pl_module, ramp=max(1, self.cycle // 4))
+            self.radius.hold(pl_module, ramp=self.cycle // 4)
             why += f"; the radius held at the full training radius from now on (a ramp of {self.radius.ramp} epochs)"
         self.restarts.append({"epoch": epoch, "round": self.round + 1, "why": why})
         pl_module.round = self.round

@@ -199,8 +199,7 @@ def check_composition(argv: list[str]) -> None:
         text = str(exc) + ("\n" + str(exc.__cause__) if exc.__cause__ else "")
         lines = [line.strip() for line in text.splitlines()
                  if line.strip() and not line.strip().startswith(("To append", "full_key", "object_type", "reference_type"))]
-        GlobalHydra.instance().clear()
-        hint = did_you_mean(text, overrides)
+        hint = did_you_mean(text, overrides)  # the `with` above has put Hydra's global state back already
         raise TTPUserError(" ".join(lines) + (f"; did you mean {hint!r}?" if hint else "")
                            + " (see `--cfg job` for every setting)") from exc
     finally:

@@ -6,6 +6,7 @@ import io
 import logging
 import shutil
 import textwrap
+import time
 
 from rich import box
 from rich.console import Console
@@ -88,8 +89,6 @@ class Paced:
     loop says nothing."""
 
     def __init__(self, label: str, unit: str, every: float = 60.0, log: logging.Logger | None = None):
-        import time
-
         self.label, self.unit, self.every = label, unit, every
         self.log = log or logging.getLogger(__name__)
         self._clock = time.perf_counter

@@ -28,16 +28,10 @@ from ttp_lightning.core.words import BothWords, upgraded
 # /4: the card is README.md with a model hub's YAML metadata (release/card.py), where /1-/3 wrote MODEL_CARD.md
 RELEASE_FORMAT = "ttp_lightning.release/4"
 EARLIER_FORMATS = ("ttp_lightning.release/1", "ttp_lightning.release/2")  # read as well, in their own words
-SAME_WORDS = ("ttp_lightning.release/3",)  # read as well: this format's words, the card under its old name
 EXACT_CLAIMS = EARLIER_FORMATS  # formats whose proven claims were computed for the exact (float64) network
 CERTIFIED_PREFIX = "backbone."  # the names in a certified release's weights (the classifier's own)
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
-LEGACY_CARD = "MODEL_CARD.md"  # the card's name up to release/3
-
-
-def card_name(form: str) -> str:
-    """The card's file name in a release of format `form` (config.json's `format`)."""
-    return CARD if form == RELEASE_FORMAT else LEGACY_CARD
+LEGACY_CARD = "MODEL_CARD.md"  # the card's name up to release/3 (/3 is read in this format's words)
 MAX_CONFIG_BYTES = 1 << 20
 
 PIXEL_RANGE = [0.0, 1.0]  # what a release's network takes (before its own normalisation); nothing else is allowed
@@ -169,6 +163,11 @@ def not_protected_line(folder: str | Path, config: dict) -> str | None:
         return None
     return (f"{str(folder)!r} is NOT a protected release: its config.json says \"protected\": false (its release "
             "gate failed; its card gives the reasons)")
+
+
+def card_name(form: str) -> str:
+    """The card's file name in a release of format `form` (config.json's `format`)."""
+    return CARD if form == RELEASE_FORMAT else LEGACY_CARD
 
 
 MAX_IMAGE_SIZE, MAX_CHANNELS = 4096, 4

@@ -765,3 +765,18 @@ def test_the_card_is_a_hub_readme_whose_metadata_restates_the_effect_table(genui
     assert card.text.lstrip().startswith("# Model card")
     load_released(genuine.release)
     assert _check(genuine.release, genuine.forget, "--gamma", "0")[0] == 0
+
+
+def test_metadata_the_hub_reader_cannot_parse_fails_instead_of_escaping_comparison(genuine, tmp_path):
+    """A model-index result without its `dataset` is dropped whole when metadata errors are ignored: its numbers
+    (here a test accuracy the Effect table does not state) would reach a hub page compared with nothing."""
+    release = _copy(genuine, tmp_path / "release")
+    lines = (release / CARD).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "dataset:")
+    assert lines[start + 1].strip().startswith("name:") and lines[start + 2].strip().startswith("type:")
+    edited = lines[:start] + lines[start + 3:]
+    value = next(i for i, line in enumerate(edited) if line.strip().startswith("value:"))
+    edited[value] = edited[value].split("value:")[0] + "value: 12.0"
+    (release / CARD).write_text("\n".join(edited))
+    code, text = _check(release, genuine.forget, "--gamma", "0")
+    assert code == 1 and "metadata cannot be read" in text, text

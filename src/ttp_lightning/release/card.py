@@ -190,15 +190,17 @@ def front_matter(results: dict, settings, cells: dict[str, tuple[str, str]]) -> 
 def metadata_failures(card: str, cells: dict[str, str], rows: dict, protected: bool) -> list[str]:
     """Where a card's YAML metadata says something its Effect table (`cells`, read by card_cells; `rows`:
     effect_rows) or config.json (`protected`) does not: a metric whose value differs from its row's cell, a
-    metric no row states, a protected flag or tag that contradicts config.json. The YAML is read as data
-    (huggingface_hub's safe loader); a card without metadata has nothing to compare (release/1-3)."""
+    metric no row states, a protected flag or tag that contradicts config.json, metadata the hub's reader cannot
+    parse (with its errors ignored, a model-index missing a field is dropped whole: its numbers would show on a
+    hub page and be compared with nothing). The YAML is read as data (huggingface_hub's safe loader); a card
+    without metadata has nothing to compare (release/1-3)."""
     from huggingface_hub import ModelCard
 
     yaml_text, _ = split_front_matter(card)
     if yaml_text is None:
         return []
     try:
-        data = ModelCard(card, ignore_metadata_errors=True).data
+        data = ModelCard(card, ignore_metadata_errors=False).data
     except Exception as exc:  # noqa: BLE001 -- any unreadable metadata is a failure, never a pass
         return [f"{CARD}'s metadata cannot be read ({type(exc).__name__})"]
     failures = []

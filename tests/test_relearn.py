@@ -114,3 +114,52 @@ def test_no_floor_is_trained_when_there_is_nothing_to_relearn_on():
     assert retrain_floor(settings(data=["test"]), None, datamodule, method, never, {}) is None
     assert retrain_floor(settings(floor=False), None, datamodule, method, never, some) is None
     assert retrain_floor(settings(), None, datamodule, SimpleNamespace(name="retrain"), never, some) is None
+
+
+def _bn_cnn(seed: int) -> nn.Module:
+    """A convolution without bias before batch norm: a bias there has a gradient of zero up to rounding, which
+    Adam's first steps (about lr times its sign) turn into steps of lr in directions that rounding decides."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1, bias=False), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(48, 3))
+
+
+def test_runs_trained_together_take_the_steps_each_takes_alone():
+    """The batched attack (every model, source and rate in one vmapped step) against one run at a time, for two
+    different nets with batch norm (whose statistics each run keeps apart): the same scores after every count."""
+    from ttp_lightning.attacks.relearn import relearn_each
+
+    retain, test, forget = _clusters()
+    nets = {"a": _bn_cnn(1), "b": _bn_cnn(2)}
+    sources = {"test": test, "retain 25": retain_subset(retain, 25, seed=0)}
+    together = relearn_each(nets, sources, forget, [1, 5, 30], [1e-3, 0.05], batch_size=8, seed=3, device="cpu")
+    assert list(together) == ["a", "b"]
+    for name, net in nets.items():
+        worst, runs = together[name]
+        assert sorted(runs) == ["retain 25 lr 0.001", "retain 25 lr 0.05", "test lr 0.001", "test lr 0.05"]
+        for label, scores in runs.items():
+            source, lr = label.rsplit(" lr ", 1)
+            alone = relearn_attack(net, sources[source], forget, [1, 5, 30], float(lr), 8, 3, "cpu")
+            for count, row in alone.items():
+                for key, value in row.items():
+                    assert abs(scores[count][key] - value) < 1e-4, (name, label, count, key)
+        assert worst["30"]["forget_conf_dist"] == max(run["30"]["forget_conf_dist"] for run in runs.values())
+    assert together["a"][1] != together["b"][1]  # two nets, two answers
+
+
+def test_runs_too_large_for_one_step_are_split_and_other_architectures_kept_apart(monkeypatch):
+    from ttp_lightning.attacks import relearn
+
+    retain, test, forget = _clusters()
+    nets = {"cnn": _bn_cnn(1), "linear": nn.Sequential(nn.Flatten(), nn.Linear(16, 3))}
+    runs = [relearn._Run(model, "test", lr) for model in nets for lr in (0.1, 0.01, 0.001)]
+    monkeypatch.setattr(relearn, "MAX_VALUES_PER_STEP", 2 * 8 * 16)  # two runs of 8 images of 16 values a step
+    groups = relearn._groups(runs, nets, 8, 16)
+    assert [[(run.model, run.lr) for run in group] for group in groups] == [
+        [("cnn", 0.1), ("cnn", 0.01)], [("cnn", 0.001)], [("linear", 0.1), ("linear", 0.01)], [("linear", 0.001)]]
+    split = relearn.relearn_each(nets, {"test": test}, forget, [3], [0.1, 0.01, 0.001], 8, 0, "cpu")
+    monkeypatch.setattr(relearn, "MAX_VALUES_PER_STEP", 2 ** 22)
+    whole = relearn.relearn_each(nets, {"test": test}, forget, [3], [0.1, 0.01, 0.001], 8, 0, "cpu")
+    for name in nets:
+        for label, scores in whole[name][1].items():
+            for key, value in scores["3"].items():
+                assert abs(split[name][1][label]["3"][key] - value) < 1e-5

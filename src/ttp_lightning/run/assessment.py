@@ -18,7 +18,7 @@ from ttp_lightning.assess.protection import (
     stage_summary,
 )
 from ttp_lightning.attacks import WORST, evaluate_attacks
-from ttp_lightning.attacks.relearn import relearn_worst, retain_subset
+from ttp_lightning.attacks.relearn import relearn_each, retain_subset
 from ttp_lightning.config.schema import AttacksSchema, BoundsSchema
 from ttp_lightning.core.console import Paced
 from ttp_lightning.core.inference import eval_device, predictions
@@ -155,28 +155,25 @@ def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema
     log.info("relearning attack: Adam at lr %s on %s, forget set measured after %s steps; the worst case is "
              "reported", ", ".join(f"{lr:g}" for lr in settings.lrs), " and ".join(sources),
              ", ".join(map(str, settings.steps)))
-    worst, runs = {}, {}
-    for stage, net in models.items():
-        worst[stage], runs[stage] = relearn(net, sources, forget, cfg, Paced(f"relearning attack ({stage})", "runs"))
-    floor_record = None if floor is None else relearn_floor(floor, sources, forget, cfg)
+    nets = dict(models) if floor is None else {**models, FLOOR: floor[0]}
+    results = relearn(nets, sources, forget, cfg, Paced("relearning attack", "steps"))
+    worst = {stage: results[stage][0] for stage in models}
+    runs = {stage: results[stage][1] for stage in models}
+    floor_record = None if floor is None else {"worst": results[FLOOR][0], "retrain_wall_s": floor[1]["wall_s"],
+                                               "retrain_cached": floor[1]["cached"]}
     return Attacked(scores, checks, robust, by_gamma, worst, runs, floor_record)
 
 
-def relearn(net, sources: dict, forget, cfg: AttacksSchema, paced: Paced | None = None) -> tuple[dict, dict]:
-    """attacks.relearn on `net` from `sources` (relearn_sources): (worst case, every run), relearn_worst's;
-    `paced` says how far it is at least once a minute."""
+FLOOR = " the floor, A(D_r)"  # not a stage name (stage names are identifiers)
+
+
+def relearn(nets: dict, sources: dict, forget, cfg: AttacksSchema, paced: Paced | None = None) -> dict:
+    """attacks.relearn on each of `nets` from `sources` (relearn_sources), trained together: {name: (worst
+    case, every run)}, relearn_each's; `paced` says how far it is at least once a minute."""
     settings = cfg.relearn
-    return relearn_worst(net, sources, forget, list(settings.steps), [float(lr) for lr in settings.lrs],
-                         int(settings.batch_size), int(cfg.seed), eval_device(),
-                         progress=None if paced is None else paced.step)
-
-
-def relearn_floor(floor: tuple, sources: dict, forget, cfg: AttacksSchema) -> dict:
-    """The relearning attack's floor: the same finetuning of A(D_r), which never saw the forget images and was
-    never made uniform on them. {worst: {steps: worst-case scores}, retrain_wall_s, retrain_cached}."""
-    net, info = floor
-    worst, _ = relearn(net, sources, forget, cfg, Paced("relearning attack (the floor, A(D_r))", "runs"))
-    return {"worst": worst, "retrain_wall_s": info["wall_s"], "retrain_cached": info["cached"]}
+    return relearn_each(nets, sources, forget, list(settings.steps), [float(lr) for lr in settings.lrs],
+                        int(settings.batch_size), int(cfg.seed), eval_device(),
+                        progress=None if paced is None else paced.step)
 
 
 def run_relearn_sources(cfg: AttacksSchema, datamodule) -> dict:

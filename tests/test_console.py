@@ -127,16 +127,15 @@ def test_a_long_loop_logs_its_progress_at_most_once_an_interval(caplog):
     from ttp_lightning.core.console import Paced
 
     clock = iter([0.0, 30.0, 61.0, 90.0, 125.0, 200.0])
-    paced = Paced("relearning attack (pareto)", "runs", every=60.0)
-    paced._clock = lambda: next(clock)
-    paced.started = paced.last = paced._clock()
+    paced = Paced("relearning attack (pareto)", "runs", every=60.0, clock=lambda: next(clock))
     with caplog.at_level(logging.INFO):
         for done in range(1, 6):
             paced.step(done, 6)
     lines = [r.getMessage() for r in caplog.records]
+    # the time left at the pace since the last line: 61 s for 2 runs, then 64 s for 2, then 75 s for 1
     assert lines == ["relearning attack (pareto): 2 of 6 runs, 61 s, ~122 s left",
-                     "relearning attack (pareto): 4 of 6 runs, 125 s, ~62 s left",
-                     "relearning attack (pareto): 5 of 6 runs, 200 s, ~40 s left"]
+                     "relearning attack (pareto): 4 of 6 runs, 125 s, ~64 s left",
+                     "relearning attack (pareto): 5 of 6 runs, 200 s, ~75 s left"]
 
 
 def test_tables_fold_to_the_width_given_and_never_break_a_value():

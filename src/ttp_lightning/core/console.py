@@ -82,23 +82,39 @@ class ConsoleFormatter(logging.Formatter):
         return text
 
 
-class Paced:
-    """Progress lines for a long loop that is not a training fit (the relearning attack's runs): `step(done,
-    total)` logs `<label>: done of total <unit>, T s, ~L s left` when at least `every` seconds have passed since
-    the last line (or the start), so a pipe or a cluster log hears from the run at least once a minute and a short
-    loop says nothing."""
+class Pace:
+    """When a long loop next says how far it is: `due(done, total)` is None until at least `every` seconds have
+    passed since the last line (or the start), then (seconds since the start, seconds left at the pace since the
+    last line: a loop's steps need not take the same time, robust Alg 1's later rounds train at a larger radius).
+    Shared by the training phases' lines in a pipe (fit.progress.StageLine) and Paced."""
 
-    def __init__(self, label: str, unit: str, every: float = 60.0, log: logging.Logger | None = None):
-        self.label, self.unit, self.every = label, unit, every
+    def __init__(self, every: float = 60.0, done: int = 0, clock=time.perf_counter):
+        self.every, self._clock = every, clock
+        self.started = self.last = clock()
+        self.last_done = done
+
+    def due(self, done: int, total: int) -> tuple[float, float] | None:
+        now = self._clock()
+        if now - self.last < self.every:
+            return None
+        pace = (now - self.last) / max(1, done - self.last_done)
+        self.last, self.last_done = now, done
+        return now - self.started, pace * max(0, total - done)
+
+
+class Paced:
+    """Progress lines for a long loop that is not a training fit (the relearning attack's steps): `step(done,
+    total)` logs `<label>: done of total <unit>, T s, ~L s left` when Pace says it is due, so a pipe or a cluster
+    log hears from the run at least once a minute and a short loop says nothing."""
+
+    def __init__(self, label: str, unit: str, every: float = 60.0, log: logging.Logger | None = None,
+                 clock=time.perf_counter):
+        self.label, self.unit = label, unit
         self.log = log or logging.getLogger(__name__)
-        self._clock = time.perf_counter
-        self.started = self.last = self._clock()
+        self.pace = Pace(every, clock=clock)
 
     def step(self, done: int, total: int) -> None:
-        now = self._clock()
-        if now - self.last < self.every or done >= total:
+        if done >= total or (due := self.pace.due(done, total)) is None:
             return
-        self.last = now
-        left = (now - self.started) / done * (total - done)
-        self.log.info("%s: %d of %d %s, %.0f s, ~%.0f s left", self.label, done, total, self.unit,
-                      now - self.started, left)
+        elapsed, left = due
+        self.log.info("%s: %d of %d %s, %.0f s, ~%.0f s left", self.label, done, total, self.unit, elapsed, left)

@@ -12,7 +12,7 @@ import warnings
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm, convert_inf
 
-from ttp_lightning.core.console import wrapped
+from ttp_lightning.core.console import Pace, wrapped
 
 REPEATED_WARNINGS = (
     r"(?s).*isinstance\(treespec, LeafSpec\)",             # Lightning's own use of a deprecated torch API
@@ -137,25 +137,20 @@ class StageLine(Callback):
         self.phase, self.stream, self.every = phase, stream, every
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._started, self._first = time.perf_counter(), trainer.current_epoch
-        self._last, self._last_epoch = self._started, trainer.current_epoch
+        self._pace = Pace(self.every, done=trainer.current_epoch)
+        self._first = trainer.current_epoch
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        now = time.perf_counter()
-        if trainer.global_rank != 0 or now - self._last < self.every:
-            return
         epoch = trainer.current_epoch + 1
-        # the time left at the pace since the last line (a phase's epochs need not take the same time: robust Alg 1
-        # trains its later rounds at a larger radius)
-        pace = (now - self._last) / max(1, epoch - self._last_epoch)
-        left = pace * max(0, (trainer.max_epochs or 0) - epoch)
-        self._last, self._last_epoch = now, epoch
-        self._print(f"{self.phase}: epoch {epoch}/{trainer.max_epochs}, {now - self._started:.0f} s"
+        if trainer.global_rank != 0 or (due := self._pace.due(epoch, trainer.max_epochs or 0)) is None:
+            return
+        elapsed, left = due
+        self._print(f"{self.phase}: epoch {epoch}/{trainer.max_epochs}, {elapsed:.0f} s"
                     f"{f', ~{left:.0f} s left' if left >= 1 else ''}  {_metrics(trainer)}")
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_rank == 0:
-            ended = _ended(self.phase, trainer, self._first, self._started)
+            ended = _ended(self.phase, trainer, self._first, self._pace.started)
             self._print(f"{ended.partition(' (stopped')[0]}  {_metrics(trainer)}")
 
     def _print(self, line: str) -> None:

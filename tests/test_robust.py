@@ -470,6 +470,32 @@ def test_interval_term_bounds_the_ball_and_leaves_the_state_dict_alone():
     module.load_state_dict(before)
 
 
+def test_the_bound_term_covers_the_ball_interval_gamma_names_and_grows_with_it():
+    """interval_gamma: the bound term's ball is interval_gamma / 255 (not the training radius, 32/255 here), and a
+    bound over a larger ball is never smaller; a value <= 0 is refused where it is set."""
+    import pytest
+
+    from ttp_lightning.core.errors import TTPUserError
+
+    torch.manual_seed(0)
+    retain, forget = tiny_sets(n_forget=8)
+    images, _ = forget.everything()
+
+    def module(**interval):
+        settings = AdversarialSettings(gamma=32, steps=0, interval_weight=1.0, interval_ramp_epochs=0, **interval)
+        return ParetoFinetuneModule(tiny_net(), 0.75, OPTIM, retain_data=retain, forget_data=forget,
+                                    uniformity="reverse_kl", adversarial=settings)
+
+    small, large, default = module(interval_gamma=2.0), module(interval_gamma=16.0), module()
+    assert small._interval_radius() == pytest.approx(2 / 255) and default._interval_radius() == pytest.approx(32 / 255)
+    large.net.load_state_dict(small.net.state_dict())
+    default.net.load_state_dict(small.net.state_dict())
+    b_small, b_large, b_default = (m._interval_bound(images) for m in (small, large, default))
+    assert (b_small <= b_large + 1e-9).all() and (b_large <= b_default + 1e-9).all() and (b_small < b_default).any()
+    with pytest.raises(TTPUserError, match="interval_gamma"):
+        AdversarialSettings(interval_gamma=0.0)
+
+
 def test_robust_alg1_takes_the_same_steps_whether_pretraining_was_trained_or_read_from_the_cache(
         compose_cfg, tmp_path, monkeypatch):
     """The inner attack draws from the global generators: they are seeded before the method, so a rerun of the

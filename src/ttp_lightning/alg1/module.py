@@ -195,11 +195,12 @@ class ParetoFinetuneModule(PartsValidationMixin):
 
     def _interval_radius(self) -> float:
         """The interval term's radius: grown linearly over the first `interval_ramp_epochs` epochs to the
-        training radius (as IBP training does: a bound over the full ball is loose and large at the start, and
+        training radius (or interval_gamma) (as IBP training does: a bound over the full ball is loose and large at the start, and
         its gradient alone would wreck the model's accuracy in the first epoch)."""
         ramp = self.adversarial.interval_ramp_epochs
         fraction = 1.0 if not ramp or self._trainer is None else min(1.0, (self.current_epoch + 1) / ramp)
-        return self.train_radius() * fraction
+        fixed = self.adversarial.interval_gamma
+        return (self.train_radius() if fixed is None else float(fixed) / 255.0) * fraction
 
     def _interval_bound(self, images):
         """Each image's upper bound on KL(u || p) over its training ball (by `bound_term`: interval or

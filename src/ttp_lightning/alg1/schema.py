@@ -45,6 +45,8 @@ class AdversarialSettings:
     interval_weight: float | str = 0.0  # B: the interval bound on KL(u || p) over the training ball (auto: set
                                         # for the network by alg1.method.resolve_interval_weight)
     interval_ramp_epochs: int = 10     # B's radius grows linearly to the training radius over these epochs
+    interval_gamma: float | None = None  # B's radius in 1/255 (None: the training radius, moved by the radius
+                                         # rule); a smaller one asks for proofs within a smaller ball
     interval_focus: str = "all"        # B on every forget image of each batch | unproven: every step, on the
                                        # images the last validation epoch's bound did not prove at gamma
     bound_term: str = "interval"       # B by interval bounds, or linear (CROWN-IBP: tighter, about 2x the cost)
@@ -87,6 +89,8 @@ class AdversarialSettings:
         if self.interval_ramp_epochs is not None and self.interval_ramp_epochs != 0:
             checks.positive_int(self.interval_ramp_epochs, "method.adversarial.interval_ramp_epochs")
         checks.positive(self.step_size, "method.adversarial.step_size")
+        if self.interval_gamma is not None:
+            checks.positive(self.interval_gamma, "method.adversarial.interval_gamma")
         if not self.objectives:
             raise TTPUserError("method.adversarial.objectives=[] is not allowed; list at least one of: "
                                + ", ".join(OBJECTIVE_NAMES))
@@ -175,7 +179,7 @@ class EarlyStoppingSchema:
     retain_acc_drop_at_most: float | None = 0.01
     patience: int | None = 20
     fallback: Fallback = Fallback["pareto"]
-    retain_holdout: Any = 0.0  # a fraction of the retain set, auto or val (alg1/method.retain_parts)
+    retain_holdout: Any = "auto"  # a fraction of the retain set, auto or val (alg1/method.retain_parts)
 
     def __post_init__(self) -> None:
         key = "method.early_stopping"

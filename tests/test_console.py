@@ -151,3 +151,22 @@ def test_tables_fold_to_the_width_given_and_never_break_a_value():
         assert lines[-1].split() == rows[1]  # every value whole, in its column
     assert max(len(line) for line in table(rows, 80).splitlines()) == narrowest == 90
     assert table(rows, 100).splitlines()[1].split()[:3] == ["stage", "acc", "test"]  # folded only as needed
+
+
+def test_a_loop_whose_steps_outlast_the_interval_still_logs_a_heartbeat(caplog):
+    """One APGD run can take minutes: inside `with Paced(...)` a line comes at least once an interval even when
+    no step ends in it, and none after the loop."""
+    import logging
+    import time
+
+    from ttp_lightning.core.console import Paced
+
+    with caplog.at_level(logging.INFO):
+        with Paced("attack table (pareto)", "attack runs", every=0.05) as paced:
+            paced.step(1, 3)
+            time.sleep(0.4)
+        count = len(caplog.records)
+        time.sleep(0.2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == count >= 2
+    assert all(line.startswith("attack table (pareto): 1 of 3 attack runs, ") for line in lines)

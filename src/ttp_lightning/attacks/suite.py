@@ -76,12 +76,14 @@ def zero_gradient_mask(model: nn.Module, images: torch.Tensor, targets: torch.Te
 
 
 def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg: AttacksSchema, attacks: dict[str, Attack],
-                     targets: torch.Tensor | None = None, reference_conf_dist: float | None = None) -> dict:
+                     targets: torch.Tensor | None = None, reference_conf_dist: float | None = None,
+                     progress=None) -> dict:
     """{"scores": {attack: {gamma (/255): {forget_conf_dist, forget_acc}}} with "none" (clean) and "worst"
     (per image the most confident of all `attacks`, built by `build_suite`), "checks": {...}, "worst_per_image": {gamma: [each image's
     CD at its most confident point]}}. `targets`: the labels an adversary wants
     back (the pretrained model's predictions; default the true labels). `reference_conf_dist`: the forget CD
-    the unbounded attack should restore (the pretrained model's)."""
+    the unbounded attack should restore (the pretrained model's). `progress(done, total)` is called after each
+    attack's run on a chunk of images at one radius."""
     started = time.perf_counter()
     device = eval_device()
     was_training = model.training
@@ -97,7 +99,7 @@ def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg: AttacksSc
     betas = [b for b in [cfg.relu_gradient_beta, *(cfg.surrogate_betas if own else [])] if b is not None]
     gammas = sorted(float(g) for g in cfg.gammas)
     chunk = int(cfg.chunk_size)
-    per_image = _attack_per_image(model, images, labels, targets, cfg, attacks, gammas, samples, chunk)
+    per_image = _attack_per_image(model, images, labels, targets, cfg, attacks, gammas, samples, chunk, progress)
     scores = {attack: {_key(g): _summary(*by_gamma[g], num_classes) for g in by_gamma}
               for attack, by_gamma in per_image.items() if attack != "unbounded"}
     scores = _in_config_order(scores, cfg.gammas)
@@ -113,7 +115,7 @@ def evaluate_attacks(model: nn.Module, forget: ImageBatchDataset, cfg: AttacksSc
     return {"scores": scores, "checks": checks, "worst_per_image": worst}
 
 
-def _attack_per_image(model, images, labels, targets, cfg, attacks, gammas, samples, chunk) -> dict:
+def _attack_per_image(model, images, labels, targets, cfg, attacks, gammas, samples, chunk, progress=None) -> dict:
     """{attack: {gamma: (confidence, correct) per image}}; gamma 255 under "unbounded" for the gradient
     attacks. Generators are seeded per (attack, gamma) and consumed chunk by chunk, as the paper's attacks
     always were, so two models face the same random draws."""
@@ -125,6 +127,14 @@ def _attack_per_image(model, images, labels, targets, cfg, attacks, gammas, samp
     gradient_attacks = [name for name in names if not attacks[name].random]
     if cfg.unbounded_check and gradient_attacks:
         per_image["unbounded"] = {UNBOUNDED: [[], []]}
+    runs = len(gammas) * len(names) + (len(gradient_attacks) if "unbounded" in per_image else 0)
+    count = {"done": 0, "total": runs * -(-len(images) // chunk)}
+
+    def tick() -> None:
+        count["done"] += 1
+        if progress is not None:
+            progress(count["done"], count["total"])
+
     for start in range(0, len(images), chunk):
         x, y, t = images[start:start + chunk], labels[start:start + chunk], targets[start:start + chunk]
         clean = confidence_and_correct(model, x, y, samples)
@@ -132,19 +142,19 @@ def _attack_per_image(model, images, labels, targets, cfg, attacks, gammas, samp
         worst_x, worst = x, clean
         for gamma in gammas:
             worst_x, worst = _radius(model, x, y, t, cfg, attacks, names, gamma, generators, samples, worst_x,
-                                     worst, per_image)
+                                     worst, per_image, tick)
             _append(per_image[WORST][gamma], worst)
         if "unbounded" in per_image:
             _, unbounded = _radius(model, x, y, t, cfg, attacks, gradient_attacks, UNBOUNDED, generators,
-                                   samples, worst_x, worst, None)
+                                   samples, worst_x, worst, None, tick)
             _append(per_image["unbounded"][UNBOUNDED], unbounded)
     return {attack: {g: (torch.cat(c), torch.cat(r)) for g, (c, r) in by_gamma.items()}
             for attack, by_gamma in per_image.items()}
 
 
-def _radius(model, x, y, t, cfg, attacks, names, gamma, generators, samples, worst_x, worst, per_image):
+def _radius(model, x, y, t, cfg, attacks, names, gamma, generators, samples, worst_x, worst, per_image, tick):
     """Every attack in `names` at one radius, each free to start from `worst_x`; returns the new worst
-    point and score per image (never below `worst`)."""
+    point and score per image (never below `worst`); `tick()` after each attack."""
     for name in names:
         attack = attacks[name]
         with smooth_relu_gradients(None if attack.own_surrogates else cfg.relu_gradient_beta):
@@ -156,6 +166,7 @@ def _radius(model, x, y, t, cfg, attacks, names, gamma, generators, samples, wor
         more = scored[0] > worst[0]
         worst_x = torch.where(more.view((-1,) + (1,) * (x.dim() - 1)), attacked, worst_x)
         worst = (torch.where(more, scored[0], worst[0]), torch.where(more, scored[1], worst[1]))
+        tick()
     return worst_x, worst
 
 

@@ -6,6 +6,7 @@ import io
 import logging
 import shutil
 import textwrap
+import threading
 import time
 
 from rich import box
@@ -103,18 +104,45 @@ class Pace:
 
 
 class Paced:
-    """Progress lines for a long loop that is not a training fit (the relearning attack's steps): `step(done,
-    total)` logs `<label>: done of total <unit>, T s, ~L s left` when Pace says it is due, so a pipe or a cluster
-    log hears from the run at least once a minute and a short loop says nothing."""
+    """Progress lines for a long loop that is not a training fit (the attack table, the relearning attack):
+    `step(done, total)` logs `<label>: done of total <unit>, T s, ~L s left` when Pace says it is due, so a pipe
+    or a cluster log hears from the run at least once a minute and a short loop says nothing. Used as a context
+    manager it also keeps a heartbeat: a step can take longer than a minute (one APGD run over a chunk of
+    images), so while the loop runs a thread logs `<label>: done of total <unit>, T s` whenever `every` seconds
+    have passed without a line."""
 
     def __init__(self, label: str, unit: str, every: float = 60.0, log: logging.Logger | None = None,
                  clock=time.perf_counter):
         self.label, self.unit = label, unit
         self.log = log or logging.getLogger(__name__)
         self.pace = Pace(every, clock=clock)
+        self.done, self.total = 0, 0
+        self._lock, self._stop, self._beat = threading.Lock(), threading.Event(), None
 
     def step(self, done: int, total: int) -> None:
-        if done >= total or (due := self.pace.due(done, total)) is None:
-            return
-        elapsed, left = due
-        self.log.info("%s: %d of %d %s, %.0f s, ~%.0f s left", self.label, done, total, self.unit, elapsed, left)
+        with self._lock:
+            self.done, self.total = done, total
+            if done >= total or (due := self.pace.due(done, total)) is None:
+                return
+            elapsed, left = due
+            self.log.info("%s: %d of %d %s, %.0f s, ~%.0f s left", self.label, done, total, self.unit, elapsed,
+                          left)
+
+    def __enter__(self) -> "Paced":
+        self._beat = threading.Thread(target=self._heartbeat, name=f"paced {self.label}", daemon=True)
+        self._beat.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._beat.join()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.pace.every / 4):
+            with self._lock:
+                now = self.pace._clock()
+                if now - self.pace.last < self.pace.every:
+                    continue
+                self.pace.last = now
+                done = f"{self.done} of {self.total} {self.unit}, " if self.total else ""
+                self.log.info("%s: %s%.0f s", self.label, done, now - self.pace.started)

@@ -145,7 +145,9 @@ def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema
     scores, checks, robust, by_gamma = {}, {}, {}, {}
     gamma = f"{float(cfg.robust_gamma):g}"  # validated: one of the gammas
     for stage, net in models.items():
-        evaluation = evaluate_attacks(net, forget, cfg, suite, targets=targets, reference_conf_dist=reference)
+        with Paced(f"attack table ({stage})", "attack runs") as paced:
+            evaluation = evaluate_attacks(net, forget, cfg, suite, targets=targets, reference_conf_dist=reference,
+                                          progress=paced.step)
         scores[stage], checks[stage] = evaluation["scores"], evaluation["checks"]
         robust[stage] = evaluation["scores"][WORST][gamma]["forget_conf_dist"]
         by_gamma[stage] = evaluation["worst_per_image"]
@@ -156,7 +158,8 @@ def attack_models(models: dict, reference: float, datamodule, cfg: AttacksSchema
              "reported", ", ".join(f"{lr:g}" for lr in settings.lrs), " and ".join(sources),
              ", ".join(map(str, settings.steps)))
     nets = dict(models) if floor is None else {**models, FLOOR: floor[0]}
-    results = relearn(nets, sources, forget, cfg, Paced("relearning attack", "steps"))
+    with Paced("relearning attack", "steps") as paced:
+        results = relearn(nets, sources, forget, cfg, paced)
     worst = {stage: results[stage][0] for stage in models}
     runs = {stage: results[stage][1] for stage in models}
     floor_record = None if floor is None else {"worst": results[FLOOR][0], "retrain_wall_s": floor[1]["wall_s"],

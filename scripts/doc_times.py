@@ -90,21 +90,36 @@ def retimed(comment: str, times: list[str]) -> str:
     return comment
 
 
-def rewrite(markdown: str, measured: dict[str, list[str]], install: str | None) -> str:
-    """`markdown` with each measured command's comment retimed and the install phrase set to `install`."""
+def rewrite(markdown: str, measured: dict[str, list[str]], install: str | None,
+            counts: dict[str, str] | None = None) -> str:
+    """`markdown` with each measured command's comment retimed (and its "N tests", where `counts` has the
+    command) and the install phrase set to `install`."""
     lines = markdown.splitlines(keepends=True)
     for index, command in _command_lines(markdown):
         if command.text in measured and command.comment:
             code, sep, comment = lines[index].rstrip("\n").partition("  # ")
-            lines[index] = code + sep + retimed(comment, measured[command.text]) + "\n"
+            comment = retimed(comment, measured[command.text])
+            if command.text in (counts or {}):
+                comment = re.sub(r"\d+ tests\b", counts[command.text], comment)
+            lines[index] = code + sep + comment + "\n"
     out = "".join(lines)
     return out if install is None else INSTALL.sub(lambda match: match.group(1) + install, out)
 
 
-def run(command: str, cwd: Path, log) -> tuple[int, float]:
+def run(command: str, cwd: Path, log: Path) -> tuple[int, float, str]:
+    """(exit code, wall seconds, output) of `command` in `cwd`; the output is appended to `log`."""
     start = time.perf_counter()
-    done = subprocess.run(["bash", "-c", command], cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
-    return done.returncode, time.perf_counter() - start
+    done = subprocess.run(["bash", "-c", command], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    with open(log, "a") as out:
+        out.write(f"$ {command}\n{done.stdout}\n")
+    return done.returncode, time.perf_counter() - start, done.stdout
+
+
+def tests_passed(output: str) -> str | None:
+    """pytest's count of passed tests in `output` ("731 tests"), None when it printed none."""
+    found = re.findall(r"(\d+) passed", output)
+    return f"{found[-1]} tests" if found else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,25 +138,30 @@ def main(argv: list[str] | None = None) -> int:
         (clone.parent / "shared").symlink_to(data)
     env_note = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
     rows, measured, failed = [], {}, False
-    with open(clone.parent / "log.txt", "w") as log:
-        code, install_s = run("make install", clone, log)
-        rows.append(("make install", code, install_s, spoken(install_s)))
-        for command in todo:
-            code, seconds = run(command.text, clone, log)
-            times = [spoken(seconds)]
-            if command.text.startswith("make run"):
-                times = [spoken(install_s + seconds), spoken(seconds)]
-            measured[command.text] = times
-            rows.append((command.text, code, seconds, " / ".join(times)))
-            failed |= code != command.expected_exit
-            print(f"{code:>4} {seconds:8.1f} s  {command.text[:80]}", flush=True)
+    log = clone.parent / "log.txt"
+    code, install_s, _ = run("make install", clone, log)
+    rows.append(("make install", code, install_s, spoken(install_s)))
+    counts = {}
+    for command in todo:
+        code, seconds, output = run(command.text, clone, log)
+        times = [spoken(seconds)]
+        if command.text.startswith("make run"):
+            times = [spoken(install_s + seconds), spoken(seconds)]
+        if command.text == "make test" and tests_passed(output):
+            counts[command.text] = tests_passed(output)
+        measured[command.text] = times
+        rows.append((command.text, code, seconds, " / ".join(times)))
+        failed |= code != command.expected_exit
+        print(f"{code:>4} {seconds:8.1f} s  {command.text[:80]}", flush=True)
     print(f"\n| command | exit | seconds | written as |\n|---|---:|---:|---|  ({env_note}, {clone})")
     for text, code, seconds, written in rows:
         print(f"| `{text}` | {code} | {seconds:.1f} | {written} |")
     if args.write:
         for path in DOCS:
-            path.write_text(rewrite(path.read_text(), measured, spoken(install_s)))
-    if not args.keep:
+            path.write_text(rewrite(path.read_text(), measured, spoken(install_s), counts))
+    if args.keep:
+        print(f"clone and log kept: {clone}, {log}")
+    else:
         shutil.rmtree(clone.parent, ignore_errors=True)
     return 1 if failed else 0
 

@@ -37,10 +37,11 @@ def test_times_are_rewritten_in_the_comment_and_nowhere_else():
                 "make run takes 40 s after the install.\n")
     measured = {"make run": ["about 2.4 minutes", "29 s"], "make test": ["about 9.1 minutes"],
                 ".venv/bin/python -m ttp_lightning +workflow=protect data.root=x": ["98 s"]}
-    out = doc_times.rewrite(markdown, measured, "about 1.9 minutes")
+    out = doc_times.rewrite(markdown, measured, "about 1.9 minutes", {"make test": "731 tests"})
     assert "torch 2.14.1, about 1.9 minutes)" in out
     assert "(about 2.4 minutes with the install, 29 s after)" in out
-    assert "(about 9.1 minutes on 2 cores: 725 tests)" in out
+    assert "(about 9.1 minutes on 2 cores: 731 tests)" in out
+    assert doc_times.tests_passed("...\n731 passed, 5 warnings in 540.1s\n") == "731 tests"
     assert "    data.root=x   # 98 s on 2 cores\n" in out
     assert out.endswith("make run takes 40 s after the install.\n")  # prose outside the fences is left alone
     assert doc_times.spoken(29.4) == "29 s" and doc_times.spoken(150) == "about 2.5 minutes"

@@ -116,11 +116,12 @@ def test_no_floor_is_trained_when_there_is_nothing_to_relearn_on():
     assert retrain_floor(settings(), None, datamodule, SimpleNamespace(name="retrain"), never, some) is None
 
 
-def _bn_cnn(seed: int) -> nn.Module:
-    """A convolution without bias before batch norm: a bias there has a gradient of zero up to rounding, which
-    Adam's first steps (about lr times its sign) turn into steps of lr in directions that rounding decides."""
+def _bn_net(seed: int) -> nn.Module:
+    """An MLP with batch norm (its statistics must stay per run). No bias before batch norm: a bias there has a
+    gradient of zero up to rounding, which Adam's first steps (about lr times its sign) turn into steps of lr in
+    directions that rounding decides."""
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1, bias=False), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(48, 3))
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 8, bias=False), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
 
 
 def test_runs_trained_together_take_the_steps_each_takes_alone():
@@ -129,7 +130,7 @@ def test_runs_trained_together_take_the_steps_each_takes_alone():
     from ttp_lightning.attacks.relearn import relearn_each
 
     retain, test, forget = _clusters()
-    nets = {"a": _bn_cnn(1), "b": _bn_cnn(2)}
+    nets = {"a": _bn_net(1), "b": _bn_net(2)}
     sources = {"test": test, "retain 25": retain_subset(retain, 25, seed=0)}
     together = relearn_each(nets, sources, forget, [1, 5, 30], [1e-3, 0.05], batch_size=8, seed=3, device="cpu")
     assert list(together) == ["a", "b"]
@@ -150,12 +151,17 @@ def test_runs_too_large_for_one_step_are_split_and_other_architectures_kept_apar
     from ttp_lightning.attacks import relearn
 
     retain, test, forget = _clusters()
-    nets = {"cnn": _bn_cnn(1), "linear": nn.Sequential(nn.Flatten(), nn.Linear(16, 3))}
+    nets = {"bn": _bn_net(1), "linear": nn.Sequential(nn.Flatten(), nn.Linear(16, 3))}
     runs = [relearn._Run(model, "test", lr) for model in nets for lr in (0.1, 0.01, 0.001)]
     monkeypatch.setattr(relearn, "MAX_VALUES_PER_STEP", 2 * 8 * 16)  # two runs of 8 images of 16 values a step
     groups = relearn._groups(runs, nets, 8, 16)
     assert [[(run.model, run.lr) for run in group] for group in groups] == [
-        [("cnn", 0.1), ("cnn", 0.01)], [("cnn", 0.001)], [("linear", 0.1), ("linear", 0.01)], [("linear", 0.001)]]
+        [("bn", 0.1), ("bn", 0.01)], [("bn", 0.001)], [("linear", 0.1), ("linear", 0.01)], [("linear", 0.001)]]
+    # a convolution's runs train one at a time (vmap makes it a grouped convolution, slower on a CPU)
+    cnn = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 3))
+    assert not relearn.trains_together(cnn) and relearn.trains_together(nets["bn"])
+    alone = relearn._groups([relearn._Run("cnn", "test", lr) for lr in (0.1, 0.01)], {"cnn": cnn}, 8, 16)
+    assert [len(group) for group in alone] == [1, 1]
     split = relearn.relearn_each(nets, {"test": test}, forget, [3], [0.1, 0.01, 0.001], 8, 0, "cpu")
     monkeypatch.setattr(relearn, "MAX_VALUES_PER_STEP", 2 ** 22)
     whole = relearn.relearn_each(nets, {"test": test}, forget, [3], [0.1, 0.01, 0.001], 8, 0, "cpu")

@@ -13,7 +13,7 @@ Printed: a table of command, exit code, seconds and the time as the docs write i
 comment in README.md and docs/getting-started.md gets the measured time in place of the one it had (the last
 time phrase of the comment; `make run`'s comment holds two: with the install, and after it), and the README's
 "builds `.venv` ..., about N minutes" the install's. Exit 1 when a command exits other than the README says it
-ends (0; the plain Alg 1 experiment 4, as the README's "Reproduce" says).
+ends (0; the plain Alg 1 experiment 4, as the README's role for researchers says).
 """
 
 import argparse

@@ -19,14 +19,14 @@ from ttp_lightning.release.push import main as push
 def release(tmp_path_factory):
     from hydra import compose, initialize_config_dir
 
-    from conftest import CONF_DIR, TINY
+    from conftest import CONF_DIR, tiny_for
     from ttp_lightning.config.choices import normalize_overrides
     from ttp_lightning.run.pipeline import run
 
     work = tmp_path_factory.mktemp("push")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="main", overrides=normalize_overrides(
-            [*TINY, "method.epochs=30", "attacks.enabled=false", "license=mit", f"paths.output_dir={work}",
+            [*tiny_for([]), "method.epochs=30", "attacks.enabled=false", "license=mit", f"paths.output_dir={work}",
              f"paths.cache_dir={work / 'cache'}"]), return_hydra_config=True)
     with open_dict(cfg):
         del cfg["hydra"]

@@ -330,15 +330,15 @@ def test_the_retain_rule_on_a_held_out_slice_never_trains_on_it(compose_cfg, tmp
 
 def test_a_held_out_slice_sized_by_rule_is_one_setting_away(compose_cfg):
     """retain_holdout=auto (issue 61): 2,000 images, never more than a fifth of the retain set; robust Alg 1's
-    default (its rules spend accuracy where it can be seen), while plain Alg 1 keeps the paper's rule on the
-    images trained on (measured: docs/robust-measured.md); anything else outside [0, 0.5] is one line."""
+    default and plain Alg 1's (every rule that spends accuracy reads it where it can be seen; 0 is the paper's rule
+    on the images trained on; measured: docs/robust-measured.md); anything else outside [0, 0.5] is one line."""
     from ttp_lightning.alg1.method import holdout_fraction
     from ttp_lightning.alg1.schema import EarlyStoppingSchema
     from ttp_lightning.core.errors import TTPUserError
 
-    assert EarlyStoppingSchema().retain_holdout == 0.0
+    assert EarlyStoppingSchema().retain_holdout == "auto"
     assert compose_cfg("method=pareto_robust").method.early_stopping.retain_holdout == "auto"
-    assert compose_cfg("method=pareto").method.early_stopping.retain_holdout == 0.0
+    assert compose_cfg("method=pareto").method.early_stopping.retain_holdout == "auto"
     assert EarlyStoppingSchema(retain_holdout="auto").retain_holdout == "auto"
     assert round(holdout_fraction("auto", 59_900) * 59_900) == 2000  # MNIST
     assert holdout_fraction("auto", 1_400) == 0.2 and holdout_fraction(0, 1_400) == 0.0  # digits; the paper

@@ -207,7 +207,8 @@ def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked
     device = eval_device()
     columns, proven_by_stage, bound_by_stage, summaries, note, lists = {}, {}, {}, {}, None, {}
     for stage, net in models.items():
-        proven = proven_bounds(net, forget_images, gammas, device, bounds, threshold)
+        with Paced(f"bounding the forget images ({stage})", "bounds"):  # a line a minute, however long
+            proven = proven_bounds(net, forget_images, gammas, device, bounds, threshold)
         lists[stage] = proven.by_gamma
         note = None if proven.by_gamma is not None else proven.note
         columns[stage] = {"clean": clean_conf_dist(net, forget_images, device).tolist(),

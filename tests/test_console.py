@@ -170,3 +170,16 @@ def test_a_loop_whose_steps_outlast_the_interval_still_logs_a_heartbeat(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == count >= 2
     assert all(line.startswith("attack table (pareto): 1 of 3 attack runs, ") for line in lines)
+
+
+def test_a_heartbeat_resets_the_interval_but_not_the_pace():
+    """A heartbeat line (a step still running) must not make the next estimate of the time left read only the
+    seconds since the heartbeat: the pace is from the last progress line."""
+    from ttp_lightning.core.console import Pace
+
+    clock = iter([0.0, 61.0, 130.0, 140.0, 200.0])
+    pace = Pace(every=60.0, clock=lambda: next(clock))
+    assert pace.due(2, 6) == (61.0, 122.0)  # 30.5 s a step, 4 left
+    assert pace.beat() == 130.0
+    assert pace.due(3, 6) is None  # 10 s after the heartbeat
+    assert pace.due(4, 6) == (200.0, 139.0)  # (200 - 61) / 2 a step since the last progress line, 2 left

@@ -195,8 +195,9 @@ class ParetoFinetuneModule(PartsValidationMixin):
 
     def _interval_radius(self) -> float:
         """The interval term's radius: grown linearly over the first `interval_ramp_epochs` epochs to the
-        training radius (or interval_gamma) (as IBP training does: a bound over the full ball is loose and large at the start, and
-        its gradient alone would wreck the model's accuracy in the first epoch)."""
+        training radius, or to interval_gamma where it is set (as IBP training does: a bound over the full ball is
+        loose and large at the start, and its gradient alone would wreck the model's accuracy in the first
+        epoch)."""
         ramp = self.adversarial.interval_ramp_epochs
         fraction = 1.0 if not ramp or self._trainer is None else min(1.0, (self.current_epoch + 1) / ramp)
         fixed = self.adversarial.interval_gamma

@@ -9,7 +9,8 @@ The runs are independent finetunings of copies of the same architecture, so they
 vmapped forward and backward per step over every (model, source, rate) run (torch.func), with torch's Adam on
 parameters stacked per rate. Each run sees the batches and takes the Adam steps it would alone (`relearn_attack`,
 the one-run reference, is what the tests compare it with); what is saved is the per-step overhead of the
-small networks this attack is usually run on.
+small networks this attack is usually run on. Networks with convolutions train their runs one at a time
+(trains_together says why).
 """
 
 import copy
@@ -134,18 +135,18 @@ def _train_together(runs: list[_Run], nets: dict[str, nn.Module], sources: dict[
     names = [name for name, _ in base.named_parameters()]
     leaves = {lr: {name: torch.stack([states[r.model][name] for r in runs if r.lr == lr]).requires_grad_()
                    for name in names} for lr in rates}
-    buffers = {name: torch.stack([states[r.model][name] for r in runs]).clone() for name, _ in base.named_buffers()}
+    buffers = {name: torch.stack([states[r.model][name] for r in runs]) for name, _ in base.named_buffers()}
     optimizer = torch.optim.Adam([{"params": list(leaves[lr].values()), "lr": lr} for lr in rates])
     feeds = {name: _Batches(sources[name], batch_size, seed) for name in {r.source for r in runs}}
 
     def stacked() -> dict[str, torch.Tensor]:
         return {name: torch.cat([leaves[lr][name] for lr in rates]) for name in names}
 
-    def loss(params, buffers, images, labels):
-        return F.cross_entropy(functional_call(base, (params, buffers), (images,)), labels)
-
     def logits(params, buffers, images):
         return functional_call(base, (params, buffers), (images,))
+
+    def loss(params, buffers, images, labels):
+        return F.cross_entropy(logits(params, buffers, images), labels)
 
     forget_images, forget_labels = forget.everything()
     forget_images, out = forget_images.to(device), {run: {} for run in runs}

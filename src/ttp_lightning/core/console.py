@@ -86,21 +86,31 @@ class ConsoleFormatter(logging.Formatter):
 class Pace:
     """When a long loop next says how far it is: `due(done, total)` is None until at least `every` seconds have
     passed since the last line (or the start), then (seconds since the start, seconds left at the pace since the
-    last line: a loop's steps need not take the same time, robust Alg 1's later rounds train at a larger radius).
-    Shared by the training phases' lines in a pipe (fit.progress.StageLine) and Paced."""
+    last progress line: a loop's steps need not take the same time, robust Alg 1's later rounds train at a larger
+    radius). `beat()` is a line with no count (a step still running): seconds since the start when one is due, else
+    None; it resets the interval, not the pace. Shared by the training phases' lines in a pipe
+    (fit.progress.StageLine) and Paced."""
 
     def __init__(self, every: float = 60.0, done: int = 0, clock=time.perf_counter):
         self.every, self._clock = every, clock
-        self.started = self.last = clock()
-        self.last_done = done
+        self.started = self.last_line = self.marked = clock()
+        self.marked_done = done
 
     def due(self, done: int, total: int) -> tuple[float, float] | None:
         now = self._clock()
-        if now - self.last < self.every:
+        if now - self.last_line < self.every:
             return None
-        pace = (now - self.last) / max(1, done - self.last_done)
-        self.last, self.last_done = now, done
+        pace = (now - self.marked) / max(1, done - self.marked_done)
+        self.last_line = self.marked = now
+        self.marked_done = done
         return now - self.started, pace * max(0, total - done)
+
+    def beat(self) -> float | None:
+        now = self._clock()
+        if now - self.last_line < self.every:
+            return None
+        self.last_line = now
+        return now - self.started
 
 
 class Paced:
@@ -140,9 +150,6 @@ class Paced:
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.pace.every / 4):
             with self._lock:
-                now = self.pace._clock()
-                if now - self.pace.last < self.pace.every:
-                    continue
-                self.pace.last = now
-                done = f"{self.done} of {self.total} {self.unit}, " if self.total else ""
-                self.log.info("%s: %s%.0f s", self.label, done, now - self.pace.started)
+                if (elapsed := self.pace.beat()) is not None:
+                    done = f"{self.done} of {self.total} {self.unit}, " if self.total else ""
+                    self.log.info("%s: %s%.0f s", self.label, done, elapsed)

@@ -68,6 +68,9 @@ def test_alg1_stopped_and_rerun_equals_an_uninterrupted_run(compose_cfg, tmp_pat
     assert whole["resumed"] == {}
     _same(whole, resumed)
     assert not any((tmp_path / "cache" / "checkpoints").iterdir())  # results written: checkpoints deleted
+    # the wall time counts the stopped run's epochs too (it counted only the resumed ones)
+    alg1 = next(m for m in resumed["metrics"].values() if "wall_to_best_s" in m)
+    assert alg1["wall_s"] >= resumed["history"]["pareto"][-1]["elapsed_s"] > resumed["history"]["pareto"][4]["elapsed_s"]
 
 
 def _released_weights(results: dict, out) -> str:

@@ -21,6 +21,7 @@ import io
 import logging
 import random
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,28 @@ class RandomState(Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         interrupts.note_checkpoint(int(checkpoint.get("epoch", trainer.current_epoch)) + 1,
                                    str(trainer.default_root_dir))
+
+
+class WallClock(Callback):
+    """A fit's wall time across resumes: every checkpoint carries the seconds spent up to it, and a resumed fit
+    counts on from them (the time a stopped run spent after its last checkpoint is lost with its epochs)."""
+
+    def __init__(self):
+        self.before, self._start = 0.0, time.perf_counter()
+
+    def start(self) -> None:
+        """The fit starts (or resumes) now."""
+        self._start = time.perf_counter()
+
+    def seconds(self) -> float:
+        """Seconds of this fit so far, earlier runs of it included."""
+        return self.before + time.perf_counter() - self._start
+
+    def state_dict(self) -> dict:
+        return {"seconds": self.seconds()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.before = float(state_dict.get("seconds", 0.0))
 
 
 def epoch_checkpoint(directory: Path, every_n_epochs: int) -> ModelCheckpoint:

@@ -15,6 +15,7 @@ from ttp_lightning.fit.callbacks import FiniteGuard, Performance, StepTimer, ext
 from ttp_lightning.fit.checkpointing import (
     RandomState,
     SignedCheckpointIO,
+    WallClock,
     epoch_checkpoint,
     resume_from,
 )
@@ -254,9 +255,9 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
     StepTimer's summary: the one among `callbacks`, or one added) goes into ctx.journal.speed[stage]."""
     every = ctx.fit_settings.checkpoint_every_n_epochs
     folder = checkpoint_folder(ctx, key) if key is not None and every > 0 else None
-    callbacks, ckpt_path = list(callbacks or []), None
+    callbacks, ckpt_path, clock = list(callbacks or []), None, WallClock()
     if folder is not None:
-        callbacks += [epoch_checkpoint(folder, every), RandomState()]
+        callbacks += [epoch_checkpoint(folder, every), RandomState(), clock]
         found = resume_from(folder, ctx.fit_settings.resume, stage)
         if found is not None:
             ckpt_path, ctx.journal.resumed[stage] = found.path, found.epochs_done
@@ -265,7 +266,7 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
         timer = StepTimer()
         callbacks.append(timer)
     trainer = make_trainer(ctx, max_epochs, callbacks, trained_by, root_dir=folder, guard=guard, phase=stage)
-    start = time.perf_counter()
+    clock.start()
     set_phase = getattr(ctx.logger, "set_phase", None)  # a logger with a step axis per phase (our WandbLogger)
     if set_phase is not None:
         set_phase(phase_key(stage))
@@ -276,7 +277,7 @@ def fit(ctx: RunContext, module: L.LightningModule, max_epochs: int, stage: str,
         if set_phase is not None:
             set_phase(None)
     ctx.journal.speed[stage] = timer.summary()
-    return time.perf_counter() - start
+    return clock.seconds()
 
 
 PHASES = {"pretraining A(D)": "pretrain", "absorbing the outside forget instances": "absorb",

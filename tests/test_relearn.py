@@ -150,7 +150,7 @@ def test_runs_trained_together_take_the_steps_each_takes_alone():
 def test_runs_too_large_for_one_step_are_split_and_other_architectures_kept_apart(monkeypatch):
     from ttp_lightning.attacks import relearn
 
-    retain, test, forget = _clusters()
+    _, test, forget = _clusters()
     nets = {"bn": _bn_net(1), "linear": nn.Sequential(nn.Flatten(), nn.Linear(16, 3))}
     runs = [relearn._Run(model, "test", lr) for model in nets for lr in (0.1, 0.01, 0.001)]
     monkeypatch.setattr(relearn, "MAX_VALUES_PER_STEP", 2 * 8 * 16)  # two runs of 8 images of 16 values a step

@@ -138,7 +138,7 @@ class Paced:
             self.log.info("%s: %d of %d %s, %.0f s, ~%.0f s left", self.label, done, total, self.unit, elapsed,
                           left)
 
-    def __enter__(self) -> "Paced":
+    def __enter__(self) -> "Paced":  # noqa: PYI034 -- Self needs typing_extensions on 3.10
         self._beat = threading.Thread(target=self._heartbeat, name=f"paced {self.label}", daemon=True)
         self._beat.start()
         return self

@@ -1,7 +1,6 @@
 """Builds Trainers from the `trainer` config group and fits a module, timing the fit."""
 
 import re
-import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import NamedTuple

@@ -264,12 +264,26 @@ def test_the_probe_takes_the_rows_a_slice_at_a_time_and_returns_what_one_pass_re
     assert passes == [11]
     passes.clear()
     monkeypatch.setattr(apgd_module, "ROWS_PER_PASS", 4)
+    monkeypatch.setattr(apgd_module, "VALUES_PER_PASS", 4 * 16)
     sliced = probe(rows, ids, targets)
     assert passes == [4, 4, 3]
     for one, other in zip(whole, sliced, strict=True):
         assert one.shape == other.shape and torch.allclose(one, other, atol=1e-6)
     assert float(whole[1].abs().sum()) > 0  # a real gradient, compared row by row
     assert all(len(values) == 0 for values in probe(rows[:0], ids[:0], targets[:0]))
+    monkeypatch.setattr(apgd_module, "VALUES_PER_PASS", 8 * 16)  # a pass holds 8 such images' values
+    passes.clear()
+    probe(rows, ids, targets)
+    assert passes == [8, 3]
+
+
+def test_a_pass_holds_as_many_input_values_as_128_mnist_images_and_never_fewer_than_128_rows():
+    from ttp_lightning.attacks.apgd import rows_per_pass
+
+    assert rows_per_pass(torch.zeros(2, 1, 28, 28)) == 128
+    assert rows_per_pass(torch.zeros(2, 64)) == 128 * 784 // 64  # scikit-learn's digits: 1,568 rows a pass
+    assert rows_per_pass(torch.zeros(2, 3, 224, 224)) == 128
+    assert rows_per_pass(torch.zeros(0, 64)) >= 128
 
 
 class OneSaturated(nn.Module):

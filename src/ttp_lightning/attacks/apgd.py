@@ -37,8 +37,17 @@ SUCCESS_RATE = 0.75
 # Rows per forward and backward pass of the probe: a data set's training batch (data.batch_size's default). On 2
 # CPU cores 10 judge's steps on the MNIST ResNet8's 100 images (1,200 rows and more) took 18 s in one pass and 7 s
 # in passes of 128; early stopping's 200 rows 2.3 and 2.1 s. Evaluation passes (no gradient) were as fast at
-# 1,024 as at 128 in a fit. scripts/bench_passes.py times both kinds of pass by size.
+# 1,024 as at 128 in a fit. scripts/bench_passes.py times both kinds of pass by size. A pass holds at most
+# VALUES_PER_PASS input values (128 MNIST images): a small image's pass holds more rows, so an MLP on 8x8 digits
+# is not run in passes whose Python overhead outweighs their arithmetic.
 ROWS_PER_PASS = 128
+VALUES_PER_PASS = ROWS_PER_PASS * 28 * 28
+
+
+def rows_per_pass(x: torch.Tensor) -> int:
+    """Rows of `x` one probe pass takes: VALUES_PER_PASS input values, at least ROWS_PER_PASS rows."""
+    per_row = max(1, x[0].numel()) if len(x) else 1
+    return max(ROWS_PER_PASS, VALUES_PER_PASS // per_row)
 
 
 def apgd_checkpoints(steps: int) -> list[int]:
@@ -63,8 +72,9 @@ class Probe:
     samples: int = 1
 
     def __call__(self, x: torch.Tensor, objective_ids: torch.Tensor, targets: torch.Tensor):
-        parts = [self._rows(x[i:i + ROWS_PER_PASS], objective_ids[i:i + ROWS_PER_PASS], targets[i:i + ROWS_PER_PASS])
-                 for i in range(0, len(x) or 1, ROWS_PER_PASS)]
+        size = rows_per_pass(x)
+        parts = [self._rows(x[i:i + size], objective_ids[i:i + size], targets[i:i + size])
+                 for i in range(0, len(x) or 1, size)]
         return tuple(torch.cat(values) for values in zip(*parts, strict=True))
 
     def _rows(self, x: torch.Tensor, objective_ids: torch.Tensor, targets: torch.Tensor):

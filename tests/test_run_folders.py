@@ -109,3 +109,21 @@ time.sleep(120)
     assert proc.returncode == 2 and len(errors) == 1 and "is in use by another run" in errors[0], proc.stderr
     assert (out / ".hydra" / "config.yaml").read_text() == "the first run's settings\n"
     assert time.time() - started < 60  # refused before anything is imported or trained
+
+
+def test_the_run_folder_lock_leaves_no_file_and_a_killed_runs_file_is_cleared(tmp_path):
+    """Issue 63: every run folder kept an empty .run.lock. The lock is removed while still held (nobody waits on
+    it), and a stale one a killed run left is removed by the next run's check."""
+    from filelock import FileLock, Timeout
+
+    from ttp_lightning.config.choices import check_not_busy
+    from ttp_lightning.core.files import run_folder_lock
+
+    with run_folder_lock(tmp_path / "run"):
+        assert (tmp_path / "run" / RUN_LOCK).exists()
+        with pytest.raises(Timeout):
+            FileLock(str(tmp_path / "run" / RUN_LOCK)).acquire(timeout=0)
+    assert not (tmp_path / "run" / RUN_LOCK).exists()
+    (tmp_path / "run" / RUN_LOCK).write_text("")  # a killed run's file, held by nobody
+    check_not_busy(tmp_path / "run")
+    assert not (tmp_path / "run" / RUN_LOCK).exists()

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from ttp_lightning.core.errors import TTPUserError
-from ttp_lightning.core.files import RUN_LOCK
+from ttp_lightning.core.files import RUN_LOCK, release_removing
 
 CONF_DIR = Path(__file__).parents[1] / "conf"
 GROUPS = ("data", "model", "method", "trainer", "logger", "attacks/suite", "attacks", "experiment", "optimizer", "schedule",
@@ -130,7 +130,7 @@ def check_not_busy(folder: Path) -> None:
     except Timeout:
         raise TTPUserError(f"run folder {str(folder)!r} is in use by another run (it holds {RUN_LOCK}); wait for it "
                            "to end, or give this run its own folder (hydra.run.dir=...)") from None
-    lock.release()
+    release_removing(lock)  # a killed run's file: nobody holds it
 
 
 RENAMED = {  # settings a release renamed: their old spelling gets one line saying what replaced it

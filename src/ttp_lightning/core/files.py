@@ -63,7 +63,7 @@ def run_folder_lock(folder: str | Path, rank: int = 0) -> Iterator[None]:
     """Hold `folder`/RUN_LOCK while a run writes there (rank 0 only: a DDP run's other processes share the folder
     with it); a second run into a folder in use ends in one error line instead of resuming from, or
     overwriting, the first one's files. The lock is the operating system's (filelock), so a run that was killed
-    leaves nothing that blocks the next one."""
+    leaves nothing that blocks the next one, and a run that ends removes the lock file (release_removing)."""
     if rank != 0:
         yield
         return
@@ -79,7 +79,19 @@ def run_folder_lock(folder: str | Path, rank: int = 0) -> Iterator[None]:
     try:
         yield
     finally:
-        lock.release()
+        release_removing(lock)
+
+
+def release_removing(lock) -> None:
+    """Remove a held run-folder lock's file, then release it, so that no empty lock file is left behind. Safe
+    because nobody waits on this lock (every taker tries once, timeout=0): a taker that opened the file before
+    it was removed finds it still held and is refused, one after it makes a fresh file. Where an open file
+    cannot be removed (Windows) it stays, empty and harmless."""
+    try:
+        Path(lock.lock_file).unlink(missing_ok=True)
+    except OSError:
+        pass
+    lock.release()
 
 
 SUPERSEDED = "superseded"  # where a run folder keeps an earlier run's outputs (supersede_outputs)

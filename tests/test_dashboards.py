@@ -86,7 +86,8 @@ def test_the_csv_logger_writes_the_flat_config_as_hyperparameters(run_job, tmp_p
     (hparams,) = (tmp_path / "out" / "csv").glob("*/hparams.yaml")
     values = yaml.safe_load(hparams.read_text())
     assert values["method.theta"] == 0.75 and values["data.forget.size"] == 20 and values["model.hidden_dim"] == 100
-    assert results["run"] == {"name": "digits_mlp-pareto-theta=0.75", "group": None, "job_type": "pareto", "swept": {}}
+    assert results["run"] == {"name": "digits_mlp-pareto-theta=0.75", "group": "digits_mlp", "job_type": "pareto",
+                              "swept": {}}  # a single run's group: its experiment
 
 
 def _table(run_dir: Path, name: str) -> dict:
@@ -113,6 +114,7 @@ def test_a_default_job_gives_a_dashboard_numbers_phases_the_released_epoch_the_g
     (run_dir,) = (out / "wandb").glob("offline-run-*")
     (wandb_file,) = run_dir.glob("run-*.wandb")
     run = inspect_run(wandb_file)
+    assert run["run"]["run_group"] == results["experiment"]  # a single run is grouped by its experiment
     for name in ("metrics", "per_image", "forget_images", "attacks", "relearn", "relearn_floor"):
         table = _table(run_dir, name)
         cells = [cell for row in table["data"] for cell in row[1:]]

@@ -98,11 +98,13 @@ def short_value(value) -> str:
 
 def run_identity(cfg: DictConfig) -> dict:
     """{name, group, job_type, swept}: the run's name is `<experiment>-<method>` plus the swept values
-    (`digits_mlp-pareto-theta=0.25`); a single run with a theta names it too."""
+    (`digits_mlp-pareto-theta=0.25`); a single run with a theta names it too. The group is the sweep's folder for
+    a multirun job, else the experiment (a dashboard groups single runs of one experiment together)."""
     swept = swept_values(cfg)
     parts = [f"{key.rsplit('.', 1)[-1]}={short_value(value)}" for key, value in swept.items()]
     theta = cfg.method.get("theta")
     if not parts and theta is not None:
         parts = [f"theta={theta if theta == 'auto' else short_value(float(theta))}"]
     name = "-".join([str(cfg.experiment_name), str(cfg.method.name), *parts])
-    return {"name": name, "group": sweep_group(cfg), "job_type": str(cfg.method.name), "swept": swept}
+    return {"name": name, "group": sweep_group(cfg) or str(cfg.experiment_name), "job_type": str(cfg.method.name),
+            "swept": swept}

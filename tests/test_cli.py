@@ -51,6 +51,15 @@ def test_default_job_writes_the_results_contract(run_cli, tmp_path):
     assert {"zero_gradient_share", "monotone_in_gamma", "unbounded", "randomised"} <= checks.keys()
     assert checks["monotone_in_gamma"] is True and 0 <= checks["zero_gradient_share"] <= 1
     assert "attacks on the forget set" in proc.stdout and "8/255" in proc.stdout and "robust CD" in proc.stdout
+    # bounds.kind=auto: each stage's bound chosen by measuring, with its trials and time
+    for record in results["proof_bound"].values():
+        rule = record["rule"]
+        assert (record["bound"], record["intermediate"]) == (rule["bound"], rule["intermediate"])
+        assert [t["bound"] for t in rule["trials"]] == ["interval", "linear", "linear"]
+        assert record["seconds"] >= rule["seconds"] > 0
+    assert "(by rule: " in proc.stdout
+    card = (tmp_path / "out" / results["release"]["folder"] / "README.md").read_text()
+    assert "chosen by bounds.kind=auto" in card
     softmax = results["forget_softmax"]["pareto"]
     assert len(softmax) == 5 and all(abs(sum(row["softmax"]) - 1) < 1e-4 for row in softmax)
     # the released weights are the evaluated model
@@ -58,6 +67,7 @@ def test_default_job_writes_the_results_contract(run_cli, tmp_path):
     folder = results["release"]["folder"]  # release/, or release_not_protected/ when the tiny run's gate fails
     assert results["weights_file"] == f"{folder}/model.safetensors" and "state_dict_file" not in results
     assert not list((tmp_path / "out").rglob("model.pt"))  # the weights are written once, as the release
+    assert not list((tmp_path / "out").glob(".run.lock"))  # the run folder's lock leaves no empty file behind
     net = load_released(tmp_path / "out" / folder)
     assert evaluate(net, datamodule)["forget_conf_dist"] == pytest.approx(alg1["forget_conf_dist"], abs=1e-6)
     # results.json names the forget instances: an auditor recomputes the fingerprint from the indices alone
@@ -194,6 +204,7 @@ def test_a_second_run_into_a_run_folder_in_use_ends_in_one_line(run_main, tmp_pa
     (tmp_path / "out").mkdir(exist_ok=True)
     with FileLock(str(tmp_path / "out" / RUN_LOCK)):  # the first run, still writing there
         code, _, err, results = run_main()
+        assert (tmp_path / "out" / RUN_LOCK).exists()  # the refused run leaves the holder's lock file alone
     assert code == 2 and results is None
     expected = (f"error: run folder {str(tmp_path / 'out')!r} is in use by another run (it holds {RUN_LOCK}); wait "
                 "for it to end, or give this run its own folder (hydra.run.dir=...)")

@@ -21,6 +21,7 @@ EXIT_NOT_PROTECTED after one line naming how many images failed, which, and why.
 import logging
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from ttp_lightning.bounds import UnsupportedLayer, proven_conf_dist
+from ttp_lightning.bounds.choice import choose_bound
 from ttp_lightning.bounds.uniformity import MAX_RADIUS, Prover
 from ttp_lightning.core.errors import EXIT_NOT_PROTECTED, TTPUserError
 from ttp_lightning.core.inference import probabilities
@@ -329,13 +331,31 @@ class ProvenBounds:
     intermediate: str | None = None
     note: str | None = None
     slope_steps: int = 0
+    rule: dict | None = None  # bounds.kind=auto: the choice's record (bounds/choice.BoundChoice.to_json)
+    seconds: float | None = None  # the wall time of these bounds, the choice's included
+
+
+def bound_name(record: dict) -> str | None:
+    """A stage's bound in words: intervals, CROWN-IBP (CROWN with interval pre-activation bounds), CROWN."""
+    if not record.get("bound"):
+        return None
+    if record["bound"] == "interval":
+        return "intervals"
+    return "CROWN" if record.get("intermediate") == "crown" else "CROWN-IBP"
 
 
 def proven_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], device, bounds,
                      threshold: float) -> ProvenBounds:
     """Every image's proven CD at each radius and its proven radius at `threshold`, by `bounds`
-    (config.schema.BoundsSchema; the proven column reads "-" when the network has a layer no bound supports)."""
-    prover = Prover(net, str(bounds.kind), device, intermediate=str(bounds.intermediate),
+    (config.schema.BoundsSchema; with kind=auto the bound bounds/choice.py picks; the proven column reads "-"
+    when the network has a layer no bound supports)."""
+    start = time.perf_counter()
+    kind, intermediate, rule = str(bounds.kind), str(bounds.intermediate), None
+    if kind == "auto":
+        choice = choose_bound(net, images, threshold, float(bounds.radius_step), float(bounds.max_radius),
+                              float(bounds.seconds_per_image), device, int(bounds.slope_steps))
+        kind, intermediate, rule = choice.bound, choice.intermediate or "ibp", choice.to_json()
+    prover = Prover(net, kind, device, intermediate=intermediate,
                           budget=int(bounds.intermediate_budget), slope_steps=int(bounds.slope_steps))
     try:
         by_gamma = {f"{float(g):g}": prover.conf_dist(images, float(g)).tolist() for g in gammas}
@@ -343,9 +363,9 @@ def proven_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], dev
                                   known={float(g): values for g, values in by_gamma.items()}).tolist()
     except UnsupportedLayer as exc:
         log.warning("no proven CD for this network: %s", exc)
-        return ProvenBounds(None, None, note=str(exc))
+        return ProvenBounds(None, None, note=str(exc), rule=rule, seconds=round(time.perf_counter() - start, 3))
     if prover.fallback:
         log.warning("linear bounds fell back to interval bounds: %s", prover.fallback)
     return ProvenBounds(by_gamma, radius, prover.bound,
                            prover.intermediate if prover.bound == "linear" else None, prover.fallback,
-                           prover.slopes_used)
+                           prover.slopes_used, rule, round(time.perf_counter() - start, 3))

@@ -30,7 +30,10 @@ of the network evaluated in float32 (or the precision given): every rounding ope
 which the interval pass adds to its box and the backward pass to its constant (-|A| . D).
 """
 
+import contextvars
 import operator
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +67,29 @@ INTERMEDIATE = ("crown", "ibp")
 INTERMEDIATE_BUDGET = 4096
 SLOPE_STEPS = 20  # alpha-CROWN's Adam steps on the final bounds' ReLU slopes (Prover: with intermediate=crown)
 MEMORY = 16 << 20  # numbers (float64: 128 MiB) one coefficient tensor of a backward pass may hold
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("linear_bounds_deadline", default=None)
+
+
+class OverBudget(Exception):
+    """A linear bound ran past the deadline set by `deadline` (bounds.choice stops trying a bound that costs more
+    than its budget): no bound was computed, none is claimed."""
+
+
+@contextmanager
+def deadline(seconds: float | None):
+    """Inside the block a linear bound that runs longer than `seconds` (None: no limit) stops with OverBudget,
+    checked between its backward passes."""
+    token = _DEADLINE.set(None if seconds is None else time.perf_counter() + float(seconds))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _check_deadline() -> None:
+    limit = _DEADLINE.get()
+    if limit is not None and time.perf_counter() > limit:
+        raise OverBudget("past the time allowed")
 
 
 def is_relu(net: nn.Module, node: fx.Node) -> bool:
@@ -191,6 +217,7 @@ class LinearBounds:
         unstable = ((flat_lower < 0) & (flat_upper > 0)).any(0).nonzero().flatten()
         step, count = self.chunk(images), flat_lower.shape[1]
         for start in range(0, len(unstable), step):
+            _check_deadline()
             rows = unstable[start:start + step]
             spec = torch.zeros(len(rows), images, count, dtype=box.lower.dtype, device=box.lower.device)
             spec[torch.arange(len(rows)), :, rows] = 1.0
@@ -255,6 +282,7 @@ class LinearBounds:
         self.slopes = slopes
         try:
             for _ in range(steps):
+                _check_deadline()
                 with torch.enable_grad():
                     bound = self.lower_bound(target, spec)
                     gradients = torch.autograd.grad(-bound.sum(), list(slopes.values()), allow_unused=True)

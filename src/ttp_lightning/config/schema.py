@@ -42,6 +42,7 @@ Bound = StrEnum("Bound", [(n, n) for n in ("residual", "paper")])
 Layers = StrEnum("Layers", [(n, n) for n in ("all", "last")])
 GateKind = StrEnum("GateKind", [(n, n) for n in ("clean", "attacked", "proven")])
 BoundKind = StrEnum("BoundKind", [(n, n) for n in ("linear", "interval")])
+ProofBound = StrEnum("ProofBound", [(n, n) for n in ("auto", "linear", "interval")])  # bounds.kind (auto: bounds/choice.py)
 Intermediate = StrEnum("Intermediate", [(n, n) for n in ("auto", "crown", "ibp")])
 AttackObjective = StrEnum("AttackObjective", [(n, n) for n in ("logsumexp", "max_softmax", "ce_pretrained",
                                                                 "targeted")])
@@ -101,14 +102,16 @@ class PerformanceSchema:
 class BoundsSchema:
     """conf/main.yaml `bounds` (bounds/): how every forget image's proven CD and proven radius are bounded."""
 
-    kind: BoundKind = BoundKind["linear"]
+    kind: ProofBound = ProofBound["auto"]
     intermediate: Intermediate = Intermediate["auto"]
     intermediate_budget: int = 4096
     slope_steps: int = 20
     radius_step: float = 0.25
     max_radius: float = 16.0
+    seconds_per_image: float = 2.0
 
     def __post_init__(self) -> None:
+        checks.positive(self.seconds_per_image, "bounds.seconds_per_image")
         checks.at_least_zero(self.intermediate_budget, "bounds.intermediate_budget")
         if self.slope_steps != 0:
             checks.positive_int(self.slope_steps, "bounds.slope_steps")

@@ -8,7 +8,7 @@ from dataclasses import MISSING, fields
 from types import SimpleNamespace
 
 from ttp_lightning.assess.frontier import format_frontier
-from ttp_lightning.assess.protection import masking_note
+from ttp_lightning.assess.protection import bound_name, masking_note
 from ttp_lightning.config.schema import AttacksSchema
 from ttp_lightning.release.format import CARD, RELEASE_FORMAT, WEIGHTS
 
@@ -256,7 +256,7 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
     lines = [title, "", *_refusal(gate, results.get("frontier"))]
     lines += ["## What was done and why", "", what,
               "", "## Settings", "", *settings, "", "## Effect", "", "| measure | before | after |", "|---|---|---|",
-              table, "", PER_IMAGE_TEXT.format(gamma=gamma), ""]
+              table, "", PER_IMAGE_TEXT.format(gamma=gamma, bound=bound_phrase(results)), ""]
     if attack_table:
         lines += ["## Attacks on the forget set", "", ATTACKS_TEXT, "", "```", attack_table, "```", ""]
     if certificate_line:
@@ -347,10 +347,28 @@ def _gate_rule(gate: dict) -> str:
 
 PER_IMAGE_TEXT = ("Per image: a release is judged by its worst protected image, not the mean. The proven bound is "
                   "an upper bound on the confidence distance anywhere within {gamma} (L-inf, pixels in [0, 1]) of "
-                  "each forget image, computed from these weights alone (linear bound propagation, CROWN, never "
-                  "looser than interval bounds); an image's proven radius is the largest L-inf radius at which "
+                  "each forget image, computed from these weights alone ({bound}); an image's proven radius is the "
+                  "largest L-inf radius at which "
                   "that bound is at most the gate's threshold. Anyone holding the weights and the images can "
                   "recompute both: `python -m ttp_lightning.verify robust RELEASE_DIR IMAGES_DIR`.")
+BOUND_PHRASES = {"intervals": "interval bound propagation",
+                 "CROWN-IBP": "linear bound propagation, CROWN with interval pre-activation bounds (CROWN-IBP), never "
+                              "looser than interval bounds",
+                 "CROWN": "linear bound propagation, CROWN, never looser than interval bounds"}
+
+
+def bound_phrase(results: dict) -> str:
+    """The bound that gave the released model's proven values, in words, and whether a rule chose it."""
+    record = (results.get("proof_bound") or {}).get(results.get("method")) or {}
+    name = bound_name(record)
+    if name is None:
+        return "no bound supports this network's layers"
+    rule = record.get("rule")
+    return BOUND_PHRASES[name] + (f"; chosen by bounds.kind=auto as the bound that proved the most on "
+                                  f"{rule['probe_images']} forget images within {rule['seconds_per_image_allowed']:g} "
+                                  "s per image" if rule else "")
+
+
 def _theta_source(method) -> str:
     return " (chosen by the theta rule: method.theta=auto)" if getattr(method, "theta", None) == "auto" else ""
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ttp_lightning.assess.protection import KINDS, masking_note, unrequired_note
+from ttp_lightning.assess.protection import KINDS, bound_name, masking_note, unrequired_note
 from ttp_lightning.attacks.suite import WORST
 from ttp_lightning.certified.certificate.arithmetic import is_vacuous
 from ttp_lightning.core.console import table, wrapped
@@ -148,11 +148,23 @@ PER_IMAGE_COLUMNS = [("forget_worst_conf_dist", "worst CD", "{:.4f}"), ("forget_
 def per_image_title(results: dict) -> str:
     """The per-image table's title line, and what its words mean, wrapped within the console's width."""
     gate = results["release_gate"]
-    bound = next((b["bound"] for b in (results.get("proof_bound") or {}).values() if b.get("bound")), None)
+    used = bound_words(results.get("proof_bound") or {})
     return wrapped(f"forget images one by one ({results['data']['forget_size']} images, attacked and proven within "
                    f"{gate['gamma']:g}/255)\n  proven: a bound no attack can exceed"
-                   + (f" ({bound} bounds)" if bound else "") + "; radius: the largest L-inf radius, in 1/255, "
+                   + (f" ({used})" if used else "") + "; radius: the largest L-inf radius, in 1/255, "
                    f"proven at CD <= {gate['conf_dist_at_most']:g}")
+
+
+def bound_words(proof_bound: dict) -> str:
+    """Which bound gave each stage's proven values: one name when every stage used it, else stage by stage;
+    "by rule" when bounds.kind=auto chose them ("" when no stage has a bound)."""
+    names = {stage: name for stage, record in proof_bound.items() if (name := bound_name(record))}
+    if not names:
+        return ""
+    ruled = "by rule: " if any(record.get("rule") for record in proof_bound.values()) else ""
+    if len(set(names.values())) == 1:
+        return f"{ruled}{next(iter(names.values()))}"
+    return ruled + ", ".join(f"{stage} {name}" for stage, name in names.items())
 
 
 def per_image_summary_rows(metrics: dict[str, dict], gate: dict) -> list[list[str]]:

@@ -219,7 +219,8 @@ def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked
             proven_by_stage[stage] = {g: stage_summary({"proven": values}, threshold)
                                          for g, values in proven.by_gamma.items()}
         bound_by_stage[stage] = {"bound": proven.bound, "intermediate": proven.intermediate,
-                                 "slope_steps": proven.slope_steps, "note": proven.note}
+                                 "slope_steps": proven.slope_steps, "note": proven.note, "seconds": proven.seconds,
+                                 "rule": proven.rule}
         summaries[stage] = stage_summary(columns[stage], threshold)
     return PerImage(per_image_rows(datamodule.forget_ids(), columns), proven_by_stage, bound_by_stage, summaries,
                     note, lists)

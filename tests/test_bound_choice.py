@@ -1,0 +1,96 @@
+"""bounds.kind=auto (bounds/choice.py): the bound that proves the most within a time per image, by measuring."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from ttp_lightning.bounds import linear
+from ttp_lightning.bounds.choice import CANDIDATES, Trial, _proves_more, choose_bound
+from ttp_lightning.bounds.uniformity import Prover
+
+
+def _deep_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 24), nn.ReLU(),
+                         nn.Linear(24, 4)).eval()
+
+
+def _images(n: int = 3) -> torch.Tensor:
+    return torch.rand(n, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+
+
+def _flat_net() -> nn.Module:
+    """Near-uniform outputs (an initialised network): intervals prove a radius of about 10/255, CROWN more."""
+    return _deep_net()
+
+
+def test_every_candidate_is_tried_and_the_one_chosen_proves_at_least_as_much_as_any_finished_one():
+    net, images = _flat_net(), _images()
+    choice = choose_bound(net, images, at_most=0.1, step=0.25, largest=16.0, seconds_per_image=60.0)
+    assert [(t.bound, t.intermediate) for t in choice.trials] == list(CANDIDATES)
+    assert all(t.finished and t.seconds_per_image > 0 for t in choice.trials)
+    chosen = next(t for t in choice.trials if (t.bound, t.intermediate) == (choice.bound, choice.intermediate))
+    assert all(chosen.radius_mean >= t.radius_mean for t in choice.trials)
+    interval = choice.trials[0]
+    assert chosen.radius_mean > interval.radius_mean  # on two ReLU layers CROWN proves more than intervals
+    assert choice.probe_images == 2 and choice.to_json()["trials"][0]["bound"] == "interval"
+
+
+def test_the_chosen_bound_is_sound_at_the_radius_it_proves():
+    net, images = _flat_net(), _images()
+    choice = choose_bound(net, images, at_most=0.1, step=0.25, largest=16.0, seconds_per_image=60.0)
+    prover = Prover(net, choice.bound, intermediate=choice.intermediate or "ibp")
+    radius = prover.radius(images, 0.1)
+    bound = prover.conf_dist(images, radius)
+    generator = torch.Generator().manual_seed(2)
+    for i in range(len(images)):
+        gamma = float(radius[i]) / 255
+        noise = (torch.rand(512, 1, 4, 4, generator=generator) * 2 - 1) * gamma
+        points = (images[i] + noise).clamp(0, 1)
+        probs = net(points).softmax(-1)
+        measured = (probs.max(-1).values - 1 / 4).max()
+        assert float(measured) <= float(bound[i]) + 1e-6
+
+
+def test_a_tie_goes_to_the_cheaper_bound():
+    """One ReLU layer: CROWN's own pre-activation bounds are the interval ones, so CROWN-IBP proves the same."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 12), nn.ReLU(), nn.Linear(12, 4)).eval()
+    with torch.no_grad():
+        net[1].weight.mul_(0.3)
+        net[3].weight.mul_(0.3)
+    choice = choose_bound(net, _images(), at_most=0.1, step=0.25, largest=16.0, seconds_per_image=60.0)
+    assert (choice.bound, choice.intermediate) == ("linear", "ibp")
+    assert choice.trials[1].radius_mean == choice.trials[2].radius_mean
+
+
+def test_a_bound_past_its_time_is_stopped_and_not_used():
+    choice = choose_bound(_flat_net(), _images(), at_most=0.1, step=0.25, largest=16.0, seconds_per_image=1e-9)
+    assert not any(t.finished for t in choice.trials)
+    assert all("s per image" in t.note for t in choice.trials)
+    assert (choice.bound, choice.intermediate) == ("interval", None)  # nothing finished: the cheapest, sound
+
+
+def test_the_deadline_stops_a_linear_bound_between_its_backward_passes():
+    net, images = _deep_net(), _images()
+    lower, upper = (images - 0.1).clamp(0, 1), (images + 0.1).clamp(0, 1)
+    with pytest.raises(linear.OverBudget), linear.deadline(0.0):
+        linear.logit_difference_lower_bounds(net.double(), lower.double(), upper.double(), intermediate="crown")
+    with linear.deadline(None):  # no limit
+        linear.logit_difference_lower_bounds(net.double(), lower.double(), upper.double(), intermediate="crown")
+
+
+def test_nan_never_proves_more():
+    finite = Trial("interval", None, 0.01, 1.0, 0.05)
+    nan = Trial("linear", "crown", 0.1, 4.0, math.nan)
+    assert not _proves_more(nan, finite)
+    assert _proves_more(finite, nan)
+    assert _proves_more(Trial("linear", "ibp", 0.02, 1.0, 0.04), finite)
+    assert not _proves_more(Trial("linear", "ibp", 0.02, 1.0, 0.05 - 1e-12), finite)  # rounding is a tie
+
+
+def test_no_image_means_intervals():
+    choice = choose_bound(_flat_net(), _images()[:0], 0.1, 0.25, 16.0, 2.0)
+    assert (choice.bound, choice.trials) == ("interval", ())

@@ -169,3 +169,23 @@ def test_runs_too_large_for_one_step_are_split_and_other_architectures_kept_apar
         for label, scores in whole[name][1].items():
             for key, value in scores["3"].items():
                 assert abs(split[name][1][label]["3"][key] - value) < 1e-5
+
+
+def test_a_cnn_relearns_in_channels_last_on_a_cpu_with_the_default_formats_scores(monkeypatch):
+    """A CNN's one-at-a-time runs train in channels_last on a CPU (about 1.6x faster on the MNIST ResNet8): the
+    same steps, the scores of the default memory format up to the order of the convolutions' sums."""
+    from ttp_lightning.attacks import relearn
+
+    _, test, forget = _clusters()
+    torch.manual_seed(3)
+    cnn = nn.Sequential(nn.Conv2d(1, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 2),
+                        nn.Flatten(), nn.Linear(4, 3))
+    assert relearn.channels_last_on_cpu(cnn, "cpu") and not relearn.channels_last_on_cpu(nn.Linear(2, 2), "cpu")
+    fast = relearn.relearn_attack(cnn, test, forget, [1, 10, 30], 0.01, 8, 0, "cpu")
+    monkeypatch.setattr(relearn, "channels_last_on_cpu", lambda net, device: False)
+    plain = relearn.relearn_attack(cnn, test, forget, [1, 10, 30], 0.01, 8, 0, "cpu")
+    assert fast.keys() == plain.keys() == {"1", "10", "30"}
+    for step, scores in plain.items():
+        for key, value in scores.items():
+            assert abs(fast[step][key] - value) < 1e-4, (step, key)
+    assert plain["30"]["forget_conf_dist"] != plain["1"]["forget_conf_dist"]  # it trained

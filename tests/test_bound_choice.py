@@ -29,7 +29,9 @@ def _flat_net() -> nn.Module:
 def test_every_candidate_is_tried_and_the_one_chosen_proves_at_least_as_much_as_any_finished_one():
     net, images = _flat_net(), _images()
     choice = choose_bound(net, images, at_most=0.1, step=0.25, largest=16.0, seconds_per_image=60.0)
-    assert [(t.bound, t.intermediate) for t in choice.trials] == list(CANDIDATES)
+    # two ReLU layers, one feeding the other: alpha-CROWN is tried too, with the settings' slope steps
+    assert [(t.bound, t.intermediate, t.slope_steps > 0) for t in choice.trials] == list(CANDIDATES)
+    assert choice.trials[-1].slope_steps == 20
     assert all(t.finished and t.seconds_per_image > 0 for t in choice.trials)
     chosen = next(t for t in choice.trials if (t.bound, t.intermediate) == (choice.bound, choice.intermediate))
     assert all(chosen.radius_mean >= t.radius_mean for t in choice.trials)
@@ -41,7 +43,7 @@ def test_every_candidate_is_tried_and_the_one_chosen_proves_at_least_as_much_as_
 def test_the_chosen_bound_is_sound_at_the_radius_it_proves():
     net, images = _flat_net(), _images()
     choice = choose_bound(net, images, at_most=0.1, step=0.25, largest=16.0, seconds_per_image=60.0)
-    prover = Prover(net, choice.bound, intermediate=choice.intermediate or "ibp")
+    prover = Prover(net, choice.bound, intermediate=choice.intermediate or "ibp", slope_steps=choice.slope_steps)
     radius = prover.radius(images, 0.1)
     bound = prover.conf_dist(images, radius)
     generator = torch.Generator().manual_seed(2)
@@ -64,6 +66,7 @@ def test_a_tie_goes_to_the_cheaper_bound():
     choice = choose_bound(net, _images(), at_most=0.1, step=0.25, largest=16.0, seconds_per_image=60.0)
     assert (choice.bound, choice.intermediate) == ("linear", "ibp")
     assert choice.trials[1].radius_mean == choice.trials[2].radius_mean
+    assert len(choice.trials) == 3  # no ReLU feeds another: alpha-CROWN is full CROWN and is not tried twice
 
 
 def test_a_bound_past_its_time_is_stopped_and_not_used():
@@ -83,12 +86,12 @@ def test_the_deadline_stops_a_linear_bound_between_its_backward_passes():
 
 
 def test_nan_never_proves_more():
-    finite = Trial("interval", None, 0.01, 1.0, 0.05)
-    nan = Trial("linear", "crown", 0.1, 4.0, math.nan)
+    finite = Trial("interval", None, 0, 0.01, 1.0, 0.05)
+    nan = Trial("linear", "crown", 0, 0.1, 4.0, math.nan)
     assert not _proves_more(nan, finite)
     assert _proves_more(finite, nan)
-    assert _proves_more(Trial("linear", "ibp", 0.02, 1.0, 0.04), finite)
-    assert not _proves_more(Trial("linear", "ibp", 0.02, 1.0, 0.05 - 1e-12), finite)  # rounding is a tie
+    assert _proves_more(Trial("linear", "ibp", 0, 0.02, 1.0, 0.04), finite)
+    assert not _proves_more(Trial("linear", "ibp", 0, 0.02, 1.0, 0.05 - 1e-12), finite)  # rounding is a tie
 
 
 def test_no_image_means_intervals():

@@ -336,12 +336,15 @@ class ProvenBounds:
 
 
 def bound_name(record: dict) -> str | None:
-    """A stage's bound in words: intervals, CROWN-IBP (CROWN with interval pre-activation bounds), CROWN."""
+    """A stage's bound in words: intervals, CROWN-IBP (CROWN with interval pre-activation bounds), CROWN, or
+    alpha-CROWN (CROWN with optimised ReLU slopes)."""
     if not record.get("bound"):
         return None
     if record["bound"] == "interval":
         return "intervals"
-    return "CROWN" if record.get("intermediate") == "crown" else "CROWN-IBP"
+    if record.get("intermediate") != "crown":
+        return "CROWN-IBP"
+    return "alpha-CROWN" if record.get("slope_steps") else "CROWN"
 
 
 def proven_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], device, bounds,
@@ -350,13 +353,14 @@ def proven_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], dev
     (config.schema.BoundsSchema; with kind=auto the bound bounds/choice.py picks; the proven column reads "-"
     when the network has a layer no bound supports)."""
     start = time.perf_counter()
-    kind, intermediate, rule = str(bounds.kind), str(bounds.intermediate), None
+    kind, intermediate, slopes, rule = str(bounds.kind), str(bounds.intermediate), int(bounds.slope_steps), None
     if kind == "auto":
         choice = choose_bound(net, images, threshold, float(bounds.radius_step), float(bounds.max_radius),
-                              float(bounds.seconds_per_image), device, int(bounds.slope_steps))
-        kind, intermediate, rule = choice.bound, choice.intermediate or "ibp", choice.to_json()
+                              float(bounds.seconds_per_image), device, slopes)
+        kind, intermediate, slopes, rule = choice.bound, choice.intermediate or "ibp", choice.slope_steps, \
+            choice.to_json()
     prover = Prover(net, kind, device, intermediate=intermediate,
-                          budget=int(bounds.intermediate_budget), slope_steps=int(bounds.slope_steps))
+                          budget=int(bounds.intermediate_budget), slope_steps=slopes)
     try:
         by_gamma = {f"{float(g):g}": prover.conf_dist(images, float(g)).tolist() for g in gammas}
         radius = prover.radius(images, threshold, float(bounds.radius_step), float(bounds.max_radius),

@@ -3,7 +3,8 @@ network's size alone (issue 62).
 
 Every bound here is sound, so the choice changes how much is proven, never whether a proof holds. The candidates,
 from the cheapest: intervals; CROWN with interval pre-activation bounds (CROWN-IBP); CROWN with its own
-pre-activation bounds (full CROWN, and alpha-CROWN's slopes where a ReLU feeds another). Each is tried on the
+pre-activation bounds (full CROWN); full CROWN with alpha-CROWN's optimised slopes (where a ReLU feeds another;
+elsewhere it is full CROWN and is not tried twice). Each is tried on the
 first PROBE_IMAGES images: their proven radius at the threshold (the radius search the table runs) and their
 proven CD at the grid's first radius, timed. A candidate that takes more than `seconds_per_image` is stopped as
 soon as it passes the time (bounds.linear.deadline) and is out. Of those within the time, the one with the
@@ -27,7 +28,8 @@ from ttp_lightning.bounds.linear import OverBudget, deadline
 from ttp_lightning.bounds.propagate import UnsupportedLayer
 from ttp_lightning.bounds.uniformity import Prover
 
-CANDIDATES = (("interval", None), ("linear", "ibp"), ("linear", "crown"))  # cheapest first
+# (bound, CROWN's intermediate mode, alpha-CROWN: with the settings' slope steps), cheapest first
+CANDIDATES = (("interval", None, False), ("linear", "ibp", False), ("linear", "crown", False), ("linear", "crown", True))
 PROBE_IMAGES = 2  # enough to time a bound and see whether it proves more; each costs a radius search per bound
 
 
@@ -38,6 +40,7 @@ class Trial:
 
     bound: str
     intermediate: str | None
+    slope_steps: int
     seconds_per_image: float
     radius_mean: float | None = None
     conf_dist_mean: float | None = None
@@ -50,11 +53,12 @@ class Trial:
 
 @dataclass(frozen=True)
 class BoundChoice:
-    """The bound chosen (`bound`, CROWN's `intermediate`), every trial, the probe's size, the time allowed per
-    image and the time the choice took."""
+    """The bound chosen (`bound`, CROWN's `intermediate`, alpha-CROWN's `slope_steps`), every trial, the probe's
+    size, the time allowed per image and the time the choice took."""
 
     bound: str
     intermediate: str | None
+    slope_steps: int
     trials: tuple[Trial, ...]
     probe_images: int
     seconds_per_image_allowed: float
@@ -62,32 +66,33 @@ class BoundChoice:
 
     def to_json(self) -> dict:
         return {"rule": "auto: the most proven within the time per image", "bound": self.bound,
-                "intermediate": self.intermediate, "probe_images": self.probe_images,
+                "intermediate": self.intermediate, "slope_steps": self.slope_steps, "probe_images": self.probe_images,
                 "seconds_per_image_allowed": self.seconds_per_image_allowed, "seconds": round(self.seconds, 3),
                 "trials": [asdict(trial) for trial in self.trials]}
 
 
-def _try(net: nn.Module, bound: str, intermediate: str | None, probe: torch.Tensor, at_most: float, step: float,
-         largest: float, seconds_per_image: float, device, slope_steps: int, precision: str) -> Trial:
+def _try(net: nn.Module, bound: str, intermediate: str | None, slopes: int, probe: torch.Tensor, at_most: float,
+         step: float, largest: float, seconds_per_image: float, device, precision: str) -> Trial:
     start = time.perf_counter()
-    prover = Prover(net, bound, device, intermediate=intermediate or "ibp", slope_steps=slope_steps,
-                    precision=precision)
+    prover = Prover(net, bound, device, intermediate=intermediate or "ibp", slope_steps=slopes, precision=precision)
+
+    def trial(**found) -> Trial:
+        return Trial(bound, intermediate, slopes, round((time.perf_counter() - start) / len(probe), 4), **found)
+
     try:
         with deadline(seconds_per_image * len(probe)):
             radius = prover.radius(probe, at_most, step, largest)
             first = prover.conf_dist(probe, step)
     except OverBudget:
-        return Trial(bound, intermediate, round((time.perf_counter() - start) / len(probe), 4),
-                     note=f"stopped past {seconds_per_image:g} s per image")
+        return trial(note=f"stopped past {seconds_per_image:g} s per image")
     except UnsupportedLayer as exc:
-        return Trial(bound, intermediate, round((time.perf_counter() - start) / len(probe), 4), note=str(exc))
-    seconds = (time.perf_counter() - start) / len(probe)
+        return trial(note=str(exc))
     if prover.fallback:  # a layer without a linear rule: the interval bound under another name
-        return Trial(bound, intermediate, round(seconds, 4), note=f"fell back to intervals: {prover.fallback}")
-    if seconds > seconds_per_image:
-        return Trial(bound, intermediate, round(seconds, 4), float(radius.mean()), float(first.mean()),
-                     note=f"took more than {seconds_per_image:g} s per image")
-    return Trial(bound, intermediate, round(seconds, 4), float(radius.mean()), float(first.mean()))
+        return trial(note=f"fell back to intervals: {prover.fallback}")
+    found = trial(radius_mean=float(radius.mean()), conf_dist_mean=float(first.mean()))
+    if found.seconds_per_image > seconds_per_image:
+        return Trial(**{**asdict(found), "note": f"took more than {seconds_per_image:g} s per image"})
+    return found
 
 
 TIE = 1e-9  # proven CDs closer than this are the same: rounding does not buy a costlier bound
@@ -108,16 +113,23 @@ def choose_bound(net: nn.Module, images: torch.Tensor, at_most: float, step: flo
                  seconds_per_image: float, device="cpu", slope_steps: int = 20,
                  precision: str = "float32") -> BoundChoice:
     """The candidate (CANDIDATES) that proves the most on the first PROBE_IMAGES of `images` within
-    `seconds_per_image` (module docstring); intervals when none finishes, or no image is given."""
+    `seconds_per_image` (module docstring); intervals when none finishes, or no image is given. alpha-CROWN
+    takes `slope_steps`, and is tried only where it differs from full CROWN (some ReLU feeds another)."""
     start = time.perf_counter()
     probe = images[:PROBE_IMAGES]
     if not len(probe):
-        return BoundChoice("interval", None, (), 0, seconds_per_image, 0.0)
-    trials = tuple(_try(net, bound, intermediate, probe, at_most, step, largest, seconds_per_image, device,
-                        slope_steps, precision) for bound, intermediate in CANDIDATES)
+        return BoundChoice("interval", None, 0, (), 0, seconds_per_image, 0.0)
+    full = Prover(net, "linear", device, intermediate="crown", slope_steps=slope_steps)
+    full.resolve(probe[:1])  # counts the neurons behind a ReLU that feeds another
+    deep = full.slopes_used > 0
+    trials = tuple(_try(net, bound, intermediate, slope_steps if optimised else 0, probe, at_most, step, largest,
+                        seconds_per_image, device, precision)
+                   for bound, intermediate, optimised in CANDIDATES if deep or not optimised)
     best = None
     for trial in (trial for trial in trials if trial.finished):  # cheapest first: a later one wins only by proving more
         if best is None or _proves_more(trial, best):
             best = trial
-    bound, intermediate = (best.bound, best.intermediate) if best is not None else ("interval", None)
-    return BoundChoice(bound, intermediate, trials, len(probe), seconds_per_image, time.perf_counter() - start)
+    if best is None:
+        return BoundChoice("interval", None, 0, trials, len(probe), seconds_per_image, time.perf_counter() - start)
+    return BoundChoice(best.bound, best.intermediate, best.slope_steps, trials, len(probe), seconds_per_image,
+                       time.perf_counter() - start)

@@ -108,7 +108,7 @@ class BoundsSchema:
     slope_steps: int = 20
     radius_step: float = 0.25
     max_radius: float = 16.0
-    seconds_per_image: float = 2.0
+    seconds_per_image: float = 5.0
 
     def __post_init__(self) -> None:
         checks.positive(self.seconds_per_image, "bounds.seconds_per_image")

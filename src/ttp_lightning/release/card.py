@@ -354,7 +354,9 @@ PER_IMAGE_TEXT = ("Per image: a release is judged by its worst protected image, 
 BOUND_PHRASES = {"intervals": "interval bound propagation",
                  "CROWN-IBP": "linear bound propagation, CROWN with interval pre-activation bounds (CROWN-IBP), never "
                               "looser than interval bounds",
-                 "CROWN": "linear bound propagation, CROWN, never looser than interval bounds"}
+                 "CROWN": "linear bound propagation, CROWN, never looser than interval bounds",
+                 "alpha-CROWN": "linear bound propagation, CROWN with optimised ReLU slopes (alpha-CROWN), never "
+                                "looser than interval bounds"}
 
 
 def bound_phrase(results: dict) -> str:

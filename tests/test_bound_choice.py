@@ -97,3 +97,16 @@ def test_nan_never_proves_more():
 def test_no_image_means_intervals():
     choice = choose_bound(_flat_net(), _images()[:0], 0.1, 0.25, 16.0, 2.0)
     assert (choice.bound, choice.trials) == ("interval", ())
+
+
+def test_a_network_no_bound_has_a_rule_for_gets_no_proven_cd_not_a_crash():
+    """GELU (a ViT's activation): no bound has a rule for it. With kind=linear the stage got "no proven CD" and a
+    note; the rule must end the same way (its probe raised out of proven_bounds)."""
+    from ttp_lightning.assess.protection import proven_bounds
+    from ttp_lightning.config.schema import BoundsSchema
+
+    net = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.GELU(), nn.Linear(8, 4)).eval()
+    proven = proven_bounds(net, _images(), [1.0, 8.0], "cpu", BoundsSchema(), 0.1)
+    assert proven.by_gamma is None and proven.radius is None and "GELU" in proven.note
+    assert proven.rule["bound"] == "interval" and all("GELU" in t["note"] for t in proven.rule["trials"])
+    assert len(proven.rule["trials"]) == 3  # alpha-CROWN is not tried where nothing could be counted

@@ -272,3 +272,36 @@ def test_the_certifier_optimises_slopes_only_where_a_relu_feeds_another():
             used[name, intermediate] = prover.slopes_used
     assert used == {("shallow", "auto"): 0, ("shallow", "ibp"): 0, ("deep", "auto"): 5, ("deep", "ibp"): 0}
     assert Prover(deep, "interval", slope_steps=5).slopes_used == 0
+
+
+def _relu_step_reference(low, high, weights, slope=None):
+    """CROWN's lower-bound step through a ReLU, written over every neuron (the form the faster step replaced)."""
+    unstable, active = (low < 0) & (high > 0), (low >= 0).to(low.dtype)
+    chord = torch.where(unstable, high / (high - low).clamp(min=torch.finfo(low.dtype).tiny), active)
+    below = torch.where(unstable, (high > -low).to(low.dtype) if slope is None else slope, active)
+    intercept = torch.where(unstable, -chord * low, torch.zeros_like(low))
+    positive, negative = weights.clamp(min=0), weights.clamp(max=0)
+    dims = tuple(range(2, weights.dim()))
+    return positive * below + negative * chord, (negative * intercept).sum(dims)
+
+
+@pytest.mark.parametrize("optimised", [False, True])
+def test_the_relu_step_over_the_unstable_neurons_alone_equals_the_step_over_every_neuron(optimised):
+    """The ReLU step touches only neurons unstable in some image; a neuron stable in one image and unstable in
+    another, active and inactive ones, and alpha-CROWN's per-specification slopes give the full step's numbers."""
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(48, 4)).double().eval()
+    images = torch.rand(2, 1, 4, 4, dtype=torch.float64)
+    bounds = LinearBounds(net, *input_box(images, 0.05))
+    relu = next(node for node in bounds.nodes if node.op == "call_module" and node.target == "1")
+    (source,) = bounds.sources(relu)
+    box = bounds.bounds(source)
+    unstable = (box.lower < 0) & (box.upper > 0)
+    assert unstable.any() and (~unstable).any() and (unstable[0] != unstable[1]).any()  # every case is met
+    weights = torch.randn(5, 2, 3, 4, 4, dtype=torch.float64)
+    slope = torch.rand(5, 2, 3, 4, 4, dtype=torch.float64) if optimised else None
+    if optimised:
+        bounds.slopes = {source: slope}
+    passed, gained = bounds._through_relu(source, weights)
+    want_passed, want_gained = _relu_step_reference(box.lower, box.upper, weights, slope)
+    assert torch.allclose(passed, want_passed, atol=1e-14) and torch.allclose(gained, want_gained, atol=1e-14)

@@ -66,7 +66,10 @@ INTERMEDIATE = ("crown", "ibp")
 # crown proves at 2/255; an MNIST one 43,904), else ibp
 INTERMEDIATE_BUDGET = 4096
 SLOPE_STEPS = 20  # alpha-CROWN's Adam steps on the final bounds' ReLU slopes (Prover: with intermediate=crown)
-MEMORY = 16 << 20  # numbers (float64: 128 MiB) one coefficient tensor of a backward pass may hold
+# numbers (float64: 16 MiB) one coefficient tensor of a backward pass may hold: more passes of smaller tensors
+# were faster, not slower, on a CPU (an MNIST ResNet8's full CROWN at 1/255: 138 s at 16 Mi numbers, 54 s at
+# 2 Mi; scripts/bench_bound_speed.py) and the peak memory stays under 1 GiB there
+MEMORY = 2 << 20
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("linear_bounds_deadline", default=None)
 
 
@@ -285,6 +288,8 @@ class LinearBounds:
                 _check_deadline()
                 with torch.enable_grad():
                     bound = self.lower_bound(target, spec)
+                    if not bound.requires_grad:  # every ReLU stable: no slope to optimise
+                        return torch.maximum(best, bound)
                     gradients = torch.autograd.grad(-bound.sum(), list(slopes.values()), allow_unused=True)
                 best = torch.maximum(best, bound.detach())
                 for value, gradient in zip(slopes.values(), gradients):
@@ -312,12 +317,23 @@ class LinearBounds:
         low, high = box.lower, box.upper
         unstable, active = (low < 0) & (high > 0), (low >= 0).to(low.dtype)
         chord = torch.where(unstable, high / (high - low).clamp(min=torch.finfo(low.dtype).tiny), active)
+        # a stable neuron passes its coefficient times 1 (active) or 0, with no constant: one product over the
+        # whole tensor; only the neurons unstable in some image get the lower line's slope and the chord's
+        # intercept, read at those positions alone (most neurons are stable: the pass costs what they cost)
+        columns = unstable.flatten(1).any(0).nonzero().flatten()
+        passed = weights * chord
+        if not len(columns):
+            return passed, torch.zeros(weights.shape[:2], dtype=weights.dtype, device=weights.device)
         slope = (high > -low).to(low.dtype) if self.slopes is None else self.slopes[source]
-        below = torch.where(unstable, slope, active)
-        intercept = torch.where(unstable, -chord * low, torch.zeros_like(low))
-        positive, negative = weights.clamp(min=0), weights.clamp(max=0)
-        dims = tuple(range(2, weights.dim()))
-        return positive * below + negative * chord, (negative * intercept).sum(dims)
+        chord_u, low_u = chord.flatten(1)[:, columns], low.flatten(1)[:, columns]
+        slope_u = slope.flatten(slope.dim() - low.dim() + 1)[..., columns]
+        weights_u = weights.flatten(2)[..., columns]  # [S, N, U]
+        unstable_u = unstable.flatten(1)[:, columns]  # a column may be stable in some images
+        below_u = torch.where(unstable_u, slope_u, chord_u)
+        intercept_u = torch.where(unstable_u, -chord_u * low_u, torch.zeros_like(low_u))
+        correction = weights_u.clamp(min=0) * (below_u - chord_u)  # positive weights take the lower line
+        passed = passed.flatten(2).index_add(2, columns, correction).view_as(weights)
+        return passed, (weights_u.clamp(max=0) * intercept_u).sum(-1)
 
     def _value_box(self, node: fx.Node) -> Box:
         """A node's elementwise bounds: a ReLU's output from its input's tightened bounds, else the interval pass's."""

@@ -67,8 +67,8 @@ INTERMEDIATE = ("crown", "ibp")
 INTERMEDIATE_BUDGET = 4096
 SLOPE_STEPS = 20  # alpha-CROWN's Adam steps on the final bounds' ReLU slopes (Prover: with intermediate=crown)
 # numbers (float64: 16 MiB) one coefficient tensor of a backward pass may hold: more passes of smaller tensors
-# were faster, not slower, on a CPU (an MNIST ResNet8's full CROWN at 1/255: 138 s at 16 Mi numbers, 54 s at
-# 2 Mi; scripts/bench_bound_speed.py) and the peak memory stays under 1 GiB there
+# were faster, not slower, on a CPU (the intermediate bounds of an initialised MNIST-sized ResNet8 at 1/255, one
+# thread: 138 s at 16 Mi numbers, 54 s at 2 Mi) and the resident memory stayed under 1 GiB
 MEMORY = 2 << 20
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("linear_bounds_deadline", default=None)
 

@@ -110,3 +110,34 @@ def test_a_network_no_bound_has_a_rule_for_gets_no_proven_cd_not_a_crash():
     assert proven.by_gamma is None and proven.radius is None and "GELU" in proven.note
     assert proven.rule["bound"] == "interval" and all("GELU" in t["note"] for t in proven.rule["trials"])
     assert len(proven.rule["trials"]) == 3  # alpha-CROWN is not tried where nothing could be counted
+
+
+def test_the_bound_speed_benchmark_times_every_candidate_and_stops_one_past_its_budget(run_job, tmp_path):
+    """scripts/bench_bound_speed.py on a finished tiny run: a row per candidate, each bound in its own process;
+    with a budget of 0 s every bound stops before its first batch and claims no image."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc, results = run_job("attacks.enabled=false", "release_gate.require=[clean]")
+    assert results is not None, proc.stderr[-2000:]
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_bound_speed.py"
+    run = tmp_path / "out"
+    args = [sys.executable, str(script), str(run), "--images", "3", "--batch", "2", "--threads", "1"]
+    done = subprocess.run(args + ["--out", str(tmp_path / "speed.json")], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "speed.json").read_text())["runs"][str(run)]
+    assert [row["bound"] for row in rows] == ["intervals", "CROWN-IBP", "full CROWN", "alpha-CROWN"]
+    assert all(row["bounded"] == 3 and row["s_per_image"] > 0 and row["note"] is None for row in rows)
+    assert all(0 <= row["worst"] <= 0.9 and row["peak_mib"] > 0 for row in rows)
+    assert rows[2]["proven"] >= rows[0]["proven"]  # full CROWN is never looser than intervals
+    assert done.stdout.count("| out |") >= 4
+    stopped = subprocess.run(args + ["--budget", "0", "--out", str(tmp_path / "zero.json")], capture_output=True,
+                             text=True, timeout=300, check=False)
+    rows = json.loads((tmp_path / "zero.json").read_text())["runs"][str(run)]
+    assert stopped.returncode == 0 and all(row["bounded"] == 0 and "budget" in row["note"] for row in rows)
+    missing = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                             check=False)
+    assert missing.returncode == 2 and missing.stderr.startswith("error:")

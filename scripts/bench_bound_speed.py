@@ -1,0 +1,134 @@
+"""Seconds per image of every bound `bounds.kind=auto` chooses from, on released networks (issue 62, item 3:
+`python scripts/bench_bound_speed.py RUN_DIR [RUN_DIR ...]`).
+
+For each run folder (a finished `python -m ttp_lightning` job with release/ or release_not_protected/) it loads
+the released weights as a user would (ttp_lightning.load_released), rebuilds the images from the run's own data
+settings, and for each candidate of bounds.choice.CANDIDATES (intervals, CROWN-IBP, full CROWN, alpha-CROWN)
+bounds the confidence distance of up to --images images of the forget set (or of the test split, --split test)
+within --radius (default 2/255), --batch images a call, until every image is done or --budget seconds are spent
+on that bound (a linear bound is stopped between its backward passes: bounds.linear.deadline). Each bound runs
+in a process of its own, so that its peak resident memory is its own.
+
+Per bound it reports the images bounded, seconds per image, how many are proven at CD <= --at-most, the worst
+proven CD and the peak resident memory (MiB), as a Markdown table on stdout and JSON in --out (default
+bench/bound_speed.json). A bound stopped by the budget says so and how many images it finished: its seconds per
+image are those of the images it finished (a lower bound on its cost when it finished none). Run it alone on the
+machine; `--threads` sets torch's threads (default 2).
+"""
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+CANDIDATE_NAMES = ("intervals", "CROWN-IBP", "full CROWN", "alpha-CROWN")
+
+
+def measure(run: Path, candidate: int, images: int, radius: float, batch: int, budget: float, at_most: float,
+            slope_steps: int, split: str = "forget") -> dict:
+    """One bound (CANDIDATES[candidate]) on one run's first `images` images of `split` (in this process)."""
+    import torch
+
+    from ttp_lightning.bounds.choice import CANDIDATES
+    from ttp_lightning.bounds.linear import OverBudget, deadline
+    from ttp_lightning.bounds.propagate import UnsupportedLayer
+    from ttp_lightning.bounds.uniformity import Prover
+    from ttp_lightning.data.datamodule import build_datamodule
+    from ttp_lightning.release import NotProtectedWarning, load_released
+
+    folder = next(run / name for name in ("release", "release_not_protected") if (run / name / "config.json").is_file())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotProtectedWarning)
+        net = load_released(folder)
+    data = build_datamodule(json.loads((run / "results.json").read_text())["config"]["data"])
+    forget, _ = data.dataset(split).everything()
+    forget = forget[:images]
+    bound, intermediate, optimised = CANDIDATES[candidate]
+    prover = Prover(net, bound, intermediate=intermediate or "ibp", slope_steps=slope_steps if optimised else 0)
+    prover.conf_dist(forget[:1], 0.0)  # untimed: one-time costs (tracing, first transposes)
+    values, note, start = [], None, time.perf_counter()
+    try:
+        with deadline(budget):
+            for first in range(0, len(forget), batch):
+                if time.perf_counter() - start > budget:  # intervals and CROWN-IBP do not check the deadline
+                    raise OverBudget("past the budget")
+                values.append(prover.conf_dist(forget[first:first + batch], radius))
+    except OverBudget:
+        note = f"stopped at the budget of {budget:g} s"
+    except UnsupportedLayer as exc:
+        note = f"no rule: {exc}"
+    seconds = time.perf_counter() - start
+    done = torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
+    if prover.fallback:
+        note = f"fell back to intervals: {prover.fallback}"
+    return {"bound": CANDIDATE_NAMES[candidate], "split": split, "images": len(forget), "bounded": len(done),
+            "seconds": round(seconds, 2), "s_per_image": round(seconds / len(done), 4) if len(done) else None,
+            "proven": int((done <= at_most).sum()), "worst": float(done.max()) if len(done) else None,
+            "slope_steps": prover.slopes_used, "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "note": note}
+
+
+def row(run: Path, result: dict, radius: float, at_most: float) -> str:
+    per_image = "-" if result["s_per_image"] is None else f"{result['s_per_image']:.3f}"
+    worst = "-" if result["worst"] is None else f"{result['worst']:.3f}"
+    return (f"| {run.name} | {result['bound']} | {result['bounded']} / {result['images']} | {per_image} | "
+            f"{result['proven']} | {worst} | {result['peak_mib']} | {result['note'] or ''} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="finished run folders")
+    parser.add_argument("--images", type=int, default=100, help="images per run (default 100)")
+    parser.add_argument("--split", choices=("forget", "test"), default="forget",
+                        help="whose images: the forget set (default) or the test split (a forget set of 5)")
+    parser.add_argument("--radius", type=float, default=2.0, help="L-inf radius in 1/255 (default 2)")
+    parser.add_argument("--batch", type=int, default=10, help="images per bound call (default 10)")
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds per bound and run (default 300)")
+    parser.add_argument("--at-most", type=float, default=0.1, help="the proof's CD threshold (default 0.1)")
+    parser.add_argument("--slope-steps", type=int, default=20, help="alpha-CROWN's Adam steps (default 20)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--out", type=Path, default=Path("bench/bound_speed.json"))
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one bound, in this process
+    args = parser.parse_args(argv)
+    for run in args.runs:
+        if not any((run / name / "config.json").is_file() for name in ("release", "release_not_protected")):
+            print(f"error: {run} holds no release folder (release/ or release_not_protected/)", file=sys.stderr)
+            return 2
+    if args.one is not None:
+        import torch
+        torch.set_num_threads(args.threads)
+        result = measure(args.runs[0], args.one, args.images, args.radius, args.batch, args.budget, args.at_most,
+                         args.slope_steps, args.split)
+        print(json.dumps(result))
+        return 0
+    report = {"machine": platform.platform(), "threads": args.threads, "split": args.split, "radius": args.radius,
+              "at_most": args.at_most, "budget_s": args.budget, "runs": {}}
+    lines = [(f"| run | bound | images bounded | s / image | proven <= {args.at_most:g} at {args.radius:g}/255 | "
+              "worst proven CD | peak MiB | note |"), "|---|---|---:|---:|---:|---:|---:|---|"]
+    for run in args.runs:
+        report["runs"][str(run)] = []
+        for candidate in range(len(CANDIDATE_NAMES)):
+            child = [sys.executable, __file__, str(run), "--one", str(candidate)] + [
+                f"--{key.replace('_', '-')}={getattr(args, key)}"
+                for key in ("images", "split", "radius", "batch", "budget", "at_most", "slope_steps", "threads")]
+            done = subprocess.run(child, capture_output=True, text=True, check=False)
+            if done.returncode:
+                print(done.stderr, file=sys.stderr)
+                return done.returncode
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            report["runs"][str(run)].append(result)
+            lines.append(row(run, result, args.radius, args.at_most))
+            print(lines[-1], flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

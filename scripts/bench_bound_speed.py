@@ -24,8 +24,15 @@ import resource
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
+
+import torch
+
+from bench_bounds import load_run, release_folder  # this folder's: the release and the data of a finished run
+from ttp_lightning.bounds.choice import CANDIDATES
+from ttp_lightning.bounds.linear import OverBudget, deadline
+from ttp_lightning.bounds.propagate import UnsupportedLayer
+from ttp_lightning.bounds.uniformity import Prover
 
 CANDIDATE_NAMES = ("intervals", "CROWN-IBP", "full CROWN", "alpha-CROWN")
 
@@ -33,20 +40,7 @@ CANDIDATE_NAMES = ("intervals", "CROWN-IBP", "full CROWN", "alpha-CROWN")
 def measure(run: Path, candidate: int, images: int, radius: float, batch: int, budget: float, at_most: float,
             slope_steps: int, split: str = "forget") -> dict:
     """One bound (CANDIDATES[candidate]) on one run's first `images` images of `split` (in this process)."""
-    import torch
-
-    from ttp_lightning.bounds.choice import CANDIDATES
-    from ttp_lightning.bounds.linear import OverBudget, deadline
-    from ttp_lightning.bounds.propagate import UnsupportedLayer
-    from ttp_lightning.bounds.uniformity import Prover
-    from ttp_lightning.data.datamodule import build_datamodule
-    from ttp_lightning.release import NotProtectedWarning, load_released
-
-    folder = next(run / name for name in ("release", "release_not_protected") if (run / name / "config.json").is_file())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NotProtectedWarning)
-        net = load_released(folder)
-    data = build_datamodule(json.loads((run / "results.json").read_text())["config"]["data"])
+    net, data = load_run(run)
     forget, _ = data.dataset(split).everything()
     forget = forget[:images]
     bound, intermediate, optimised = CANDIDATES[candidate]
@@ -78,7 +72,7 @@ def measure(run: Path, candidate: int, images: int, radius: float, batch: int, b
             "note": note}
 
 
-def row(run: Path, result: dict, radius: float, at_most: float) -> str:
+def row(run: Path, result: dict) -> str:
     per_image = "-" if result["s_per_image"] is None else f"{result['s_per_image']:.3f}"
     worst = "-" if result["worst"] is None else f"{result['worst']:.3f}"
     return (f"| {run.name} | {result['bound']} | {result['bounded']} / {result['images']} | {per_image} | "
@@ -103,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one bound, in this process
     args = parser.parse_args(argv)
     for run in args.runs:
-        if not any((run / name / "config.json").is_file() for name in ("release", "release_not_protected")):
-            print(f"error: {run} holds no release folder (release/ or release_not_protected/)", file=sys.stderr)
+        try:
+            release_folder(run)
+        except SystemExit as exc:  # its one `error:` line, with this script's exit code for bad input
+            print(exc, file=sys.stderr)
             return 2
     if args.one is not None:
-        import torch
         torch.set_num_threads(args.threads)
         result = measure(args.runs[0], args.one, args.images, args.radius, args.batch, args.budget, args.at_most,
                          args.slope_steps, args.split)
@@ -129,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 return done.returncode
             result = json.loads(done.stdout.strip().splitlines()[-1])
             report["runs"][str(run)].append(result)
-            lines.append(row(run, result, args.radius, args.at_most))
+            lines.append(row(run, result))
             print(lines[-1], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

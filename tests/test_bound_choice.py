@@ -1,6 +1,10 @@
 """bounds.kind=auto (bounds/choice.py): the bound that proves the most within a time per image, by measuring."""
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,11 +119,6 @@ def test_a_network_no_bound_has_a_rule_for_gets_no_proven_cd_not_a_crash():
 def test_the_bound_speed_benchmark_times_every_candidate_and_stops_one_past_its_budget(run_job, tmp_path):
     """scripts/bench_bound_speed.py on a finished tiny run: a row per candidate, each bound in its own process;
     with a budget of 0 s every bound stops before its first batch and claims no image."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
     proc, results = run_job("attacks.enabled=false", "release_gate.require=[clean]")
     assert results is not None, proc.stderr[-2000:]
     script = Path(__file__).resolve().parents[1] / "scripts" / "bench_bound_speed.py"

@@ -93,6 +93,53 @@ def test_retain_holdout_val_without_val_images_is_one_line(compose_cfg):
         EarlyStoppingSchema(retain_holdout="every")
 
 
+def _pareto(stopping: EarlyStoppingSchema):
+    from types import SimpleNamespace
+
+    from ttp_lightning.alg1.method import Pareto
+
+    return Pareto(SimpleNamespace(name="pareto", early_stopping=stopping))
+
+
+@pytest.mark.parametrize("setting", ["auto", 0.1])
+def test_where_this_run_pretrains_the_slice_leaves_d_before_a_d_trains(compose_cfg, setting):
+    """Pareto.hold_out (issue 61): where this run trains A(D), the retain rule's slice is taken out of D whole
+    (pretraining, finetuning, the floor's retraining and Alg 4's requests leave it out) and read as val/ is; the
+    cache key of A(D) changes with it. A provider's checkpoint, a val/ folder or the paper's rule take nothing."""
+    def method(holdout):  # hold_out reads the method's early stopping alone
+        return _pareto(EarlyStoppingSchema(retain_holdout=holdout))
+
+    datamodule = _datamodule(compose_cfg, "data=digits")
+    retain, pretrain = datamodule.retain_indices.clone(), _rows(datamodule.dataset("pretrain").everything()[0])
+    fingerprint = datamodule.data_fingerprint()
+    expected = datamodule.retain_split(0.2 if setting == "auto" else setting)[1]  # digits: a fifth by rule
+    method(setting).hold_out(datamodule, pretrains=False)  # a provider's checkpoint: A(D) saw the slice
+    method(0.0).hold_out(datamodule, pretrains=True)  # the paper's rule reads the retain set
+    assert len(datamodule.val_labels) == 0 and torch.equal(datamodule.retain_indices, retain)
+    method(setting).hold_out(datamodule, pretrains=True)
+    assert datamodule.val_source == "withheld" and torch.equal(datamodule.withheld, expected)
+    held = _rows(datamodule.dataset("val").everything()[0])
+    assert len(held) == len(expected) and held <= pretrain
+    for part in ("pretrain", "train", "retain"):
+        assert not _rows(datamodule.dataset(part).everything()[0]) & held, part
+    assert len(datamodule.retain_indices) == len(retain) - len(expected)
+    assert not _rows(datamodule.request_parts(1)[0].everything()[0]) & held
+    assert datamodule.data_fingerprint() != fingerprint  # A(D) is another model: another cache entry
+    parts = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout=setting))
+    assert (parts.source, parts.reference(datamodule), len(parts.holdout)) == ("withheld", "val", len(expected))
+    assert len(parts.fit) == len(datamodule.retain_indices)
+    with pytest.raises(TTPUserError, match="already has .* validation images"):
+        datamodule.withhold(0.1)
+
+
+def test_a_val_folder_is_not_withheld_from(compose_cfg, folder):
+    datamodule = _datamodule(compose_cfg, "data=imagefolder", f"data.root={folder}")
+    retain = datamodule.retain_indices.clone()
+    _pareto(EarlyStoppingSchema()).hold_out(datamodule, pretrains=True)
+    assert datamodule.val_source == "folder" and len(datamodule.val_labels) == 80
+    assert torch.equal(datamodule.retain_indices, retain) and len(datamodule.withheld) == 0
+
+
 def test_robust_alg1_reads_its_retain_rule_on_val_and_says_so(compose_cfg, folder, tmp_path, monkeypatch):
     from ttp_lightning.run.pipeline import run
 

@@ -44,6 +44,21 @@ class Pareto(Method):
         cannot see: the callbacks Alg 1 reads back, which the run's other settings name."""
         check_method_callbacks(settings.callbacks)
 
+    def hold_out(self, datamodule: TTPDataModule, pretrains: bool) -> None:
+        """Where this run trains A(D) itself and the retain rule would read a slice of the retain set
+        (retain_holdout auto or a fraction, no val/ folder), the slice leaves D before pretraining
+        (TTPDataModule.withhold): A(D) trained on a slice memorises it, and a rule reading it saw less than the
+        test split lost (digits: the slice read 0.56 points of cost where the test split lost 2.04). A provider's
+        checkpoint has seen its data: there the slice stays a part of the retain set, held out from finetuning
+        only, and tau_r is relative to A(D)'s test accuracy."""
+        stopping = self.settings.early_stopping
+        if not pretrains or not stopping.enabled or len(datamodule.val_labels):
+            return
+        fraction = 0.0 if stopping.retain_holdout == "val" else \
+            holdout_fraction(stopping.retain_holdout, len(datamodule.retain_indices))
+        if fraction > 0:
+            datamodule.withhold(fraction)
+
     def run(self, ctx: RunContext, pretrained: nn.Module, datamodule: TTPDataModule, make_net) -> MethodOutput:
         cfg = self.settings
         return finetune(ctx, copy.deepcopy(pretrained), datamodule, cfg, cfg.epochs,
@@ -123,7 +138,8 @@ class RetainParts:
     holdout: ImageBatchDataset | None
     eval_parts: list[str]
     key: str
-    source: str = "none"  # none | slice (of the retain set) | val (the user's own val/ folder, outside D)
+    source: str = "none"  # none | slice (of the retain set) | val (the user's own val/ folder, outside D) |
+    # withheld (a slice of the retain set taken out of D before pretraining: Pareto.hold_out)
 
     def start_accuracy(self, net: nn.Module, datamodule: TTPDataModule) -> float:
         """What tau_r is relative to: without a holdout, the starting model's accuracy on the retain set. With
@@ -139,9 +155,10 @@ class RetainParts:
         return accuracy(net, unseen)
 
     def reference(self, datamodule: TTPDataModule) -> str:
-        """Where start_accuracy reads A(D): the user's val/ folder itself (A(D) never trained on it, and the
-        test split stays unread by every rule), else the test split where there is one, else the slice."""
-        if self.source == "val":
+        """Where start_accuracy reads A(D): the validation images themselves (the user's val/ folder or the
+        images withheld from D: A(D) never trained on them, and the test split stays unread by every rule),
+        else the test split where there is one, else the slice."""
+        if self.source in ("val", "withheld"):
             return "val"
         return "test" if len(datamodule.test_labels) else HOLDOUT_PART
 
@@ -167,17 +184,19 @@ def retain_parts(datamodule: TTPDataModule, stopping: EarlyStoppingSchema | None
     """Where finetuning trains and where the retain rule reads accuracy (early_stopping.retain_holdout): auto
     reads the user's own validation images (an image folder's val/) where there are any, finetuning on the
     whole retain set, else a seeded slice of the retain set by holdout_fraction's rule; val requires them; a
-    fraction is that slice; 0 the retain set itself (the paper)."""
+    fraction is that slice; 0 the retain set itself (the paper). Where Pareto.hold_out took the slice out of D
+    before pretraining (auto or a fraction), it is the validation part, read the same way as val/."""
     setting = "off" if stopping is None else stopping.retain_holdout
     has_val = len(datamodule.val_labels) > 0
+    withheld = datamodule.val_source == "withheld" and setting != "off"
     if setting == "val" and not has_val:
         raise TTPUserError("method.early_stopping.retain_holdout=val needs validation images, "
                            "<data.root>/val/<class>/<image> (data=imagefolder); this data set has none: choose "
                            "auto (a held-out slice of the retain set) or a fraction")
-    if setting == "val" or (setting == "auto" and has_val):
+    if setting == "val" or (setting == "auto" and has_val) or withheld:
         return RetainParts(datamodule.dataset("retain"), datamodule.dataset("retain", augment=True),
                            datamodule.dataset("val"), [*datamodule.eval_parts(), HOLDOUT_PART],
-                           f"val/{HOLDOUT_PART}_acc", source="val")
+                           f"val/{HOLDOUT_PART}_acc", source="val" if datamodule.val_source == "folder" else "withheld")
     fraction = 0.0 if setting == "off" else holdout_fraction(setting, len(datamodule.retain_indices))
     if fraction <= 0:
         return RetainParts(datamodule.dataset("retain"), None, None, datamodule.eval_parts(), "val/retain_acc")

@@ -232,8 +232,8 @@ def frontier(history: list[dict], reported: dict, gamma: float, judged: tuple[Ju
             "retain_cost": points(start - row[reads]) if reads in row else None, "test_cost": test_cost,
             "proven_radius_min": radius.get("forget_proven_radius_min"),
             "proven_radius_median": radius.get("forget_proven_radius_median")}
-    where = "the validation images (val/)" if reported.get("retain_holdout_source") == "val" else \
-        READS.get(reads, reads)
+    where = {"val": "the validation images (val/)", "withheld": "the images withheld from D"}.get(
+        reported.get("retain_holdout_source"), READS.get(reads, reads))
     return Frontier(gamma, budget, where, forget_size, kept, trained, judged,
                     tuple(offer for offer, _ in offers if offer is not None),
                     tuple(why for _, why in offers if why is not None))

@@ -108,6 +108,8 @@ class TTPDataModule(L.LightningDataModule):
         self.test_images, self.test_labels = test_x, test_y
         self.val_images, self.val_labels = (train_x[:0], train_y[:0]) if arrays.val_labels is None else \
             (arrays.val_images, arrays.val_labels)
+        self.val_source = "none" if arrays.val_labels is None else "folder"
+        self.withheld = torch.empty(0, dtype=torch.long)  # training indices taken out of D (withhold)
         keep = torch.ones(len(train_y), dtype=torch.bool)
         keep[self.forget_indices] = False
         self.retain_indices = keep.nonzero().flatten()
@@ -242,8 +244,32 @@ class TTPDataModule(L.LightningDataModule):
     # -------------------------------------------------------------- identity
     def data_fingerprint(self) -> str:
         """Hash of part `pretrain`'s images and labels, part of the pretraining cache key. The forget
-        selection is not in it: A(D) trains on all of D whatever D_f is, so forget-set sweeps pretrain once."""
-        return fingerprint(self.train_images[: self.pretrain_size], self.train_labels[: self.pretrain_size])
+        selection is not in it: A(D) trains on all of D whatever D_f is, so forget-set sweeps pretrain once;
+        images withheld from D (withhold) are: A(D) did not train on them."""
+        index = self._index("pretrain")
+        return fingerprint(self.train_images[index], self.train_labels[index])
+
+    def withhold(self, fraction: float) -> None:
+        """Take a seeded `fraction` of the retain set (retain_split's holdout) out of D altogether: no part
+        trains on it (pretrain, train, retain and the relearning floor leave it out) and it becomes part `val`,
+        images A(D) never saw, as an image folder's val/ is. Alg 1's rules that spend accuracy then read it where
+        neither A(D) nor finetuning trained (Pareto.hold_out). Only where there are no validation images yet."""
+        if len(self.val_labels):
+            raise TTPUserError(f"data set {self.name!r} already has {len(self.val_labels)} validation images; "
+                               "nothing more is withheld from it")
+        _, held = self.retain_split(fraction)
+        self.withheld = held
+        self.val_images, self.val_labels, self.val_source = self.train_images[held], self.train_labels[held], "withheld"
+        self.retain_indices = self.retain_indices[~torch.isin(self.retain_indices, held)]
+
+    def _index(self, part: str):
+        """The training-set indices of part pretrain (D before outside forget instances) or train (D with them),
+        less any withheld images; a slice where nothing is withheld."""
+        whole = slice(0, self.pretrain_size) if part == "pretrain" else slice(None)
+        if not len(self.withheld):
+            return whole
+        indices = torch.arange(len(self.train_labels))[whole]
+        return indices[~torch.isin(indices, self.withheld)]
 
     def forget_record(self) -> dict:
         """Which instances D_f holds, for results.json: indices into the training set D (as loaded and split,
@@ -295,7 +321,8 @@ class TTPDataModule(L.LightningDataModule):
         """`part` is one of pretrain (D before outside forget instances), train (D with them), retain,
         forget, test, forget_nn (each forget instance's nearest test instance, the paper's check that
         protection does not spill onto similar images), val (the user's own validation images, an image
-        folder's val/; empty where there are none: never trained on, in either split)."""
+        folder's val/, or the images withheld from D: never trained on, in either split; empty where there are
+        none)."""
         if part == "test":
             images, labels = self.test_images, self.test_labels
         elif part == "val":
@@ -304,8 +331,8 @@ class TTPDataModule(L.LightningDataModule):
             index = self.nearest_test_indices()
             images, labels = self.test_images[index], self.test_labels[index]
         else:
-            index = {"pretrain": slice(0, self.pretrain_size), "train": slice(None), "retain": self.retain_indices,
-                     "forget": self.forget_indices}[part]
+            index = {"pretrain": self._index("pretrain"), "train": self._index("train"),
+                     "retain": self.retain_indices, "forget": self.forget_indices}[part]
             return self.subset(index, augment)
         return ImageBatchDataset(images, labels, self.augment if augment else "none", seed=self.seed)
 
@@ -333,7 +360,9 @@ class TTPDataModule(L.LightningDataModule):
         forgotten = torch.zeros(len(self.train_labels), dtype=torch.bool)
         for indices in self.forget_requests[:count]:
             forgotten[indices] = True
-        return self.subset(~forgotten), self.subset(forgotten)
+        outside = torch.zeros_like(forgotten)
+        outside[self.withheld] = True
+        return self.subset(~forgotten & ~outside), self.subset(forgotten)
 
     def eval_loader(self, part: str | ImageBatchDataset, sharded: bool = True) -> torch.utils.data.DataLoader:
         """Unaugmented, unshuffled batches of a part (or of a dataset); `sharded=False` gives every rank the

@@ -27,6 +27,10 @@ class Method:
         """Raise TTPUserError for a setting the data makes impossible (called once the data is read, before any
         training)."""
 
+    def hold_out(self, datamodule, pretrains: bool) -> None:
+        """Take the images the method's rules read accuracy on out of D before A(D) is trained (`pretrains`:
+        this run trains A(D) itself, no model.checkpoint); by default nothing is taken."""
+
     def run(self, ctx, pretrained: nn.Module, datamodule, make_net) -> MethodOutput:
         """Apply the method to a copy of `pretrained` (or train a fresh model from `make_net()`)."""
         raise NotImplementedError(f"{type(self).__name__}.run")

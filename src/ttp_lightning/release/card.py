@@ -311,8 +311,10 @@ def _accuracy_line(after: dict) -> list[str]:
     if "retain_holdout_acc" not in after:
         return []
     test = f", {after['test_acc']:.2%} on the test split" if "test_acc" in after else " (no test split)"
-    where = ("validation images of the provider's own (val/), which neither the model nor finetuning trained on"
-             if after.get("retain_holdout_source") == "val" else "held-out retain images it never trained on")
+    where = {"val": "validation images of the provider's own (val/), which neither the model nor finetuning "
+                    "trained on",
+             "withheld": "training images withheld from D, which neither the model nor finetuning trained on"
+             }.get(after.get("retain_holdout_source"), "held-out retain images it never trained on")
     return [(f"- accuracy: {after['retain_fit_acc']:.2%} on the retain images finetuning trained on, "
              f"{after['retain_holdout_acc']:.2%} on the {after['retain_holdout_size']} {where} "
              f"(what the retain rule read){test}")]

@@ -138,6 +138,8 @@ def run(cfg: Node, output_dir: str) -> RunRecord | None:
     gate.check(datamodule.info.num_classes, settings.attacks.enabled,
                tuple(name for name, attack in attacks.items() if not attack.random))
     method.check_data(datamodule)
+    # the images the method's rules read accuracy on leave D before A(D) trains (where this run trains it)
+    method.hold_out(datamodule, pretrains=not (settings.model is not None and settings.model.get("checkpoint")))
 
     def make_net():
         L.seed_everything(settings.seed, workers=True, verbose=False)
@@ -209,8 +211,9 @@ def _run_record(experiment: str, method: str, record: dict, datamodule, metrics:
             "forget_size": len(datamodule.forget_indices), "forget_from_test": datamodule.outside_forget_count,
             "forget_fingerprint": datamodule.forget_fingerprint(), "forget_set_digest": datamodule.forget_set_digest(),
             **datamodule.forget_record()}
-    if len(datamodule.val_labels):  # the user's own validation images (an image folder's val/)
+    if len(datamodule.val_labels):  # the user's own validation images (an image folder's val/) or those withheld
         data["val_size"] = len(datamodule.val_labels)
+        data["val_source"] = datamodule.val_source
     # resumed: stage -> the epoch a rerun resumed after (wall times cover this process); run: name, wandb group
     # (the sweep), job type, this job's swept values
     return RunRecord(format=RESULTS_FORMAT, experiment=experiment, method=method, config=record, data=data,

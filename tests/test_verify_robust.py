@@ -316,6 +316,14 @@ def test_no_single_edit_of_a_release_verifies_unless_the_field_takes_no_part(gen
         if code == 0:
             passed.setdefault(field, []).append(loaded)
 
+    def outputs() -> torch.Tensor:  # the released network on the forget images: all verify --gamma 0 reads
+        from ttp_lightning.verify.common import image_files, read_images
+
+        with torch.no_grad():
+            return load_released(folder)(read_images(image_files(genuine.forget), 1, 8, False).float() / 255)
+
+    genuine_outputs = outputs()
+
     for path in _paths(original):
         for replacement in REPLACEMENTS.values():
             edited = _edited(original, path, replacement)
@@ -333,6 +341,8 @@ def test_no_single_edit_of_a_release_verifies_unless_the_field_takes_no_part(gen
                                                                                  torch.ones(1)).view_as(t))):
             save_file({**weights, name: change(tensor)}, str(folder / "model.safetensors"))
             _write_config(folder, _rehash(folder, copy.deepcopy(original)))
+            if label == "one value +1" and torch.equal(outputs(), genuine_outputs):
+                continue  # the value takes no part in the images' outputs (a dead ReLU's weight, a blank pixel's)
             attempt(f"model.safetensors {name} {label}")
     (folder / "model.safetensors").write_bytes(weights_file)
     _write_config(folder, original)

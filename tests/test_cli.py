@@ -51,12 +51,15 @@ def test_default_job_writes_the_results_contract(run_cli, tmp_path):
     assert {"zero_gradient_share", "monotone_in_gamma", "unbounded", "randomised"} <= checks.keys()
     assert checks["monotone_in_gamma"] is True and 0 <= checks["zero_gradient_share"] <= 1
     assert "attacks on the forget set" in proc.stdout and "8/255" in proc.stdout and "robust CD" in proc.stdout
-    # bounds.kind=auto: each stage's bound chosen by measuring, with its trials and time
-    for record in results["proof_bound"].values():
-        rule = record["rule"]
-        assert (record["bound"], record["intermediate"]) == (rule["bound"], rule["intermediate"])
-        assert [t["bound"] for t in rule["trials"]] == ["interval", "linear", "linear"]
-        assert record["seconds"] >= rule["seconds"] > 0
+    # bounds.kind=auto: the method's bound chosen by measuring, with its trials and time; A(D), the same
+    # architecture, bounded the same way without trials of its own
+    bounds = results["proof_bound"]
+    record, rule = bounds["pareto"], bounds["pareto"]["rule"]
+    assert (record["bound"], record["intermediate"]) == (rule["bound"], rule["intermediate"])
+    assert [t["bound"] for t in rule["trials"]] == ["interval", "linear", "linear"]
+    assert record["seconds"] >= rule["seconds"] > 0
+    assert bounds["pretrain"]["rule"] is None and bounds["pretrain"]["same_as"] == "pareto"
+    assert (bounds["pretrain"]["bound"], bounds["pretrain"]["intermediate"]) == (rule["bound"], rule["intermediate"])
     assert "(by rule: " in proc.stdout
     card = (tmp_path / "out" / results["release"]["folder"] / "README.md").read_text()
     assert "chosen by bounds.kind=auto" in card

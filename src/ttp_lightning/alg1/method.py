@@ -316,8 +316,9 @@ def kept_summary(best, history, parts: RetainParts, radius, datamodule: TTPDataM
         inside = len(parts.holdout) if parts.source == "slice" else 0  # val/ is outside the retain set
         summary.update(accuracy_split(best_row, len(datamodule.retain_indices), inside))
         if rank_zero_only.rank == 0:
-            log.info("kept epoch %d: retain accuracy %.2f%% trained on, %.2f%% on %d held out", summary["best_epoch"],
-                     100 * summary["retain_fit_acc"], 100 * summary["retain_holdout_acc"], len(parts.holdout))
+            where = {"withheld": "withheld from D", "val": "in val/"}.get(parts.source, "held out")
+            log.info("kept epoch %d: retain accuracy %.2f%% trained on, %.2f%% on %d %s", summary["best_epoch"],
+                     100 * summary["retain_fit_acc"], 100 * summary["retain_holdout_acc"], len(parts.holdout), where)
     return summary, best_row
 
 

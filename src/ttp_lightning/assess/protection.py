@@ -348,13 +348,16 @@ def bound_name(record: dict) -> str | None:
 
 
 def proven_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], device, bounds,
-                     threshold: float) -> ProvenBounds:
+                     threshold: float, same_as: ProvenBounds | None = None) -> ProvenBounds:
     """Every image's proven CD at each radius and its proven radius at `threshold`, by `bounds`
-    (config.schema.BoundsSchema; with kind=auto the bound bounds/choice.py picks; the proven column reads "-"
-    when the network has a layer no bound supports)."""
+    (config.schema.BoundsSchema; with kind=auto the bound bounds/choice.py picks, or, given `same_as`, the bound
+    another stage of the same architecture used; the proven column reads "-" when the network has a layer no bound
+    supports)."""
     start = time.perf_counter()
     kind, intermediate, slopes, rule = str(bounds.kind), str(bounds.intermediate), int(bounds.slope_steps), None
-    if kind == "auto":
+    if kind == "auto" and same_as is not None and same_as.bound is not None:
+        kind, intermediate, slopes = same_as.bound, same_as.intermediate or "ibp", same_as.slope_steps
+    elif kind == "auto":
         choice = choose_bound(net, images, threshold, float(bounds.radius_step), float(bounds.max_radius),
                               float(bounds.seconds_per_image), device, slopes)
         kind, intermediate, slopes, rule = choice.bound, choice.intermediate or "ibp", choice.slope_steps, \

@@ -69,19 +69,20 @@ def format_table(metrics: dict[str, dict]) -> str:
     return table(metric_rows(metrics))
 
 
-def attack_rows(attacks: dict[str, dict]) -> list[list[str]]:
-    """Header, then one row per (attack, gamma): forget CD and accuracy per stage, as the paper's attack
-    tables."""
+def attack_scores(attacks: dict[str, dict], proven: dict[str, dict] | None = None) -> list[tuple]:
+    """The attack table's content, walked once for the console's text table and wandb's numeric one: (attack, its
+    radius as results.json keys it (None for the clean images), each stage's forget CD and accuracy in turn) per
+    (attack, radius), then with `proven` ({stage: {gamma: summary}}) a `proven` row per radius every stage has:
+    the mean of each image's proven bound, which no attack in that ball can exceed (its accuracy None)."""
     stages = list(attacks)
-    header = ["attack", "gamma"] + [f"{stage} {what}" for stage in stages for what in ("CD", "acc")]
-    rows = [header]
-    for attack, by_gamma in attacks[stages[0]].items():
-        for gamma in by_gamma:
-            row = [attack, "-" if attack == "none" else f"{gamma}/255"]
-            for stage in stages:
-                scores = attacks[stage][attack][gamma]
-                row += [f"{scores['forget_conf_dist']:.4f}", f"{scores['forget_acc']:.2%}"]
-            rows.append(row)
+    rows = [(attack, None if attack == "none" else gamma,
+             [value for stage in stages for value in (attacks[stage][attack][gamma]["forget_conf_dist"],
+                                                      attacks[stage][attack][gamma]["forget_acc"])])
+            for attack, by_gamma in attacks[stages[0]].items() for gamma in by_gamma]
+    for gamma in attacks[stages[0]].get(WORST, {}) if proven else ():
+        if all(gamma in proven.get(stage, {}) for stage in stages):
+            rows.append(("proven", gamma, [value for stage in stages for value in
+                                           (proven[stage][gamma]["forget_proven_conf_dist"], None)]))
     return rows
 
 
@@ -114,13 +115,11 @@ def format_attack_table(attacks: dict[str, dict], proven: dict[str, dict] | None
     each image's proven bound, which no attack in that ball can exceed (accuracy: -); with `relearn`
     ({stage: {steps: scores}}, the worst case over the relearning runs), a `relearn` row per number of finetuning
     steps; with `floor` (results.json relearn_floor), a line under the table: the same finetuning of A(D_r)."""
-    rows = attack_rows(attacks)
     stages = list(attacks)
-    for gamma in next(iter(attacks.values()))[WORST]:
-        if not proven or not all(gamma in proven.get(stage, {}) for stage in stages):
-            continue
-        rows.append(["proven", f"{gamma}/255"] + [cell for stage in stages for cell in
-                                                  (f"{proven[stage][gamma]['forget_proven_conf_dist']:.4f}", "-")])
+    rows = [["attack", "gamma"] + [f"{stage} {what}" for stage in stages for what in ("CD", "acc")]]
+    for attack, gamma, values in attack_scores(attacks, proven):
+        rows.append([attack, "-" if gamma is None else f"{gamma}/255"] + [
+            "-" if value is None else f"{value:.4f}" if i % 2 == 0 else f"{value:.2%}" for i, value in enumerate(values)])
     for steps in (next(iter(relearn.values())) if relearn else {}):
         rows.append(["relearn", f"{steps} step{'s' if steps != '1' else ''}"] + [
             cell for stage in stages for cell in (f"{relearn[stage][steps]['forget_conf_dist']:.4f}",

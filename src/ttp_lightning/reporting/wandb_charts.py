@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from ttp_lightning.reporting.results import COLUMNS, PER_IMAGE_COLUMNS, forget_image_rows
+from ttp_lightning.reporting.results import COLUMNS, PER_IMAGE_COLUMNS, attack_scores, forget_image_rows
 
 Table = tuple[list[str], list[list]]  # columns, rows
 
@@ -31,17 +31,8 @@ def attack_table(attacks: dict[str, dict], proven: dict | None) -> Table:
     and a `proven` row per radius with each stage's mean proven CD (its accuracy: None)."""
     stages = list(attacks)
     columns = ["attack", "gamma"] + [f"{stage}_{what}" for stage in stages for what in ("conf_dist", "acc")]
-    rows = []
-    for attack, by_gamma in attacks[stages[0]].items():
-        for gamma in by_gamma:
-            scores = [attacks[stage][attack][gamma] for stage in stages]
-            rows.append([attack, None if attack == "none" else float(gamma)]
-                        + [_number(s[key]) for s in scores for key in ("forget_conf_dist", "forget_acc")])
-    for gamma in next(iter(proven.values()), {}) if proven else {}:
-        if all(gamma in proven.get(stage, {}) for stage in stages):
-            rows.append(["proven", float(gamma)] + [cell for stage in stages for cell in
-                                                    (_number(proven[stage][gamma]["forget_proven_conf_dist"]), None)])
-    return columns, rows
+    return columns, [[attack, None if gamma is None else float(gamma), *map(_number, values)]
+                     for attack, gamma, values in attack_scores(attacks, proven)]
 
 
 def relearn_table(relearn: dict[str, dict]) -> Table:

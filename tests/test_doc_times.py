@@ -24,7 +24,6 @@ def test_every_timed_readme_command_is_found_with_its_comment():
     assert any(c.text.startswith(".venv/bin/python -m ttp_lightning.verify robust") for c in found)
     reproduce = [c for c in found if c.long]
     assert reproduce and all(not c.text.startswith("make") for c in reproduce)
-    assert [c.expected_exit for c in reproduce] == [4] and found[0].expected_exit == 0
 
 
 def test_times_are_rewritten_in_the_comment_and_nowhere_else():

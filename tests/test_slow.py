@@ -55,15 +55,19 @@ def test_ddp_sim_two_processes_run_robust_alg1(run_cli, mode):
 
 
 @needs_mnist
-def test_mnist_mlp_matches_the_paper_row_and_the_gate_names_the_images_it_leaves(run_cli):
-    """Paper, MNIST MLP, theta 0.75: retain 97.5 %, test 95.7 %, CD 0.037 (a mean). Per image, Alg 1 leaves
-    four forget images fully confident (its KL(p || u) has no gradient there): not released as protected."""
+def test_mnist_mlp_matches_the_paper_row_and_the_gate_judges_every_image(run_cli):
+    """Paper, MNIST MLP, theta 0.75: retain 97.5 %, test 95.7 %, CD 0.037 (a mean). The gate judges each image:
+    released (exit 0) only when every one is at CD <= 0.1 (with the held-out slice withheld from D every image
+    reached 0.011 on 2026-12-04; A(D) trained on all 60,000 images left four fully confident, exit 4), and an
+    attacker within 8/255 makes nearly all confident again, which the console says the gate did not require."""
     proc, results = run_cli("+experiment=mnist_mlp", f"data.root={MNIST_ROOT}", "logger=none",
                             "trainer.enable_progress_bar=false", tiny=False)
     finished(proc.returncode, results, proc.stderr)
     alg1 = results["metrics"]["pareto"]
     assert alg1["forget_conf_dist"] <= 0.05 and alg1["test_acc"] >= 0.95
-    assert proc.returncode == 4 and alg1["forget_exposed"] >= 1 and alg1["forget_worst_conf_dist"] > 0.5
+    assert proc.returncode == (0 if alg1["forget_exposed"] == 0 else 4) == (0 if results["release_gate"]["passed"]
+                                                                            else 4)
+    assert alg1["forget_robust_exposed"] >= 90 and "not met within 8/255" in proc.stdout
 
 
 def unprotected(results: dict) -> list[str]:

@@ -333,6 +333,7 @@ class ProvenBounds:
     slope_steps: int = 0
     rule: dict | None = None  # bounds.kind=auto: the choice's record (bounds/choice.BoundChoice.to_json)
     seconds: float | None = None  # the wall time of these bounds, the choice's included
+    same_as_rule: bool = False  # bounds.kind=auto: the bound another stage's rule chose (proven_bounds' same_as)
 
 
 def bound_name(record: dict) -> str | None:
@@ -355,8 +356,10 @@ def proven_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], dev
     supports)."""
     start = time.perf_counter()
     kind, intermediate, slopes, rule = str(bounds.kind), str(bounds.intermediate), int(bounds.slope_steps), None
-    if kind == "auto" and same_as is not None and same_as.bound is not None:
-        kind, intermediate, slopes = same_as.bound, same_as.intermediate or "ibp", same_as.slope_steps
+    reused = kind == "auto" and same_as is not None and same_as.rule is not None
+    if reused:  # what the other stage's rule chose (its slope steps as chosen, not as that network used them)
+        chosen = same_as.rule
+        kind, intermediate, slopes = chosen["bound"], chosen["intermediate"] or "ibp", chosen["slope_steps"]
     elif kind == "auto":
         choice = choose_bound(net, images, threshold, float(bounds.radius_step), float(bounds.max_radius),
                               float(bounds.seconds_per_image), device, slopes)
@@ -370,9 +373,10 @@ def proven_bounds(net: nn.Module, images: torch.Tensor, gammas: list[float], dev
                                   known={float(g): values for g, values in by_gamma.items()}).tolist()
     except UnsupportedLayer as exc:
         log.warning("no proven CD for this network: %s", exc)
-        return ProvenBounds(None, None, note=str(exc), rule=rule, seconds=round(time.perf_counter() - start, 3))
+        return ProvenBounds(None, None, note=str(exc), rule=rule, seconds=round(time.perf_counter() - start, 3),
+                            same_as_rule=reused)
     if prover.fallback:
         log.warning("linear bounds fell back to interval bounds: %s", prover.fallback)
     return ProvenBounds(by_gamma, radius, prover.bound,
                            prover.intermediate if prover.bound == "linear" else None, prover.fallback,
-                           prover.slopes_used, rule, round(time.perf_counter() - start, 3))
+                           prover.slopes_used, rule, round(time.perf_counter() - start, 3), reused)

@@ -108,7 +108,6 @@ class TTPDataModule(L.LightningDataModule):
         self.test_images, self.test_labels = test_x, test_y
         self.val_images, self.val_labels = (train_x[:0], train_y[:0]) if arrays.val_labels is None else \
             (arrays.val_images, arrays.val_labels)
-        self.val_source = "none" if arrays.val_labels is None else "folder"
         self.withheld = torch.empty(0, dtype=torch.long)  # training indices taken out of D (withhold)
         keep = torch.ones(len(train_y), dtype=torch.bool)
         keep[self.forget_indices] = False
@@ -259,8 +258,15 @@ class TTPDataModule(L.LightningDataModule):
                                "nothing more is withheld from it")
         _, held = self.retain_split(fraction)
         self.withheld = held
-        self.val_images, self.val_labels, self.val_source = self.train_images[held], self.train_labels[held], "withheld"
+        self.val_images, self.val_labels = self.train_images[held], self.train_labels[held]
         self.retain_indices = self.retain_indices[~torch.isin(self.retain_indices, held)]
+
+    @property
+    def val_source(self) -> str:
+        """Where part `val` comes from: folder (an image folder's val/), withheld (withhold) or none."""
+        if len(self.withheld):
+            return "withheld"
+        return "folder" if len(self.val_labels) else "none"
 
     def _index(self, part: str):
         """The training-set indices of part pretrain (D before outside forget instances) or train (D with them),

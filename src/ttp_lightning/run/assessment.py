@@ -205,20 +205,19 @@ def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked
     gamma = float(attacks.robust_gamma)
     gammas = sorted({float(g) for g in attacks.gammas} | {gamma})
     device = eval_device()
-    columns, proven_by_stage, bound_by_stage, summaries, note, lists = {}, {}, {}, {}, None, {}
+    # bounds.kind=auto chooses on the method's stage; A(D), the same architecture, is bounded the same way (a
+    # reference row: its own trials took a minute on an MNIST ResNet8 to prove nothing)
     method = next((stage for stage in reversed(models) if stage != "pretrain"), None)
-    chosen = None
+    found = {}
     for stage in sorted(models, key=lambda name: name != method):  # the method's stage first
-        net = models[stage]
-        # bounds.kind=auto chooses on the method's stage; A(D), the same architecture, is bounded the same way (a
-        # reference row: its own trials took a minute on an MNIST ResNet8 to prove nothing)
         with Paced(f"bounding the forget images ({stage})", "bounds"):  # a line a minute, however long
-            proven = proven_bounds(net, forget_images, gammas, device, bounds, threshold,
-                                   same_as=None if stage == method else chosen)
-        chosen = proven if stage == method else chosen
+            found[stage] = proven_bounds(models[stage], forget_images, gammas, device, bounds, threshold,
+                                         same_as=None if stage == method else found.get(method))
+    columns, proven_by_stage, bound_by_stage, summaries, note, lists = {}, {}, {}, {}, None, {}
+    for stage, net in models.items():
+        proven = found[stage]
         lists[stage] = proven.by_gamma
-        if stage == method or method is None:
-            note = None if proven.by_gamma is not None else proven.note
+        note = None if proven.by_gamma is not None else proven.note
         columns[stage] = {"clean": clean_conf_dist(net, forget_images, device).tolist(),
                           "attacked": None if attacked is None else attacked.worst_by_gamma[stage][f"{gamma:g}"],
                           "proven": None if proven.by_gamma is None else proven.by_gamma[f"{gamma:g}"],
@@ -229,11 +228,8 @@ def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked
         bound_by_stage[stage] = {"bound": proven.bound, "intermediate": proven.intermediate,
                                  "slope_steps": proven.slope_steps, "note": proven.note, "seconds": proven.seconds,
                                  "rule": proven.rule}
-        if stage != method and str(bounds.kind) == "auto" and chosen is not None and chosen.bound is not None:
+        if stage != method and proven.same_as_rule:
             bound_by_stage[stage]["same_as"] = method  # the method stage's choice, not a rule of its own
         summaries[stage] = stage_summary(columns[stage], threshold)
-    columns, proven_by_stage, bound_by_stage, summaries, lists = (
-        {stage: part[stage] for stage in models if stage in part}
-        for part in (columns, proven_by_stage, bound_by_stage, summaries, lists))
     return PerImage(per_image_rows(datamodule.forget_ids(), columns), proven_by_stage, bound_by_stage, summaries,
                     note, lists)

@@ -26,7 +26,13 @@ from ttp_lightning.core.files import supersede_outputs
 from ttp_lightning.core.words import RESULTS_FORMAT
 from ttp_lightning.data import build_datamodule
 from ttp_lightning.fit.checkpointing import remove as remove_checkpoints
-from ttp_lightning.fit.pretraining import absorb_outside_forget, cache_key, pretrained_model, retrained_model
+from ttp_lightning.fit.pretraining import (
+    absorb_outside_forget,
+    cache_key,
+    model_file,
+    pretrained_model,
+    retrained_model,
+)
 from ttp_lightning.fit.progress import quiet_lightning
 from ttp_lightning.fit.training import RunContext, choose_threads, multiply_accumulates
 from ttp_lightning.models.components import build_classifier
@@ -138,8 +144,6 @@ def run(cfg: Node, output_dir: str) -> RunRecord | None:
     gate.check(datamodule.info.num_classes, settings.attacks.enabled,
                tuple(name for name, attack in attacks.items() if not attack.random))
     method.check_data(datamodule)
-    # the images the method's rules read accuracy on leave D before A(D) trains (where this run trains it)
-    method.hold_out(datamodule, pretrains=not (settings.model is not None and settings.model.get("checkpoint")))
 
     def make_net():
         L.seed_everything(settings.seed, workers=True, verbose=False)
@@ -159,7 +163,7 @@ def _stages(settings: MainSchema, record: dict, ctx: RunContext, method, attacks
     """pretrain (cached) -> method -> evaluation, attacks -> results.json (`record`: the resolved config),
     release, table, logger."""
     output_dir = ctx.output_dir
-    pretrained, original, pretrain_info = _starting_models(settings, ctx, datamodule, make_net, gate)
+    pretrained, original, pretrain_info = _starting_models(settings, ctx, datamodule, make_net, gate, method)
     ctx = ctx.keyed(method_key(ctx, method, datamodule))
     # the method draws from the global generators (robust Alg 1's inner attack): seeded here, so its steps do not
     # depend on whether A(D) was trained in this process or read from the cache
@@ -221,9 +225,10 @@ def _run_record(experiment: str, method: str, record: dict, datamodule, metrics:
                      forget_softmax=softmax, assessment=assessment)
 
 
-def _starting_models(settings: MainSchema, ctx: RunContext, datamodule, make_net, gate: GateSettings):
+def _starting_models(settings: MainSchema, ctx: RunContext, datamodule, make_net, gate: GateSettings, method):
     """(A(D), A(D) before it absorbed outside forget instances or None, pretraining's record); the output folder's
-    earlier outputs moved aside once every setting holds."""
+    earlier outputs moved aside once every setting holds; the images the method's rules read accuracy on taken
+    out of D first where this run trains A(D) (Method.hold_out)."""
     pretrained = make_net()
     gate.check_network(pretrained, datamodule.info.channels, datamodule.info.image_size,
                        float(settings.bounds.max_radius))
@@ -233,6 +238,7 @@ def _starting_models(settings: MainSchema, ctx: RunContext, datamodule, make_net
             log.warning("%s held an earlier run's outputs; moved them to %s, so that what the folder holds is this "
                         "run's", ctx.output_dir, moved)
     choose_threads(settings, multiply_accumulates(pretrained, datamodule.info.channels, datamodule.info.image_size))
+    method.hold_out(datamodule, pretrains=model_file(ctx, "checkpoint") is None)
     pretrain_info = pretrained_model(ctx, pretrained, datamodule, is_global_zero)
     original = None
     if datamodule.outside_forget_count:  # D_f from outside D: A(D) learns those instances first

@@ -9,16 +9,19 @@
 
 import itertools
 
+import numpy as np
 import pytest
+import timm
 import torch
 from omegaconf import OmegaConf
+from scipy.optimize import linprog
 from torch import nn
 
 from conftest import CONF_DIR
 from test_ibp import _randomise_batchnorm
 from ttp_lightning.attacks import adaptive_attack
-from ttp_lightning.bounds import input_box
-from ttp_lightning.bounds import linear
+from ttp_lightning.bounds import input_box, linear
+from ttp_lightning.bounds.choice import CANDIDATES
 from ttp_lightning.bounds.propagate import logit_difference_lower_bounds as interval_differences
 from ttp_lightning.bounds.uniformity import Prover
 from ttp_lightning.core.metrics import conf_dist_of_probs
@@ -42,7 +45,6 @@ def _tiny() -> nn.Sequential:
 def _exact_minimum(net: nn.Sequential, lower: torch.Tensor, upper: torch.Tensor) -> torch.Tensor:
     """[K, K]: min over the box of z_j - z_c, by one linear programme per ReLU activation pattern (the network is
     linear on each pattern's region: 2^5 regions here), the smallest feasible optimum."""
-    linprog = pytest.importorskip("scipy.optimize").linprog
     first, last = net[0], net[2]
     w1, b1 = first.weight.detach().numpy(), first.bias.detach().numpy()
     w2, b2 = last.weight.detach().numpy(), last.bias.detach().numpy()
@@ -50,7 +52,7 @@ def _exact_minimum(net: nn.Sequential, lower: torch.Tensor, upper: torch.Tensor)
     classes = len(b2)
     best = torch.full((classes, classes), float("inf"), dtype=torch.float64)
     for pattern in itertools.product((0.0, 1.0), repeat=len(b1)):
-        active = torch.tensor(pattern).numpy()
+        active = np.array(pattern)
         # active neurons: w1 x + b1 >= 0, i.e. -w1 x <= b1; inactive: w1 x <= -b1
         sign = 1.0 - 2.0 * active
         a_ub, b_ub = sign[:, None] * w1, -sign * b1
@@ -63,6 +65,10 @@ def _exact_minimum(net: nn.Sequential, lower: torch.Tensor, upper: torch.Tensor)
                 best[j, c] = min(best[j, c].item(), value)
     best.fill_diagonal_(0.0)
     return best
+
+
+def test_the_bounds_checked_are_every_candidate_of_the_bound_rule():
+    assert {(kind, intermediate, steps > 0) for kind, intermediate, steps in BOUNDS.values()} == set(CANDIDATES)
 
 
 def _bound(net, lower, upper, name) -> torch.Tensor:
@@ -121,7 +127,6 @@ def _resnet8() -> nn.Module:
 def _resnet10t() -> nn.Module:
     """timm's resnet10t with BatchNorm statistics near their initial values: ten layers of random weights whose
     BatchNorm scales reach 1.5 (as the other networks' do) have an interval gain no radius survives."""
-    timm = pytest.importorskip("timm")
     torch.manual_seed(2)
     net = Classifier(timm.create_model("resnet10t", num_classes=10, in_chans=3), (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
     for module in net.modules():

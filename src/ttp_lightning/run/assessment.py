@@ -213,11 +213,10 @@ def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked
         with Paced(f"bounding the forget images ({stage})", "bounds"):  # a line a minute, however long
             found[stage] = proven_bounds(models[stage], forget_images, gammas, device, bounds, threshold,
                                          same_as=None if stage == method else found.get(method))
-    columns, proven_by_stage, bound_by_stage, summaries, note, lists = {}, {}, {}, {}, None, {}
+    columns, proven_by_stage, bound_by_stage, summaries, lists = {}, {}, {}, {}, {}
     for stage, net in models.items():
         proven = found[stage]
         lists[stage] = proven.by_gamma
-        note = None if proven.by_gamma is not None else proven.note
         columns[stage] = {"clean": clean_conf_dist(net, forget_images, device).tolist(),
                           "attacked": None if attacked is None else attacked.worst_by_gamma[stage][f"{gamma:g}"],
                           "proven": None if proven.by_gamma is None else proven.by_gamma[f"{gamma:g}"],
@@ -228,8 +227,10 @@ def account_per_image(models: dict, datamodule, attacks: AttacksSchema, attacked
         bound_by_stage[stage] = {"bound": proven.bound, "intermediate": proven.intermediate,
                                  "slope_steps": proven.slope_steps, "note": proven.note, "seconds": proven.seconds,
                                  "rule": proven.rule}
-        if stage != method and proven.same_as_rule:
+        if proven.same_as_rule:
             bound_by_stage[stage]["same_as"] = method  # the method stage's choice, not a rule of its own
         summaries[stage] = stage_summary(columns[stage], threshold)
+    shown = found[method if method is not None else next(iter(models))]  # the note is the method stage's
+    note = None if shown.by_gamma is not None else shown.note
     return PerImage(per_image_rows(datamodule.forget_ids(), columns), proven_by_stage, bound_by_stage, summaries,
                     note, lists)

@@ -45,6 +45,8 @@ from torch.nn.modules.utils import _pair
 from ttp_lightning.bounds.propagate import ADDITIONS, Box, UnsupportedLayer, _is_box, run_graph, trace
 from ttp_lightning.bounds.propagate import centred_logit_upper_bounds as interval_centred
 from ttp_lightning.bounds.propagate import logit_difference_lower_bounds as interval_differences
+from ttp_lightning.bounds.windows import (Window, batchnorm_keeps, convolution_keeps, merge, through_batchnorm,
+                                          through_convolution)
 
 AFFINE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.AvgPool1d, nn.AvgPool2d,
                   nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout)
@@ -70,6 +72,7 @@ SLOPE_STEPS = 20  # alpha-CROWN's Adam steps on the final bounds' ReLU slopes (P
 # were faster, not slower, on a CPU (the intermediate bounds of an initialised MNIST-sized ResNet8 at 1/255, one
 # thread: 138 s at 16 Mi numbers, 54 s at 2 Mi) and the resident memory stayed under 1 GiB
 MEMORY = 2 << 20
+TILE = 1
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("linear_bounds_deadline", default=None)
 
 
@@ -173,11 +176,12 @@ class LinearBounds:
     own backward passes, computed once, on first use)."""
 
     def __init__(self, net: nn.Module, lower: torch.Tensor, upper: torch.Tensor, graph: fx.GraphModule | None = None,
-                 intermediate: str = "crown", memory: int = MEMORY, rounding=None):
+                 intermediate: str = "crown", memory: int = MEMORY, rounding=None, tile: int | None = TILE):
         if intermediate not in INTERMEDIATE:
             raise ValueError(f"intermediate={intermediate!r}; choose one of {', '.join(INTERMEDIATE)}")
         self.net, self.graph = net, trace(net) if graph is None else graph
         self.intermediate, self.memory, self.rounding = intermediate, memory, rounding
+        self.tile = tile  # a convolutional layer's intermediate bounds in windows of tile x tile positions (None: dense)
         self.noise: dict[fx.Node, torch.Tensor] = {}  # with `rounding`: each rounding operation's error bound D
         # the interval pass: every node's Box (of the network evaluated in `rounding`'s precision, when given)
         self.env = run_graph(net, self.graph, Box(lower, upper), rounding=rounding, noise=self.noise)
@@ -219,6 +223,10 @@ class LinearBounds:
         flat_lower, flat_upper = box.lower.flatten(1).clone(), box.upper.flatten(1).clone()
         unstable = ((flat_lower < 0) & (flat_upper > 0)).any(0).nonzero().flatten()
         step, count = self.chunk(images), flat_lower.shape[1]
+        if self.tile and len(shape) == 3:
+            self._tiled(node, unstable, flat_lower, flat_upper)
+            self.tightened[node] = Box(flat_lower.view_as(box.lower), flat_upper.view_as(box.upper))
+            return self.tightened[node]
         for start in range(0, len(unstable), step):
             _check_deadline()
             rows = unstable[start:start + step]
@@ -230,39 +238,121 @@ class LinearBounds:
         self.tightened[node] = Box(flat_lower.view_as(box.lower), flat_upper.view_as(box.upper))
         return self.tightened[node]
 
+    def _tiled(self, node: fx.Node, unstable: torch.Tensor, flat_lower: torch.Tensor, flat_upper: torch.Tensor
+               ) -> None:
+        """bounds' backward passes for a [C, H, W] layer, tile by tile: the unstable neurons of each `tile` x
+        `tile` square of positions (every channel) in passes that start from a Window of that square, both
+        signs in one pass; `flat_lower` and `flat_upper` ([N, C * H * W]) are tightened in place."""
+        images, (channels, height, width) = flat_lower.shape[0], self.env[node].lower.shape[1:]
+        lower = self.env[node].lower
+        channel, row, column = unstable // (height * width), unstable // width % height, unstable % width
+        tiles = (row // self.tile) * (-(-width // self.tile)) + column // self.tile
+        order = torch.argsort(tiles, stable=True)
+        step = max(1, self.chunk(images) // 2)
+        for tile in torch.unique_consecutive(tiles[order]).tolist():
+            members = order[tiles[order] == tile]
+            top, left = (tile // -(-width // self.tile)) * self.tile, (tile % -(-width // self.tile)) * self.tile
+            size = (min(self.tile, height - top), min(self.tile, width - left))
+            for start in range(0, len(members), step):
+                _check_deadline()
+                chosen = members[start:start + step]
+                count = len(chosen)
+                spec = torch.zeros(2 * count, images, channels, *size, dtype=lower.dtype, device=lower.device)
+                index = torch.arange(count)
+                spec[index, :, channel[chosen], row[chosen] - top, column[chosen] - left] = 1.0
+                spec[index + count, :, channel[chosen], row[chosen] - top, column[chosen] - left] = -1.0
+                bound = self.lower_bound(node, Window(spec, top, left))  # [2 count, N]
+                rows = unstable[chosen]
+                flat_lower[:, rows] = torch.maximum(flat_lower[:, rows], bound[:count].T)
+                flat_upper[:, rows] = torch.minimum(flat_upper[:, rows], -bound[count:].T)
+
     # ------------------------------------------------------------------------------- the backward pass
-    def lower_bound(self, target: fx.Node, spec: torch.Tensor) -> torch.Tensor:
+    def lower_bound(self, target: fx.Node, spec: torch.Tensor | Window) -> torch.Tensor:
         """[S, N]: for each specification s, a lower bound on sum(spec[s, n] * target[n]) over image n's box
-        (spec: [S, N, *target's shape per image])."""
+        (spec: [S, N, *target's shape per image], or a Window of a 4-d target's coefficients)."""
         coefficients = {target: spec}
-        constant = torch.zeros(spec.shape[:2], dtype=spec.dtype, device=spec.device)
+        first = spec.weights if isinstance(spec, Window) else spec
+        constant = torch.zeros(first.shape[:2], dtype=first.dtype, device=first.device)
         for node in sorted(self._ancestors(target), key=self.position.get, reverse=True):
             if node is self.input or node not in coefficients:
                 continue
             weights = coefficients.pop(node)
-            if is_relu(self.net, node):
-                (source,) = self.sources(node)
-                passed, gained = self._through_relu(source, weights)
-                constant = constant + gained
-                _add_to(coefficients, source, passed)
-                continue
-            if node in self.pools:
-                source = self.sources(node)[0]
-                passed, gained = self._through_max_pool(node, source, weights)
-                constant = constant + gained
-                _add_to(coefficients, source, passed)
-                continue
-            offset, passed = self._through_affine(node, weights)
-            constant = constant + offset
+            if isinstance(weights, Window) and not self._keeps_window(node):
+                weights = weights.dense(tuple(self.env[node].lower.shape[-2:]))
             if node in self.noise:  # the float network adds delta in [-D, D] here: the worst case is -|A| . D
-                constant = constant - (weights.abs() * self.noise[node]).sum(tuple(range(2, weights.dim())))
+                noise = self.noise[node].expand_as(self.env[node].lower)
+                constant = constant - (weights.like(weights.weights.abs()).dot(noise) if isinstance(weights, Window)
+                                       else (weights.abs() * noise).sum(tuple(range(2, weights.dim()))))
+            gained, passed = self._backward(node, weights)
+            constant = constant + gained
             for source, weights_in in passed.items():
-                _add_to(coefficients, source, weights_in)
+                self._add_to(coefficients, source, weights_in)
         weights = coefficients.get(self.input)
         if weights is None:  # the target does not depend on the input
             return constant
-        box, dims = self.env[self.input], tuple(range(2, weights.dim()))
+        box = self.env[self.input]
+        if isinstance(weights, Window):
+            return constant + weights.dot(box.centre) - weights.like(weights.weights.abs()).dot(box.radius)
+        dims = tuple(range(2, weights.dim()))
         return constant + (weights * box.centre).sum(dims) - (weights.abs() * box.radius).sum(dims)
+
+    def _backward(self, node: fx.Node, weights: torch.Tensor | Window) -> tuple[torch.Tensor, dict]:
+        """(the constant gained, {source: its coefficients}) for a lower bound, through one node."""
+        if is_relu(self.net, node):
+            (source,) = self.sources(node)
+            if isinstance(weights, Window):
+                passed, gained = self._through_relu(source, weights.weights, weights.take)
+                return gained, {source: weights.like(passed)}
+            passed, gained = self._through_relu(source, weights)
+            return gained, {source: passed}
+        if node in self.pools:
+            source = self.sources(node)[0]
+            passed, gained = self._through_max_pool(node, source, weights)
+            return gained, {source: passed}
+        if isinstance(weights, Window):
+            sources = self.sources(node)
+            if node.op != "call_module":  # a residual addition: each summand has the sum's coefficients
+                return torch.zeros(weights.weights.shape[:2], dtype=weights.weights.dtype,
+                                   device=weights.weights.device), {source: weights for source in sources}
+            module = self.net.get_submodule(node.target)
+            if convolution_keeps(module):
+                gained, passed = through_convolution(module, weights, tuple(self.env[sources[0]].lower.shape[-2:]))
+            elif batchnorm_keeps(module):
+                gained, passed = through_batchnorm(module, weights)
+            else:  # the identity or dropout in eval mode
+                gained, passed = torch.zeros(weights.weights.shape[:2], dtype=weights.weights.dtype,
+                                             device=weights.weights.device), weights
+            return gained, {sources[0]: passed}
+        offset, passed = self._through_affine(node, weights)
+        return offset, passed
+
+    def _keeps_window(self, node: fx.Node) -> bool:
+        """Whether windows.py has the node's exact transpose on a window (else it takes dense coefficients)."""
+        if is_relu(self.net, node):
+            return self.env[node].lower.dim() == 4
+        if node.op == "call_module":
+            module = self.net.get_submodule(node.target)
+            return (convolution_keeps(module) or batchnorm_keeps(module)
+                    or isinstance(module, nn.Identity) or (isinstance(module, nn.Dropout) and not module.training))
+        if node.op == "call_function" and node.target in ADDITIONS or \
+                node.op == "call_method" and node.target in ("add", "__add__"):
+            sources = self.sources(node)
+            # a sum of exactly its bounded inputs (no constant, no alpha) of one shape
+            return (len(node.args) == 2 and not node.kwargs and all(arg in sources for arg in node.args)
+                    and all(self.env[arg].lower.shape == self.env[node].lower.shape for arg in sources))
+        return False
+
+    def _add_to(self, coefficients: dict, node: fx.Node, weights: torch.Tensor | Window) -> None:
+        if node not in coefficients:
+            coefficients[node] = weights
+            return
+        held = coefficients[node]
+        if isinstance(held, Window) and isinstance(weights, Window):
+            coefficients[node] = merge(held, weights)
+            return
+        size = tuple(self.env[node].lower.shape[-2:])
+        coefficients[node] = (held.dense(size) if isinstance(held, Window) else held) + \
+            (weights.dense(size) if isinstance(weights, Window) else weights)
 
     def optimised_lower_bound(self, target: fx.Node, spec: torch.Tensor, steps: int = 20,
                               rate: float = 0.1) -> torch.Tensor:
@@ -311,10 +401,11 @@ class LinearBounds:
                 stack.extend(node.all_input_nodes)
         return found
 
-    def _through_relu(self, source: fx.Node, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the coefficients of the ReLU's input, the constant gained) for a lower bound."""
-        box = self.bounds(source)
-        low, high = box.lower, box.upper
+    def _through_relu(self, source: fx.Node, weights: torch.Tensor, take=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the coefficients of the ReLU's input, the constant gained) for a lower bound; `take` (a Window's)
+        cuts the bounds and slopes to the window that `weights` cover."""
+        box, take = self.bounds(source), take or (lambda value: value)
+        low, high = take(box.lower), take(box.upper)
         unstable, active = (low < 0) & (high > 0), (low >= 0).to(low.dtype)
         chord = torch.where(unstable, high / (high - low).clamp(min=torch.finfo(low.dtype).tiny), active)
         # a stable neuron passes its coefficient times 1 (active) or 0, with no constant: one product over the
@@ -324,7 +415,7 @@ class LinearBounds:
         passed = weights * chord
         if not len(columns):
             return passed, torch.zeros(weights.shape[:2], dtype=weights.dtype, device=weights.device)
-        slope = (high > -low).to(low.dtype) if self.slopes is None else self.slopes[source]
+        slope = (high > -low).to(low.dtype) if self.slopes is None else take(self.slopes[source])
         chord_u, low_u = chord.flatten(1)[:, columns], low.flatten(1)[:, columns]
         slope_u = slope.flatten(slope.dim() - low.dim() + 1)[..., columns]
         weights_u = weights.flatten(2)[..., columns]  # [S, N, U]
@@ -411,10 +502,6 @@ def deep_relu_neurons(net: nn.Module, image: torch.Tensor, graph: fx.GraphModule
 
     inputs = {node.all_input_nodes[0] for node in relus}
     return sum(env[node].lower[0].numel() for node in inputs if behind_relu(node))
-
-
-def _add_to(coefficients: dict, node: fx.Node, weights: torch.Tensor) -> None:
-    coefficients[node] = weights if node not in coefficients else coefficients[node] + weights
 
 
 def _map(value, function):

@@ -1,0 +1,104 @@
+"""Receptive-field windows for CROWN's backward passes through convolutional layers (issue 62, item 1).
+
+A ReLU's pre-activation bound at one position of a convolutional layer depends on the values before it only
+within that position's receptive field. A backward pass that starts from one tile of positions at a layer
+therefore carries coefficients that are zero outside a window of each earlier layer: the tile, grown at every
+convolution by its kernel and stride. `Window` holds only that rectangle ([S, N, C, h, w] and where it sits in the
+layer's [H, W]), so that the passes for the intermediate bounds of a 28 x 28 layer cost what its receptive fields
+cost, not what the whole image does (Xu et al. 2020's patches mode computes the same coefficients, per position).
+
+The rules here are the exact transposes of the layers that keep a window a window: a 2-d convolution (zero
+padding, any stride, dilation and groups; its transpose is conv_transpose2d without padding, cropped to the
+layer's input, where the positions outside it are the padding's zeros, constants that no bound depends on), a
+BatchNorm2d in eval mode with running statistics (a scale and shift per channel), a residual addition (the union
+of the two windows) and the identity. Any other layer turns the window into the dense coefficients
+(`Window.dense`) and the pass goes on as linear.LinearBounds' own, so a window is only ever an exact, cheaper
+representation of the same numbers.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Window:
+    """Coefficients [S, N, C, h, w] that are zero outside rows top..top+h and columns left..left+w of a value of
+    shape [N, C, H, W] (the window lies inside it)."""
+    weights: torch.Tensor
+    top: int
+    left: int
+
+    def take(self, value: torch.Tensor) -> torch.Tensor:
+        """The window's rectangle of a tensor whose last two dimensions are the layer's [H, W]."""
+        height, width = self.weights.shape[-2:]
+        return value[..., self.top:self.top + height, self.left:self.left + width]
+
+    def like(self, weights: torch.Tensor) -> "Window":
+        return Window(weights, self.top, self.left)
+
+    def dense(self, size: tuple[int, int]) -> torch.Tensor:
+        """The same coefficients over the whole [H, W] = size."""
+        height, width = self.weights.shape[-2:]
+        return F.pad(self.weights, (self.left, size[1] - self.left - width, self.top, size[0] - self.top - height))
+
+    def dot(self, value: torch.Tensor) -> torch.Tensor:
+        """[S, N]: sum of the coefficients times the window's rectangle of `value` ([N, C, H, W] or broadcast)."""
+        return (self.weights * self.take(value)).sum(dim=(2, 3, 4))
+
+
+def merge(first: Window, second: Window) -> Window:
+    """first + second over the union of their rectangles."""
+    top, left = min(first.top, second.top), min(first.left, second.left)
+    bottom = max(first.top + first.weights.shape[-2], second.top + second.weights.shape[-2])
+    right = max(first.left + first.weights.shape[-1], second.left + second.weights.shape[-1])
+
+    def grown(window: Window) -> torch.Tensor:
+        height, width = window.weights.shape[-2:]
+        return F.pad(window.weights, (window.left - left, right - window.left - width,
+                                      window.top - top, bottom - window.top - height))
+
+    return Window(grown(first) + grown(second), top, left)
+
+
+def convolution_keeps(module: nn.Module) -> bool:
+    """Whether `through_convolution` is this module's exact transpose."""
+    return (isinstance(module, nn.Conv2d) and module.padding_mode == "zeros"
+            and not isinstance(module.padding, str))
+
+
+def through_convolution(conv: nn.Conv2d, window: Window, size: tuple[int, int]) -> tuple[torch.Tensor, Window]:
+    """(the constant gained, the window of the convolution's input of spatial `size`) for coefficients `window`
+    of its output."""
+    specs, images, channels, height, width = window.weights.shape
+    flat = window.weights.reshape(specs * images, channels, height, width)
+    grown = F.conv_transpose2d(flat, conv.weight.to(flat.dtype), stride=conv.stride, dilation=conv.dilation,
+                               groups=conv.groups)
+    top, left = window.top * conv.stride[0] - conv.padding[0], window.left * conv.stride[1] - conv.padding[1]
+    first_row, first_column = max(0, -top), max(0, -left)
+    last_row, last_column = min(grown.shape[-2], size[0] - top), min(grown.shape[-1], size[1] - left)
+    grown = grown[..., first_row:last_row, first_column:last_column]
+    passed = Window(grown.reshape(specs, images, *grown.shape[1:]), top + first_row, left + first_column)
+    if conv.bias is None:
+        return torch.zeros(specs, images, dtype=flat.dtype, device=flat.device), passed
+    return window.weights.sum(dim=(3, 4)) @ conv.bias.to(flat.dtype), passed
+
+
+def batchnorm_keeps(module: nn.Module) -> bool:
+    """Whether the module is a BatchNorm2d that is affine in its input (eval mode, running statistics)."""
+    return isinstance(module, nn.BatchNorm2d) and not module.training and module.running_mean is not None
+
+
+def through_batchnorm(norm: nn.BatchNorm2d, window: Window) -> tuple[torch.Tensor, Window]:
+    """(the constant gained, the window of the normalisation's input): y = scale x + shift per channel."""
+    dtype = window.weights.dtype
+    scale = torch.rsqrt(norm.running_var.to(dtype) + norm.eps)
+    if norm.weight is not None:
+        scale = scale * norm.weight.to(dtype)
+    shift = -norm.running_mean.to(dtype) * scale
+    if norm.bias is not None:
+        shift = shift + norm.bias.to(dtype)
+    passed = window.weights * scale[:, None, None]
+    return window.weights.sum(dim=(3, 4)) @ shift, window.like(passed)

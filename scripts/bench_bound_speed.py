@@ -12,7 +12,8 @@ bounds.linear.deadline). Each bound runs in a process of its own, so that its pe
 
 Per bound it reports the images bounded, seconds per image, how many are proven at CD <= --at-most, the worst
 proven CD and the peak resident memory (MiB), as a Markdown table on stdout and JSON in --out (default
-bench/bound_speed.json). A bound stopped by the budget says so and how many images it finished: its seconds per
+bench/bound_speed.json). `--bounds "full CROWN, dense"` adds full CROWN without receptive-field windows
+(bounds.windows), the same numbers by its dense coefficients, to compare their cost. A bound stopped by the budget says so and how many images it finished: its seconds per
 image are those of the images it finished (none finished: more than the budget per image). Run it alone on the
 machine; `--threads` sets torch's threads (default 2).
 """
@@ -29,12 +30,14 @@ from pathlib import Path
 import torch
 
 from bench_bounds import load_run, release_folder  # this folder's: the release and the data of a finished run
+from ttp_lightning.bounds import linear
 from ttp_lightning.bounds.choice import CANDIDATES
 from ttp_lightning.bounds.linear import OverBudget, deadline
 from ttp_lightning.bounds.propagate import UnsupportedLayer
 from ttp_lightning.bounds.uniformity import Prover
 
 CANDIDATE_NAMES = ("intervals", "CROWN-IBP", "full CROWN", "alpha-CROWN")
+DENSE = "full CROWN, dense"  # not a candidate: full CROWN without receptive-field windows (bounds.linear.TILE = 0)
 
 
 def measure(run: Path, candidate: int, images: int, radius: float, batch: int, budget: float, at_most: float,
@@ -43,7 +46,10 @@ def measure(run: Path, candidate: int, images: int, radius: float, batch: int, b
     net, data = load_run(run)
     forget, _ = data.dataset(split).everything()
     forget = forget[:images]
-    bound, intermediate, optimised = CANDIDATES[candidate]
+    dense = candidate == len(CANDIDATES)
+    bound, intermediate, optimised = CANDIDATES[CANDIDATE_NAMES.index("full CROWN") if dense else candidate]
+    if dense:
+        linear.TILE = 0
     if intermediate == "crown":  # seconds per image on a CNN: one image a call, so a stop loses one image's work
         batch = 1
     prover = Prover(net, bound, intermediate=intermediate or "ibp", slope_steps=slope_steps if optimised else 0)
@@ -65,7 +71,7 @@ def measure(run: Path, candidate: int, images: int, radius: float, batch: int, b
     done = torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
     if prover.fallback:
         note = f"fell back to intervals: {prover.fallback}"
-    return {"bound": CANDIDATE_NAMES[candidate], "split": split, "images": len(forget), "bounded": len(done),
+    return {"bound": DENSE if dense else CANDIDATE_NAMES[candidate], "split": split, "images": len(forget), "bounded": len(done),
             "seconds": round(seconds, 2), "s_per_image": round(finished / len(done), 4) if len(done) else None,
             "proven": int((done <= at_most).sum()), "worst": float(done.max()) if len(done) else None,
             "slope_steps": prover.slopes_used, "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
@@ -91,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--at-most", type=float, default=0.1, help="the proof's CD threshold (default 0.1)")
     parser.add_argument("--slope-steps", type=int, default=20, help="alpha-CROWN's Adam steps (default 20)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--bounds", nargs="+", choices=CANDIDATE_NAMES, default=list(CANDIDATE_NAMES),
-                        help="the bounds to time (default: all four)")
+    parser.add_argument("--bounds", nargs="+", choices=CANDIDATE_NAMES + (DENSE,), default=list(CANDIDATE_NAMES),
+                        help=f"the bounds to time (default: the four candidates; '{DENSE}': full CROWN without "
+                             "receptive-field windows, to compare)")
     parser.add_argument("--out", type=Path, default=Path("bench/bound_speed.json"))
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one bound, in this process
     args = parser.parse_args(argv)
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
               "worst proven CD | peak MiB | note |"), "|---|---|---:|---:|---:|---:|---:|---|"]
     for run in args.runs:
         report["runs"][str(run)] = []
-        for candidate in (CANDIDATE_NAMES.index(name) for name in args.bounds):
+        for candidate in ((CANDIDATE_NAMES + (DENSE,)).index(name) for name in args.bounds):
             child = [sys.executable, __file__, str(run), "--one", str(candidate)] + [
                 f"--{key.replace('_', '-')}={getattr(args, key)}"
                 for key in ("images", "split", "radius", "batch", "budget", "at_most", "slope_steps", "threads")]

@@ -54,7 +54,7 @@ def test_windowed_intermediate_bounds_equal_the_dense_ones(name, net, shape, til
     net = net.eval().double()
     images = torch.rand(2, *shape, dtype=torch.float64)
     lower, upper = input_box(images, 0.08)
-    dense, windowed = _tightened(net, lower, upper, None), _tightened(net, lower, upper, tile)
+    dense, windowed = _tightened(net, lower, upper, 0), _tightened(net, lower, upper, tile)
     unstable = 0
     for exact, cheap in zip(dense, windowed):
         assert torch.allclose(cheap.lower, exact.lower, rtol=0, atol=1e-9)
@@ -70,7 +70,7 @@ def test_windowed_bounds_with_rounding_equal_the_dense_ones():
     _randomise_batchnorm(net)
     net = net.eval().double()
     lower, upper = input_box(torch.rand(1, *shape, dtype=torch.float64), 0.05)
-    for exact, cheap in zip(_tightened(net, lower, upper, None, Rounding()),
+    for exact, cheap in zip(_tightened(net, lower, upper, 0, Rounding()),
                             _tightened(net, lower, upper, 1, Rounding())):
         assert torch.allclose(cheap.lower, exact.lower, rtol=0, atol=1e-9)
         assert torch.allclose(cheap.upper, exact.upper, rtol=0, atol=1e-9)

@@ -137,13 +137,16 @@ def _resnet10t() -> nn.Module:
     return net
 
 
-# (network, image shape, radius in 1/255, the bounds tried: full CROWN is minutes an image on resnet10t)
+# (network, image shape, radius in 1/255, the bounds tried: full CROWN takes 12 s an image on resnet10t, in the
+# slow tests, where it bounds the CD at 0.0074 against CROWN-IBP's 0.19 and catches proven CDs scaled by 0.9)
 NETWORKS = {"mlp": (_mlp, (1, 8, 8), 4.0, tuple(BOUNDS)),
             "resnet8": (_resnet8, (1, 8, 8), 0.5, tuple(BOUNDS)),
-            "resnet10t": (_resnet10t, (3, 32, 32), 0.002, ("interval", "crown_ibp"))}
+            "resnet10t": (_resnet10t, (3, 32, 32), 0.002, ("interval", "crown_ibp")),
+            "resnet10t_crown": (_resnet10t, (3, 32, 32), 0.002, ("crown",))}
 
 
-@pytest.mark.parametrize("name", list(NETWORKS))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "resnet10t_crown" else name
+                                  for name in NETWORKS])
 def test_the_attack_never_finds_a_point_above_any_proven_cd(name):
     build, shape, gamma, bounds = NETWORKS[name]
     net = build().double().eval()

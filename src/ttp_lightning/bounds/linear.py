@@ -21,7 +21,10 @@ A . centre - |A| . radius). Two kinds of operation cover the supported layers:
 The ReLUs' pre-activation intervals come first, in the graph's order: each from the interval pass and, with
 `intermediate="crown"`, from a backward pass of its own (every neuron a specification, in chunks that bound the
 memory), the tighter of the two at every neuron. `intermediate="ibp"` keeps the interval ones (CROWN-IBP:
-cheaper on convolutional networks, looser). The final bounds are intersected with the interval bounds, so they
+cheaper on convolutional networks, looser). A [C, H, W] layer's passes start one position at a time (TILE) and
+carry only the receptive field's window of each earlier layer while the layers keep one (bounds/windows.py): the
+same numbers as the dense coefficients, at a fraction of the cost on images larger than the receptive fields.
+The final bounds are intersected with the interval bounds, so they
 are never looser. A layer without a rule (adaptive or ceil-mode max pooling, GELU, softmax, attention, a product of
 two bounded values) raises UnsupportedLayer naming it.
 
@@ -45,8 +48,14 @@ from torch.nn.modules.utils import _pair
 from ttp_lightning.bounds.propagate import ADDITIONS, Box, UnsupportedLayer, _is_box, run_graph, trace
 from ttp_lightning.bounds.propagate import centred_logit_upper_bounds as interval_centred
 from ttp_lightning.bounds.propagate import logit_difference_lower_bounds as interval_differences
-from ttp_lightning.bounds.windows import (Window, batchnorm_keeps, convolution_keeps, merge, through_batchnorm,
-                                          through_convolution)
+from ttp_lightning.bounds.windows import (
+    Window,
+    batchnorm_keeps,
+    convolution_keeps,
+    merge,
+    through_batchnorm,
+    through_convolution,
+)
 
 AFFINE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.AvgPool1d, nn.AvgPool2d,
                   nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout)

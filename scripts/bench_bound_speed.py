@@ -13,9 +13,10 @@ bounds.linear.deadline). Each bound runs in a process of its own, so that its pe
 Per bound it reports the images bounded, seconds per image, how many are proven at CD <= --at-most, the worst
 proven CD and the peak resident memory (MiB), as a Markdown table on stdout and JSON in --out (default
 bench/bound_speed.json). `--bounds "full CROWN, dense"` adds full CROWN without receptive-field windows
-(bounds.windows), the same numbers by its dense coefficients, to compare their cost. A bound stopped by the budget says so and how many images it finished: its seconds per
-image are those of the images it finished (none finished: more than the budget per image). Run it alone on the
-machine; `--threads` sets torch's threads (default 2).
+(bounds.windows), the same numbers by its dense coefficients, to compare their cost. A bound stopped by the
+budget says so and how many images it finished: its seconds per image are those of the images it finished (none
+finished: more than the budget per image). Run it alone on the machine; `--threads` sets torch's threads
+(default 2).
 """
 
 import argparse
@@ -71,7 +72,8 @@ def measure(run: Path, candidate: int, images: int, radius: float, batch: int, b
     done = torch.cat(values) if values else torch.zeros(0, dtype=torch.float64)
     if prover.fallback:
         note = f"fell back to intervals: {prover.fallback}"
-    return {"bound": DENSE if dense else CANDIDATE_NAMES[candidate], "split": split, "images": len(forget), "bounded": len(done),
+    return {"bound": DENSE if dense else CANDIDATE_NAMES[candidate], "split": split, "images": len(forget),
+            "bounded": len(done),
             "seconds": round(seconds, 2), "s_per_image": round(finished / len(done), 4) if len(done) else None,
             "proven": int((done <= at_most).sum()), "worst": float(done.max()) if len(done) else None,
             "slope_steps": prover.slopes_used, "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

@@ -48,14 +48,7 @@ from torch.nn.modules.utils import _pair
 from ttp_lightning.bounds.propagate import ADDITIONS, Box, UnsupportedLayer, _is_box, run_graph, trace
 from ttp_lightning.bounds.propagate import centred_logit_upper_bounds as interval_centred
 from ttp_lightning.bounds.propagate import logit_difference_lower_bounds as interval_differences
-from ttp_lightning.bounds.windows import (
-    Window,
-    batchnorm_keeps,
-    convolution_keeps,
-    merge,
-    through_batchnorm,
-    through_convolution,
-)
+from ttp_lightning.bounds.windows import Window, merge, module_rule
 
 AFFINE_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.AvgPool1d, nn.AvgPool2d,
                   nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout)
@@ -234,24 +227,29 @@ class LinearBounds:
         refined = run_graph(self.net, self.graph, self.env[self.input], until=node, known=self.tightened,
                             rounding=self.rounding)[node]
         box = Box(torch.maximum(box.lower, refined.lower), torch.minimum(box.upper, refined.upper))
-        images, shape = box.lower.shape[0], box.lower.shape[1:]
         flat_lower, flat_upper = box.lower.flatten(1).clone(), box.upper.flatten(1).clone()
         unstable = ((flat_lower < 0) & (flat_upper > 0)).any(0).nonzero().flatten()
-        step, count = self.chunk(images), flat_lower.shape[1]
-        if self.tile and len(shape) == 3:
+        if self.tile and box.lower.dim() == 4:  # [N, C, H, W]
             self._tiled(node, unstable, flat_lower, flat_upper)
-            self.tightened[node] = Box(flat_lower.view_as(box.lower), flat_upper.view_as(box.upper))
-            return self.tightened[node]
+        else:
+            self._dense(node, unstable, flat_lower, flat_upper)
+        self.tightened[node] = Box(flat_lower.view_as(box.lower), flat_upper.view_as(box.upper))
+        return self.tightened[node]
+
+    def _dense(self, node: fx.Node, unstable: torch.Tensor, flat_lower: torch.Tensor, flat_upper: torch.Tensor
+               ) -> None:
+        """bounds' backward passes over the whole layer, `chunk` neurons a pass; `flat_lower` and `flat_upper`
+        ([N, neurons]) are tightened in place."""
+        (images, count), shape = flat_lower.shape, self.env[node].lower.shape[1:]
+        step = self.chunk(images)
         for start in range(0, len(unstable), step):
             _check_deadline()
             rows = unstable[start:start + step]
-            spec = torch.zeros(len(rows), images, count, dtype=box.lower.dtype, device=box.lower.device)
+            spec = torch.zeros(len(rows), images, count, dtype=flat_lower.dtype, device=flat_lower.device)
             spec[torch.arange(len(rows)), :, rows] = 1.0
             spec = spec.view(len(rows), images, *shape)
             flat_lower[:, rows] = torch.maximum(flat_lower[:, rows], self.lower_bound(node, spec).T)
             flat_upper[:, rows] = torch.minimum(flat_upper[:, rows], -self.lower_bound(node, -spec).T)
-        self.tightened[node] = Box(flat_lower.view_as(box.lower), flat_upper.view_as(box.upper))
-        return self.tightened[node]
 
     def _tiled(self, node: fx.Node, unstable: torch.Tensor, flat_lower: torch.Tensor, flat_upper: torch.Tensor
                ) -> None:
@@ -259,20 +257,21 @@ class LinearBounds:
         `tile` square of positions (every channel) in passes that start from a Window of that square, both
         signs in one pass; `flat_lower` and `flat_upper` ([N, C * H * W]) are tightened in place."""
         images, (channels, height, width) = flat_lower.shape[0], self.env[node].lower.shape[1:]
-        lower = self.env[node].lower
         channel, row, column = unstable // (height * width), unstable // width % height, unstable % width
-        tiles = (row // self.tile) * (-(-width // self.tile)) + column // self.tile
+        across = -(-width // self.tile)  # tiles in a row
+        tiles = (row // self.tile) * across + column // self.tile
         order = torch.argsort(tiles, stable=True)
         step = max(1, self.chunk(images) // 2)
         for tile in torch.unique_consecutive(tiles[order]).tolist():
             members = order[tiles[order] == tile]
-            top, left = (tile // -(-width // self.tile)) * self.tile, (tile % -(-width // self.tile)) * self.tile
+            top, left = (tile // across) * self.tile, (tile % across) * self.tile
             size = (min(self.tile, height - top), min(self.tile, width - left))
             for start in range(0, len(members), step):
                 _check_deadline()
                 chosen = members[start:start + step]
                 count = len(chosen)
-                spec = torch.zeros(2 * count, images, channels, *size, dtype=lower.dtype, device=lower.device)
+                spec = torch.zeros(2 * count, images, channels, *size, dtype=flat_lower.dtype,
+                                   device=flat_lower.device)
                 index = torch.arange(count)
                 spec[index, :, channel[chosen], row[chosen] - top, column[chosen] - left] = 1.0
                 spec[index + count, :, channel[chosen], row[chosen] - top, column[chosen] - left] = -1.0
@@ -296,7 +295,7 @@ class LinearBounds:
                 weights = weights.dense(tuple(self.env[node].lower.shape[-2:]))
             if node in self.noise:  # the float network adds delta in [-D, D] here: the worst case is -|A| . D
                 noise = self.noise[node].expand_as(self.env[node].lower)
-                constant = constant - (weights.like(weights.weights.abs()).dot(noise) if isinstance(weights, Window)
+                constant = constant - (weights.abs().dot(noise) if isinstance(weights, Window)
                                        else (weights.abs() * noise).sum(tuple(range(2, weights.dim()))))
             gained, passed = self._backward(node, weights)
             constant = constant + gained
@@ -307,7 +306,7 @@ class LinearBounds:
             return constant
         box = self.env[self.input]
         if isinstance(weights, Window):
-            return constant + weights.dot(box.centre) - weights.like(weights.weights.abs()).dot(box.radius)
+            return constant + weights.dot(box.centre) - weights.abs().dot(box.radius)
         dims = tuple(range(2, weights.dim()))
         return constant + (weights * box.centre).sum(dims) - (weights.abs() * box.radius).sum(dims)
 
@@ -327,16 +326,9 @@ class LinearBounds:
         if isinstance(weights, Window):
             sources = self.sources(node)
             if node.op != "call_module":  # a residual addition: each summand has the sum's coefficients
-                return torch.zeros(weights.weights.shape[:2], dtype=weights.weights.dtype,
-                                   device=weights.weights.device), {source: weights for source in sources}
+                return weights.no_constant(), {source: weights for source in sources}
             module = self.net.get_submodule(node.target)
-            if convolution_keeps(module):
-                gained, passed = through_convolution(module, weights, tuple(self.env[sources[0]].lower.shape[-2:]))
-            elif batchnorm_keeps(module):
-                gained, passed = through_batchnorm(module, weights)
-            else:  # the identity or dropout in eval mode
-                gained, passed = torch.zeros(weights.weights.shape[:2], dtype=weights.weights.dtype,
-                                             device=weights.weights.device), weights
+            gained, passed = module_rule(module)(module, weights, tuple(self.env[sources[0]].lower.shape[-2:]))
             return gained, {sources[0]: passed}
         offset, passed = self._through_affine(node, weights)
         return offset, passed
@@ -346,9 +338,7 @@ class LinearBounds:
         if is_relu(self.net, node):
             return self.env[node].lower.dim() == 4
         if node.op == "call_module":
-            module = self.net.get_submodule(node.target)
-            return (convolution_keeps(module) or batchnorm_keeps(module)
-                    or isinstance(module, nn.Identity) or (isinstance(module, nn.Dropout) and not module.training))
+            return module_rule(self.net.get_submodule(node.target)) is not None
         if node.op == "call_function" and node.target in ADDITIONS or \
                 node.op == "call_method" and node.target in ("add", "__add__"):
             sources = self.sources(node)

@@ -44,6 +44,13 @@ class Window:
         height, width = self.weights.shape[-2:]
         return F.pad(self.weights, (self.left, size[1] - self.left - width, self.top, size[0] - self.top - height))
 
+    def abs(self) -> "Window":
+        return self.like(self.weights.abs())
+
+    def no_constant(self) -> torch.Tensor:
+        """[S, N] zeros: the constant a layer without a bias term adds."""
+        return self.weights.new_zeros(self.weights.shape[:2])
+
     def dot(self, value: torch.Tensor) -> torch.Tensor:
         """[S, N]: sum of the coefficients times the window's rectangle of `value` ([N, C, H, W] or broadcast)."""
         return (self.weights * self.take(value)).sum(dim=(2, 3, 4))
@@ -63,10 +70,20 @@ def merge(first: Window, second: Window) -> Window:
     return Window(grown(first) + grown(second), top, left)
 
 
-def convolution_keeps(module: nn.Module) -> bool:
-    """Whether `through_convolution` is this module's exact transpose."""
-    return (isinstance(module, nn.Conv2d) and module.padding_mode == "zeros"
-            and not isinstance(module.padding, str))
+def module_rule(module: nn.Module):
+    """The function (module, window of its output, its input's [H, W]) -> (the constant gained, the window of its
+    input) that is this module's exact transpose on a window, or None where there is none."""
+    if isinstance(module, nn.Conv2d) and module.padding_mode == "zeros" and not isinstance(module.padding, str):
+        return through_convolution
+    if isinstance(module, nn.BatchNorm2d) and not module.training and module.running_mean is not None:
+        return through_batchnorm  # affine in its input: eval mode, running statistics
+    if isinstance(module, nn.Identity) or (isinstance(module, nn.Dropout) and not module.training):
+        return through_identity
+    return None
+
+
+def through_identity(module: nn.Module, window: Window, size: tuple[int, int]) -> tuple[torch.Tensor, Window]:
+    return window.no_constant(), window
 
 
 def through_convolution(conv: nn.Conv2d, window: Window, size: tuple[int, int]) -> tuple[torch.Tensor, Window]:
@@ -82,16 +99,12 @@ def through_convolution(conv: nn.Conv2d, window: Window, size: tuple[int, int]) 
     grown = grown[..., first_row:last_row, first_column:last_column]
     passed = Window(grown.reshape(specs, images, *grown.shape[1:]), top + first_row, left + first_column)
     if conv.bias is None:
-        return torch.zeros(specs, images, dtype=flat.dtype, device=flat.device), passed
+        return window.no_constant(), passed
     return window.weights.sum(dim=(3, 4)) @ conv.bias.to(flat.dtype), passed
 
 
-def batchnorm_keeps(module: nn.Module) -> bool:
-    """Whether the module is a BatchNorm2d that is affine in its input (eval mode, running statistics)."""
-    return isinstance(module, nn.BatchNorm2d) and not module.training and module.running_mean is not None
-
-
-def through_batchnorm(norm: nn.BatchNorm2d, window: Window) -> tuple[torch.Tensor, Window]:
+def through_batchnorm(norm: nn.BatchNorm2d, window: Window, size: tuple[int, int] | None = None
+                      ) -> tuple[torch.Tensor, Window]:
     """(the constant gained, the window of the normalisation's input): y = scale x + shift per channel."""
     dtype = window.weights.dtype
     scale = torch.rsqrt(norm.running_var.to(dtype) + norm.eps)

@@ -44,6 +44,26 @@ def test_every_candidate_is_tried_and_the_one_chosen_proves_at_least_as_much_as_
     assert choice.probe_images == 2 and choice.to_json()["trials"][0]["bound"] == "interval"
 
 
+def test_the_choice_bounds_no_probe_image_twice_at_one_radius(monkeypatch):
+    """Each trial's proven CD at the grid's first radius is the one its radius search computed (the search starts
+    there): on a CNN that bound costs seconds an image, and the rule's time per image pays for it once."""
+    calls: list[tuple[int, int, float]] = []  # (prover, image, radius) per image bounded
+    conf_dist, provers = Prover.conf_dist, iter(range(10**6))
+
+    def recording(self, images, gamma):
+        radii = torch.as_tensor(gamma, dtype=torch.float64).expand(len(images))
+        if not hasattr(self, "number"):  # id() is reused once a prover is collected
+            self.number = next(provers)
+        calls.extend((self.number, int(image.sum() * 1e6), float(r)) for image, r in zip(images, radii))
+        return conf_dist(self, images, gamma)
+
+    monkeypatch.setattr(Prover, "conf_dist", recording)
+    choice = choose_bound(_flat_net(), _images(), at_most=0.1, step=0.25, largest=16.0, seconds_per_image=60.0)
+    assert all(trial.finished for trial in choice.trials)
+    timed = [call for call in calls if call[2] > 0]  # radius 0: the untimed warm-up's and the searches' clean CDs
+    assert any(call[2] == 0.25 for call in timed) and len(timed) == len(set(timed))
+
+
 def test_the_chosen_bound_is_sound_at_the_radius_it_proves():
     net, images = _flat_net(), _images()
     choice = choose_bound(net, images, at_most=0.1, step=0.25, largest=16.0, seconds_per_image=60.0)
@@ -135,6 +155,13 @@ def test_the_bound_speed_benchmark_times_every_candidate_and_stops_one_past_its_
     assert all(0 <= row["worst"] <= 0.9 and row["peak_mib"] > 0 for row in rows)
     assert rows[2]["proven"] >= rows[0]["proven"]  # full CROWN is never looser than intervals
     assert done.stdout.count("| out |") >= 5
+    searched = subprocess.run(args + ["--search", "--bounds", "intervals", "full CROWN", "--out",
+                                      str(tmp_path / "search.json")], capture_output=True, text=True, timeout=300,
+                              check=False)
+    assert searched.returncode == 0, searched.stderr[-2000:]
+    intervals, crown = json.loads((tmp_path / "search.json").read_text())["runs"][str(run)]
+    assert intervals["search"] and crown["bounded"] == 3 and crown["median_radius"] >= intervals["median_radius"]
+    assert crown["worst"] >= intervals["worst"] and "radius search" in searched.stdout  # from the interval radius up
     stopped = subprocess.run(args + ["--budget", "0", "--out", str(tmp_path / "zero.json")], capture_output=True,
                              text=True, timeout=300, check=False)
     rows = json.loads((tmp_path / "zero.json").read_text())["runs"][str(run)]

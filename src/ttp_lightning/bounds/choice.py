@@ -81,8 +81,12 @@ def _try(net: nn.Module, bound: str, intermediate: str | None, slopes: int, prob
 
     try:
         with deadline(seconds_per_image * len(probe)):
-            radius = prover.radius(probe, at_most, step, largest)
-            first = prover.conf_dist(probe, step)
+            seen: dict[float, torch.Tensor] = {}
+            radius = prover.radius(probe, at_most, step, largest, seen=seen)
+            first = seen.get(float(step), torch.full((len(probe),), torch.nan, dtype=torch.float64))
+            missing = first.isnan()  # the search starts at `step` unless a smaller bound already passed it
+            if missing.any():
+                first[missing] = prover.conf_dist(probe[missing], step)
     except OverBudget:
         return trial(note=f"stopped past {seconds_per_image:g} s per image")
     except UnsupportedLayer as exc:

@@ -112,7 +112,8 @@ class Prover:
         return logit_difference_lower_bounds(self.model, lower, upper, self.graph, rounding=self.rounding)
 
     def radius(self, images: torch.Tensor, at_most: float, step: float = RADIUS_STEP, largest: float = MAX_RADIUS,
-               known: dict[float, torch.Tensor] | None = None) -> torch.Tensor:
+               known: dict[float, torch.Tensor] | None = None,
+               seen: dict[float, torch.Tensor] | None = None) -> torch.Tensor:
         """[N] float64, in units of 1/255: per image, the largest radius of the grid 0, step, ..., largest at
         which its proven CD is at most `at_most` (0 also when not even the image passes), all images at once.
         The search climbs from the smallest radius not yet known to pass, doubling it (step, 2 step, 4 step,
@@ -124,7 +125,8 @@ class Prover:
         bound does not shrink as the ball grows, which interval bounds guarantee and the linear bounds showed on
         every network tested against a full scan. `known`: this prover's bounds already computed at some radii
         ({gamma: [N]}), which bracket the search; the linear bound starts from the interval bound's radius
-        (cheap, and never larger)."""
+        (cheap, and never larger). `seen`, when given, gets every bound the search computed: {gamma: [N]}, NaN
+        for the images not bounded at that radius."""
         grid = torch.arange(0.0, largest + step / 2, step, dtype=torch.float64)
         passed = torch.full((len(images),), -1, dtype=torch.long)  # the largest grid index known to pass
         failed = torch.full((len(images),), len(grid), dtype=torch.long)  # the smallest known to fail
@@ -147,7 +149,13 @@ class Prover:
             low, high = passed[open_], failed[open_]
             climb = torch.clamp(2 * low, min=1)  # the next radius up: step, then double the last pass
             middle = torch.where(climb < high, torch.clamp(climb, max=len(grid) - 1), (low + high) // 2)
-            ok = self.conf_dist(images[open_], grid[middle]) <= at_most  # NaN never passes
+            values = self.conf_dist(images[open_], grid[middle])
+            ok = values <= at_most  # NaN never passes
+            if seen is not None:
+                for index in middle.unique().tolist():
+                    gamma = float(grid[index])
+                    record = seen.setdefault(gamma, torch.full((len(images),), torch.nan, dtype=torch.float64))
+                    record[open_[middle == index]] = values[middle == index]
             passed[open_[ok]], failed[open_[~ok]] = middle[ok], middle[~ok]
         return torch.where(passed >= 0, grid[passed.clamp(min=0)], torch.zeros(()))
 

@@ -15,8 +15,9 @@ proven CD and the peak resident memory (MiB), as a Markdown table on stdout and 
 bench/bound_speed.json). `--bounds "full CROWN, dense"` adds full CROWN without receptive-field windows
 (bounds.windows), the same numbers by its dense coefficients, to compare their cost. A bound stopped by the
 budget says so and how many images it finished: its seconds per image are those of the images it finished (none
-finished: more than the budget per image). Run it alone on the machine; `--threads` sets torch's threads
-(default 2).
+finished: more than the budget per image). `--search` times the radius search instead (Prover.radius over
+the grid 0, 1/4, ..., 16 per 255 at CD <= --at-most: what a run's proven radii cost) and reports each bound's
+smallest and median proven radius. Run it alone on the machine; `--threads` sets torch's threads (default 2).
 """
 
 import argparse
@@ -35,15 +36,16 @@ from ttp_lightning.bounds import linear
 from ttp_lightning.bounds.choice import CANDIDATES
 from ttp_lightning.bounds.linear import OverBudget, deadline
 from ttp_lightning.bounds.propagate import UnsupportedLayer
-from ttp_lightning.bounds.uniformity import Prover
+from ttp_lightning.bounds.uniformity import MAX_RADIUS, RADIUS_STEP, Prover
 
 CANDIDATE_NAMES = ("intervals", "CROWN-IBP", "full CROWN", "alpha-CROWN")
 DENSE = "full CROWN, dense"  # not a candidate: full CROWN without receptive-field windows (bounds.linear.TILE = 0)
 
 
 def measure(run: Path, candidate: int, images: int, radius: float, batch: int, budget: float, at_most: float,
-            slope_steps: int, split: str = "forget") -> dict:
-    """One bound (CANDIDATES[candidate]) on one run's first `images` images of `split` (in this process)."""
+            slope_steps: int, split: str = "forget", search: bool = False) -> dict:
+    """One bound (CANDIDATES[candidate]) on one run's first `images` images of `split` (in this process): its
+    proven CD at `radius`, or (`search`) its proven radius at `at_most`."""
     net, data = load_run(run)
     forget, _ = data.dataset(split).everything()
     forget = forget[:images]
@@ -62,7 +64,9 @@ def measure(run: Path, candidate: int, images: int, radius: float, batch: int, b
             for first in range(0, len(forget), batch):
                 if time.perf_counter() - start > budget:  # intervals and CROWN-IBP do not check the deadline
                     raise OverBudget("past the budget")
-                values.append(prover.conf_dist(forget[first:first + batch], radius))
+                chosen = forget[first:first + batch]
+                values.append(prover.radius(chosen, at_most, RADIUS_STEP, MAX_RADIUS) if search
+                              else prover.conf_dist(chosen, radius))
                 finished = time.perf_counter() - start
     except OverBudget:
         note = f"stopped at the budget of {budget:g} s"
@@ -75,7 +79,10 @@ def measure(run: Path, candidate: int, images: int, radius: float, batch: int, b
     return {"bound": DENSE if dense else CANDIDATE_NAMES[candidate], "split": split, "images": len(forget),
             "bounded": len(done),
             "seconds": round(seconds, 2), "s_per_image": round(finished / len(done), 4) if len(done) else None,
-            "proven": int((done <= at_most).sum()), "worst": float(done.max()) if len(done) else None,
+            "search": search,
+            "proven": int((done > 0).sum() if search else (done <= at_most).sum()),
+            "worst": (float(done.min()) if search else float(done.max())) if len(done) else None,
+            "median_radius": float(done.median()) if search and len(done) else None,
             "slope_steps": prover.slopes_used, "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "note": note}
 
@@ -83,6 +90,11 @@ def measure(run: Path, candidate: int, images: int, radius: float, batch: int, b
 def row(run: Path, result: dict) -> str:
     per_image = "-" if result["s_per_image"] is None else f"{result['s_per_image']:.3f}"
     worst = "-" if result["worst"] is None else f"{result['worst']:.3f}"
+    if result.get("search"):
+        median = "-" if result["median_radius"] is None else f"{result['median_radius']:g}"
+        worst = "-" if result["worst"] is None else f"{result['worst']:g}"
+        return (f"| {run.name} | {result['bound']} | {result['bounded']} / {result['images']} | {per_image} | "
+                f"{result['proven']} | {worst} | {median} | {result['peak_mib']} | {result['note'] or ''} |")
     return (f"| {run.name} | {result['bound']} | {result['bounded']} / {result['images']} | {per_image} | "
             f"{result['proven']} | {worst} | {result['peak_mib']} | {result['note'] or ''} |")
 
@@ -97,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=10, help="images per bound call (default 10)")
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per bound and run (default 300)")
     parser.add_argument("--at-most", type=float, default=0.1, help="the proof's CD threshold (default 0.1)")
+    parser.add_argument("--search", action="store_true",
+                        help="time the radius search at --at-most (the grid 0, 1/4, ..., 16 per 255) instead")
     parser.add_argument("--slope-steps", type=int, default=20, help="alpha-CROWN's Adam steps (default 20)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--bounds", nargs="+", choices=CANDIDATE_NAMES + (DENSE,), default=list(CANDIDATE_NAMES),
@@ -114,19 +128,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         torch.set_num_threads(args.threads)
         result = measure(args.runs[0], args.one, args.images, args.radius, args.batch, args.budget, args.at_most,
-                         args.slope_steps, args.split)
+                         args.slope_steps, args.split, args.search)
         print(json.dumps(result))
         return 0
     report = {"machine": platform.platform(), "threads": args.threads, "split": args.split, "radius": args.radius,
-              "at_most": args.at_most, "budget_s": args.budget, "runs": {}}
+              "at_most": args.at_most, "budget_s": args.budget, "search": args.search, "runs": {}}
     lines = [(f"| run | bound | images bounded | s / image | proven <= {args.at_most:g} at {args.radius:g}/255 | "
               "worst proven CD | peak MiB | note |"), "|---|---|---:|---:|---:|---:|---:|---|"]
+    if args.search:
+        lines = [(f"| run | bound | images bounded | s / image (radius search) | radius > 0 at CD <= {args.at_most:g} "
+                  "| smallest radius | median radius | peak MiB | note |"), "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for run in args.runs:
         report["runs"][str(run)] = []
         for candidate in ((CANDIDATE_NAMES + (DENSE,)).index(name) for name in args.bounds):
             child = [sys.executable, __file__, str(run), "--one", str(candidate)] + [
                 f"--{key.replace('_', '-')}={getattr(args, key)}"
-                for key in ("images", "split", "radius", "batch", "budget", "at_most", "slope_steps", "threads")]
+                for key in ("images", "split", "radius", "batch", "budget", "at_most", "slope_steps", "threads")] + (
+                ["--search"] if args.search else [])
             done = subprocess.run(child, capture_output=True, text=True, check=False)
             if done.returncode:
                 print(done.stderr, file=sys.stderr)

@@ -346,3 +346,58 @@ def test_the_radius_search_climbs_from_the_smallest_radius_and_never_tries_far_p
         assert len(radii) <= 2 * math.log2(max(radius, RADIUS_STEP) / RADIUS_STEP) + 2
         seen.add(radius)
     assert len(seen) >= 5  # radii spread over the grid
+
+
+def test_a_relu_input_one_linear_map_from_the_input_keeps_its_interval_bounds_which_crown_cannot_tighten(monkeypatch):
+    """conv -> BatchNorm -> ReLU: the first ReLU's interval bounds are its exact range (one affine map of the box,
+    then a per-channel scale), so its CROWN passes are skipped. Every bound is the one the passes gave, to
+    rounding; the second ReLU's input (two convolutions in) is not taken as exact."""
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1),
+                        nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).double()
+    _randomise_batchnorm(net)
+    net.eval()
+    lower, upper = input_box(torch.rand(2, 1, 6, 6, dtype=torch.float64), 0.05)
+    bounds = LinearBounds(net, lower, upper)
+    relu_inputs = [bounds.sources(node)[0] for node in bounds.nodes if node.op == "call_module"
+                   and isinstance(net.get_submodule(node.target), nn.ReLU)]
+    assert [bounds.exact_by_intervals(node) for node in relu_inputs] == [True, False]
+    skipped = logit_difference_lower_bounds(net, lower, upper)
+    monkeypatch.setattr(LinearBounds, "exact_by_intervals", lambda self, node: False)
+    passes = LinearBounds(net, lower, upper, graph=bounds.graph)
+    first = passes.bounds(relu_inputs[0])
+    assert torch.allclose(first.lower, bounds.env[relu_inputs[0]].lower, atol=1e-12)
+    assert torch.allclose(first.upper, bounds.env[relu_inputs[0]].upper, atol=1e-12)
+    assert ((first.lower < 0) & (first.upper > 0)).any()  # unstable neurons: the passes had work to do
+    assert torch.allclose(logit_difference_lower_bounds(net, lower, upper), skipped, atol=1e-12)
+
+
+class _Broadcast(nn.Module):
+    """One input channel scaled into two (a broadcast product), then a convolution summing them: the copies are
+    one value, so the interval bound of the sum is not its range."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor([1.0, -1.0], dtype=torch.float64).view(1, 2, 1, 1))
+        self.conv = nn.Conv2d(2, 3, 3, padding=1).double()
+
+    def forward(self, x):
+        return torch.relu(self.conv((x - 0.5) * self.scale))
+
+
+def test_intervals_are_not_taken_as_exact_after_normalisation_unless_nothing_is_broadcast():
+    torch.manual_seed(4)
+    lower, upper = input_box(torch.rand(1, 1, 5, 5, dtype=torch.float64), 0.05)
+    broadcast = _Broadcast().eval()
+    bounds = LinearBounds(broadcast, lower, upper)
+    relu_input = next(node for node in bounds.nodes if node.target is torch.relu).args[0]
+    assert not bounds.exact_by_intervals(relu_input)
+    tightened = bounds.bounds(relu_input)  # the passes see the copies as one value: tighter than the intervals
+    assert (tightened.upper - tightened.lower).sum() < (bounds.env[relu_input].upper - bounds.env[relu_input].lower
+                                                        ).sum() - 1e-6
+    backbone = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(75, 4))
+    net = Classifier(backbone, mean=(0.5,), std=(0.25,)).double().eval()  # (x - mean) / std, then the network
+    bounds = LinearBounds(net, lower, upper)
+    relu_input = next(node for node in bounds.nodes if node.op == "call_module"
+                      and isinstance(net.get_submodule(node.target), nn.ReLU)).args[0]
+    assert bounds.exact_by_intervals(relu_input)

@@ -88,15 +88,16 @@ def measure(run: Path, candidate: int, images: int, radius: float, batch: int, b
 
 
 def row(run: Path, result: dict) -> str:
-    per_image = "-" if result["s_per_image"] is None else f"{result['s_per_image']:.3f}"
-    worst = "-" if result["worst"] is None else f"{result['worst']:.3f}"
-    if result.get("search"):
-        median = "-" if result["median_radius"] is None else f"{result['median_radius']:g}"
-        worst = "-" if result["worst"] is None else f"{result['worst']:g}"
-        return (f"| {run.name} | {result['bound']} | {result['bounded']} / {result['images']} | {per_image} | "
-                f"{result['proven']} | {worst} | {median} | {result['peak_mib']} | {result['note'] or ''} |")
-    return (f"| {run.name} | {result['bound']} | {result['bounded']} / {result['images']} | {per_image} | "
-            f"{result['proven']} | {worst} | {result['peak_mib']} | {result['note'] or ''} |")
+    def shown(value, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    # a search's smallest and median proven radius, else the worst proven CD
+    found = [shown(result["worst"], "g"), shown(result["median_radius"], "g")] if result.get("search") else \
+        [shown(result["worst"], ".3f")]
+    cells = [run.name, result["bound"], f"{result['bounded']} / {result['images']}",
+             shown(result["s_per_image"], ".3f"), str(result["proven"]), *found, str(result["peak_mib"]),
+             result["note"] or ""]
+    return f"| {' | '.join(cells)} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = [(f"| run | bound | images bounded | s / image | proven <= {args.at_most:g} at {args.radius:g}/255 | "
               "worst proven CD | peak MiB | note |"), "|---|---|---:|---:|---:|---:|---:|---|"]
     if args.search:
-        lines = [(f"| run | bound | images bounded | s / image (radius search) | radius > 0 at CD <= {args.at_most:g} "
-                  "| smallest radius | median radius | peak MiB | note |"), "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+        lines = [(f"| run | bound | images bounded | s / image (radius search) | radius > 0 at CD <= "
+                  f"{args.at_most:g} | smallest radius | median radius | peak MiB | note |"),
+                 "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for run in args.runs:
         report["runs"][str(run)] = []
         for candidate in ((CANDIDATE_NAMES + (DENSE,)).index(name) for name in args.bounds):

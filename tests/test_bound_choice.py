@@ -1,5 +1,6 @@
 """bounds.kind=auto (bounds/choice.py): the bound that proves the most within a time per image, by measuring."""
 
+import itertools
 import json
 import math
 import subprocess
@@ -48,7 +49,7 @@ def test_the_choice_bounds_no_probe_image_twice_at_one_radius(monkeypatch):
     """Each trial's proven CD at the grid's first radius is the one its radius search computed (the search starts
     there): on a CNN that bound costs seconds an image, and the rule's time per image pays for it once."""
     calls: list[tuple[int, int, float]] = []  # (prover, image, radius) per image bounded
-    conf_dist, provers = Prover.conf_dist, iter(range(10**6))
+    conf_dist, provers = Prover.conf_dist, itertools.count()
 
     def recording(self, images, gamma):
         radii = torch.as_tensor(gamma, dtype=torch.float64).expand(len(images))

@@ -61,13 +61,14 @@ AFFINE_FUNCTIONS = {
 AFFINE_METHODS = {"flatten", "view", "reshape", "mean", "sum", "permute", "transpose", "contiguous", "squeeze",
                   "unsqueeze", "clone", "view_as", "add", "__add__", "sub", "__sub__", "mul", "__mul__", "div",
                   "__truediv__", "neg"}
-# an affine map of one bounded value and constants, applied elementwise (with broadcasting)
-ELEMENTWISE = {*ADDITIONS, operator.sub, torch.sub, operator.neg, torch.neg, operator.mul, torch.mul,
-               operator.truediv, torch.div, "add", "__add__", "sub", "__sub__", "mul", "__mul__", "div",
-               "__truediv__", "neg"}
 OUT_OF_PLACE = {operator.iadd: operator.add}  # evaluated on fresh inputs, never in place
 PRODUCTS = {operator.mul, torch.mul, "mul", "__mul__"}
 QUOTIENTS = {operator.truediv, torch.div, "div", "__truediv__"}
+# elementwise with constants (check_affine refuses a product of two bounded values and a bounded divisor)
+ELEMENTWISE = {*ADDITIONS, operator.sub, torch.sub, operator.neg, torch.neg, *PRODUCTS, *QUOTIENTS, "add", "__add__",
+               "sub", "__sub__", "neg"}
+LINEAR_MODULES = (nn.Linear, nn.Conv1d, nn.Conv2d)
+ELEMENTWISE_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.Identity, nn.Dropout)  # in eval mode (check_affine)
 INTERMEDIATE = ("crown", "ibp")
 # intermediate=auto: crown while a network has at most this many neurons per image behind a ReLU feeding another
 # (a digits ResNet8 at width 16 has 3,584: about 16 s per image on 2 cores, where intervals prove none of what
@@ -226,7 +227,10 @@ class LinearBounds:
         if node in self.tightened:
             return self.tightened[node]
         box = self.env[node]
-        if self.intermediate == "ibp" or node is self.input or self.exact_by_intervals(node):
+        if self.intermediate == "ibp" or node is self.input:
+            return box
+        if self.exact_by_intervals(node):  # kept, so that each ReLU pass through it does not walk the graph again
+            self.tightened[node] = box
             return box
         refined = run_graph(self.net, self.graph, self.env[self.input], until=node, known=self.tightened,
                             rounding=self.rounding)[node]
@@ -251,22 +255,15 @@ class LinearBounds:
         crossed = False
         while node is not self.input:
             sources = self.sources(node)
-            # one bounded input, not broadcast (copies of one input element, summed by a later linear map, are
-            # not independent as the interval pass takes them)
-            if len(sources) != 1 or self.env[node].lower.shape != self.env[sources[0]].lower.shape and not \
-                    (node.op == "call_module" and isinstance(self.net.get_submodule(node.target),
-                                                             (nn.Linear, nn.Conv1d, nn.Conv2d))):
+            module = self.net.get_submodule(node.target) if node.op == "call_module" else None
+            if len(sources) != 1 or module is not None and len(node.all_input_nodes) != 1:
                 return False
-            if node.op == "call_module":
-                module = self.net.get_submodule(node.target)
-                if len(node.all_input_nodes) != 1:
-                    return False
-                if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d)) and not crossed:
-                    crossed = True
-                elif not isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.Identity, nn.Dropout)):
-                    return False
-            elif node.target not in ELEMENTWISE:  # e.g. the input's normalisation, (x - mean) / std
+            if isinstance(module, LINEAR_MODULES) and not crossed:
+                crossed = True
+            elif not (isinstance(module, ELEMENTWISE_MODULES) if module is not None else node.target in ELEMENTWISE):
                 return False
+            elif self.env[node].lower.shape != self.env[sources[0]].lower.shape:
+                return False  # broadcast: copies of one value, which a later linear map sums as if independent
             node = sources[0]
         return True
 

@@ -116,17 +116,17 @@ class Prover:
                seen: dict[float, torch.Tensor] | None = None) -> torch.Tensor:
         """[N] float64, in units of 1/255: per image, the largest radius of the grid 0, step, ..., largest at
         which its proven CD is at most `at_most` (0 also when not even the image passes), all images at once.
-        The search climbs from the smallest radius not yet known to pass, doubling it (step, 2 step, 4 step,
-        ...) until one fails, then bisects between the last pass and the first failure: the radii tried first
-        are the small ones, which cost a linear bound least (fewer unstable neurons), and an image proven at
-        radius r costs about 2 log2(r / step) bounds, one failed bound at `step` where nothing is proven
-        (bisecting the whole grid tried `largest` / 2 first, the costliest, for every image). The radius
-        returned is always proven (its bound was computed and passed); it is the largest of the grid when the
-        bound does not shrink as the ball grows, which interval bounds guarantee and the linear bounds showed on
-        every network tested against a full scan. `known`: this prover's bounds already computed at some radii
-        ({gamma: [N]}), which bracket the search; the linear bound starts from the interval bound's radius
-        (cheap, and never larger). `seen`, when given, gets every bound the search computed: {gamma: [N]}, NaN
-        for the images not bounded at that radius."""
+        The search climbs from `step`, doubling the last radius that passed (step, 2 step, 4 step, ...) until
+        one fails, then bisects between the last pass and the first failure: the small radii, which cost a
+        linear bound least (fewer unstable neurons), come first; an image proven at radius r costs about
+        2 log2(r / step) bounds, and two (`step`, then 0) where nothing is proven (bisecting the whole grid
+        bounded every image at `largest` / 2 first, the costliest). The radius returned is always proven (its
+        bound was computed and passed); it is the largest of the grid when the bound does not shrink as the ball
+        grows, which interval bounds guarantee and the linear bounds showed on every network tested against a
+        full scan. `known`: this prover's bounds already computed at some radii ({gamma: [N]}), which bracket
+        the search; the linear bound starts from the interval bound's radius (cheap, and never larger). `seen`,
+        when given, gets every bound the search computed: {gamma: [N]}, NaN for the images not bounded at that
+        radius."""
         grid = torch.arange(0.0, largest + step / 2, step, dtype=torch.float64)
         passed = torch.full((len(images),), -1, dtype=torch.long)  # the largest grid index known to pass
         failed = torch.full((len(images),), len(grid), dtype=torch.long)  # the smallest known to fail

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from test_ibp import _randomise_batchnorm
-from ttp_lightning.bounds import input_box
+from ttp_lightning.bounds import input_box, linear
 from ttp_lightning.bounds.linear import LinearBounds, is_relu, logit_difference_lower_bounds
 from ttp_lightning.bounds.rounding import Rounding
-from ttp_lightning.bounds.windows import Window, merge, through_batchnorm, through_convolution
+from ttp_lightning.bounds.windows import Patches, Window, merge, through_batchnorm, through_convolution
 from ttp_lightning.models.components.resnet import ResNet
 
 
@@ -48,8 +48,9 @@ def _tightened(net, lower, upper, tile, rounding=None):
 
 
 @pytest.mark.parametrize("name, net, shape", _networks(), ids=[n[0] for n in _networks()])
-@pytest.mark.parametrize("tile", [1, 3])
-def test_windowed_intermediate_bounds_equal_the_dense_ones(name, net, shape, tile):
+@pytest.mark.parametrize("tile, patches_below", [(1, 10**9), (1, 0), (3, 0)], ids=["patches", "positions", "tiles"])
+def test_windowed_intermediate_bounds_equal_the_dense_ones(name, net, shape, tile, patches_below, monkeypatch):
+    monkeypatch.setattr(linear, "PATCHES_BELOW", patches_below)  # every layer as Patches, or one position a pass
     _randomise_batchnorm(net)
     net = net.eval().double()
     images = torch.rand(2, *shape, dtype=torch.float64)
@@ -117,3 +118,52 @@ def test_the_window_rule_of_a_batchnorm_is_its_transpose_and_merge_adds():
     total = merge(Window(weights, 1, 2), other)
     assert torch.equal(total.dense((5, 5)), Window(weights, 1, 2).dense((5, 5)) + other.dense((5, 5)))
     assert (total.top, total.left, tuple(total.weights.shape[-2:])) == (1, 2, (4, 3))
+
+
+def _patches(specs, channels, height, width, size, seed=0):
+    """Random Patches of `specs` rectangles height x width at random corners, some past the edges of `size`,
+    their coefficients past the edges zero (as the passes keep them)."""
+    generator = torch.Generator().manual_seed(seed)
+    top = torch.randint(-height + 1, size[0], (specs,), generator=generator)
+    left = torch.randint(-width + 1, size[1], (specs,), generator=generator)
+    weights = torch.randn(specs, 2, channels, height, width, generator=generator, dtype=torch.float64)
+    rows, columns = top[:, None] + torch.arange(height), left[:, None] + torch.arange(width)
+    inside = ((rows >= 0) & (rows < size[0]))[:, :, None] & ((columns >= 0) & (columns < size[1]))[:, None, :]
+    return Patches(weights * inside[:, None, None], top, left)
+
+
+def test_patches_take_dot_and_dense_agree_with_the_whole_layer():
+    size = (6, 5)
+    patches = _patches(7, 3, 3, 2, size)
+    full = patches.dense(size)  # [S, N, C, H, W]
+    value = torch.randn(2, 3, *size, dtype=torch.float64)
+    assert torch.allclose(patches.dot(value), (full * value).sum(dim=(2, 3, 4)), atol=1e-12)
+    for s in range(7):  # each rectangle reads the value at its own corner, 0 past the edge
+        padded = F.pad(value, (2, 2, 3, 3))
+        top, left = int(patches.top[s]) + 3, int(patches.left[s]) + 2
+        assert torch.equal(patches.take(value)[s], padded[:, :, top:top + 3, left:left + 2])
+    assert full.abs().sum() == pytest.approx(float(patches.weights.abs().sum()))  # nothing lost or doubled
+
+
+@pytest.mark.parametrize("stride, padding, dilation, groups", [(1, 1, 1, 1), (2, 0, 1, 1), (2, 2, 2, 2), (3, 1, 1, 4)])
+def test_the_patches_rule_of_a_convolution_is_its_transpose(stride, padding, dilation, groups):
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 8, 3, stride, padding, dilation, groups).double()
+    size = (11, 10)
+    out = tuple(conv(torch.zeros(1, 4, *size, dtype=torch.float64)).shape[-2:])
+    patches = _patches(5, 8, 2, 1, out, seed=stride + padding)
+    gained, passed = through_convolution(conv, patches, size)
+    expected, offset = _transpose(conv, patches.dense(out), size)
+    assert torch.allclose(passed.dense(size) if isinstance(passed, Patches) else passed, expected, atol=1e-12)
+    assert torch.allclose(gained, offset, atol=1e-12)
+
+
+def test_patches_merge_where_their_rectangles_keep_one_offset_else_none():
+    size = (7, 7)
+    first = _patches(4, 2, 3, 3, size, seed=1)
+    second = Patches(torch.randn(4, 2, 2, 1, 1, dtype=torch.float64), first.top + 1, first.left + 2)
+    total = merge(first, second)
+    assert isinstance(total, Patches)
+    assert torch.allclose(total.dense(size), first.dense(size) + second.dense(size), atol=1e-12)
+    moved = Patches(second.weights, second.top + torch.tensor([0, 0, 0, 1]), second.left)
+    assert merge(first, moved) is None  # the pass adds these densely

@@ -378,10 +378,8 @@ class LinearBounds:
         """(the constant gained, {source: its coefficients}) for a lower bound, through one node."""
         if is_relu(self.net, node):
             (source,) = self.sources(node)
-            if isinstance(weights, Patches) and self.slopes is None:
+            if isinstance(weights, Patches):  # an intermediate bound's pass: CROWN's own slopes
                 return self._through_relu_patches(source, weights)
-            if isinstance(weights, Patches):  # alpha-CROWN's slopes are per specification: dense
-                weights = weights.dense(tuple(self.env[node].lower.shape[-2:]))
             if isinstance(weights, Window):
                 passed, gained = self._through_relu(source, weights.weights, weights.take)
                 return gained, {source: weights.like(passed)}
@@ -501,8 +499,9 @@ class LinearBounds:
         return passed, (weights_u.clamp(max=0) * intercept_u).sum(-1)
 
     def _through_relu_patches(self, source: fx.Node, weights: Patches) -> tuple[torch.Tensor, dict]:
-        """_through_relu for Patches (CROWN's own slopes): each specification's rectangle of the bounds, every
-        neuron elementwise (past the layer's edge the bounds read 0 and the coefficients are 0)."""
+        """_through_relu for Patches, with CROWN's own slopes (Patches carry only intermediate bounds' passes,
+        which alpha-CROWN leaves as CROWN's): each specification's rectangle of the bounds, every neuron
+        elementwise (past the layer's edge the bounds read 0 and the coefficients are 0)."""
         box = self.bounds(source)
         low, high = weights.take(box.lower), weights.take(box.upper)  # [S, N, C, h, w]
         unstable, active = (low < 0) & (high > 0), (low >= 0).to(low.dtype)

@@ -318,10 +318,7 @@ class LinearBounds:
                 index = torch.arange(count)
                 spec[index, :, channel[chosen], row[chosen] - top, column[chosen] - left] = 1.0
                 spec[index + count, :, channel[chosen], row[chosen] - top, column[chosen] - left] = -1.0
-                bound = self.lower_bound(node, Window(spec, top, left))  # [2 count, N]
-                rows = unstable[chosen]
-                flat_lower[:, rows] = torch.maximum(flat_lower[:, rows], bound[:count].T)
-                flat_upper[:, rows] = torch.minimum(flat_upper[:, rows], -bound[count:].T)
+                self._tighten(flat_lower, flat_upper, unstable[chosen], self.lower_bound(node, Window(spec, top, left)))
 
     def _patched(self, node: fx.Node, unstable: torch.Tensor, flat_lower: torch.Tensor, flat_upper: torch.Tensor
                  ) -> None:
@@ -340,9 +337,16 @@ class LinearBounds:
             spec[index, :, channel[chosen], 0, 0] = 1.0
             spec[index + count, :, channel[chosen], 0, 0] = -1.0
             bound = self.lower_bound(node, Patches(spec, row[chosen].repeat(2), column[chosen].repeat(2)))
-            rows = unstable[chosen]
-            flat_lower[:, rows] = torch.maximum(flat_lower[:, rows], bound[:count].T)
-            flat_upper[:, rows] = torch.minimum(flat_upper[:, rows], -bound[count:].T)
+            self._tighten(flat_lower, flat_upper, unstable[chosen], bound)
+
+    @staticmethod
+    def _tighten(flat_lower: torch.Tensor, flat_upper: torch.Tensor, rows: torch.Tensor, bound: torch.Tensor
+                 ) -> None:
+        """Tightens the neurons `rows` of [N, neurons] bounds in place from a pass's [2 len(rows), N] lower bounds:
+        first on +neuron (its lower bound), then on -neuron (minus its upper bound)."""
+        count = len(rows)
+        flat_lower[:, rows] = torch.maximum(flat_lower[:, rows], bound[:count].T)
+        flat_upper[:, rows] = torch.minimum(flat_upper[:, rows], -bound[count:].T)
 
     # ------------------------------------------------------------------------------- the backward pass
     def lower_bound(self, target: fx.Node, spec: torch.Tensor | Window | Patches) -> torch.Tensor:
@@ -473,13 +477,19 @@ class LinearBounds:
                 stack.extend(node.all_input_nodes)
         return found
 
+    @staticmethod
+    def _chord(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(unstable, chord): where l < 0 < u, and the slope each neuron passes a negative coefficient with (the
+        upper line's: u / (u - l) where unstable, else 1 where active and 0 where inactive)."""
+        unstable, active = (low < 0) & (high > 0), (low >= 0).to(low.dtype)
+        return unstable, torch.where(unstable, high / (high - low).clamp(min=torch.finfo(low.dtype).tiny), active)
+
     def _through_relu(self, source: fx.Node, weights: torch.Tensor, take=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(the coefficients of the ReLU's input, the constant gained) for a lower bound; `take` (a Window's)
         cuts the bounds and slopes to the window that `weights` cover."""
         box, take = self.bounds(source), take or (lambda value: value)
         low, high = take(box.lower), take(box.upper)
-        unstable, active = (low < 0) & (high > 0), (low >= 0).to(low.dtype)
-        chord = torch.where(unstable, high / (high - low).clamp(min=torch.finfo(low.dtype).tiny), active)
+        unstable, chord = self._chord(low, high)
         # a stable neuron passes its coefficient times 1 (active) or 0, with no constant: one product over the
         # whole tensor; only the neurons unstable in some image get the lower line's slope and the chord's
         # intercept, read at those positions alone (most neurons are stable: the pass costs what they cost)
@@ -504,9 +514,8 @@ class LinearBounds:
         elementwise (past the layer's edge the bounds read 0 and the coefficients are 0)."""
         box = self.bounds(source)
         low, high = weights.take(box.lower), weights.take(box.upper)  # [S, N, C, h, w]
-        unstable, active = (low < 0) & (high > 0), (low >= 0).to(low.dtype)
-        chord = torch.where(unstable, high / (high - low).clamp(min=torch.finfo(low.dtype).tiny), active)
-        below = torch.where(unstable, (high > -low).to(low.dtype), active)
+        unstable, chord = self._chord(low, high)
+        below = torch.where(unstable, (high > -low).to(low.dtype), chord)  # stable: chord is 1 or 0 too
         positive, negative = weights.weights.clamp(min=0), weights.weights.clamp(max=0)
         gained = (negative * torch.where(unstable, -chord * low, torch.zeros_like(low))).sum(dim=(2, 3, 4))
         return gained, {source: weights.like(positive * below + negative * chord)}

@@ -29,8 +29,31 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class Rectangles:
+    """What Window and Patches share: coefficients `weights` [S, N, C, h, w] on rectangles of a layer that
+    `take` reads values from, and `like` rebuilds with other weights at the same places."""
+    weights: torch.Tensor
+
+    def take(self, value: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def like(self, weights: torch.Tensor) -> "Rectangles":
+        raise NotImplementedError
+
+    def abs(self) -> "Rectangles":
+        return self.like(self.weights.abs())
+
+    def no_constant(self) -> torch.Tensor:
+        """[S, N] zeros: the constant a layer without a bias term adds."""
+        return self.weights.new_zeros(self.weights.shape[:2])
+
+    def dot(self, value: torch.Tensor) -> torch.Tensor:
+        """[S, N]: sum of the coefficients times their rectangles of `value` ([N, C, H, W] or broadcast)."""
+        return (self.weights * self.take(value)).sum(dim=(2, 3, 4))
+
+
 @dataclass(frozen=True)
-class Window:
+class Window(Rectangles):
     """Coefficients [S, N, C, h, w] that are zero outside rows top..top+h and columns left..left+w of a value of
     shape [N, C, H, W] (the window lies inside it)."""
     weights: torch.Tensor
@@ -50,20 +73,9 @@ class Window:
         height, width = self.weights.shape[-2:]
         return F.pad(self.weights, (self.left, size[1] - self.left - width, self.top, size[0] - self.top - height))
 
-    def abs(self) -> "Window":
-        return self.like(self.weights.abs())
-
-    def no_constant(self) -> torch.Tensor:
-        """[S, N] zeros: the constant a layer without a bias term adds."""
-        return self.weights.new_zeros(self.weights.shape[:2])
-
-    def dot(self, value: torch.Tensor) -> torch.Tensor:
-        """[S, N]: sum of the coefficients times the window's rectangle of `value` ([N, C, H, W] or broadcast)."""
-        return (self.weights * self.take(value)).sum(dim=(2, 3, 4))
-
 
 @dataclass(frozen=True)
-class Patches:
+class Patches(Rectangles):
     """Coefficients [S, N, C, h, w] of a value of shape [N, C, H, W], each specification s's zero outside rows
     top[s]..top[s]+h and columns left[s]..left[s]+w: one rectangle per specification, so that the passes of
     neurons at many positions of a layer run as one (Xu et al. 2020's patches mode). A rectangle may reach past
@@ -100,17 +112,6 @@ class Patches:
         canvas[index, rows[:, :, None], columns[:, None, :]] = self.weights.permute(0, 3, 4, 1, 2)
         canvas = canvas[:, top:top + size[0], left:left + size[1]]
         return canvas.permute(0, 3, 4, 1, 2).contiguous()
-
-    def abs(self) -> "Patches":
-        return self.like(self.weights.abs())
-
-    def no_constant(self) -> torch.Tensor:
-        return self.weights.new_zeros(self.weights.shape[:2])
-
-    def dot(self, value: torch.Tensor) -> torch.Tensor:
-        """[S, N]: sum of each specification's coefficients times its rectangle of `value` ([N, C, H, W], or one
-        that broadcasts to it)."""
-        return (self.weights * self.take(value)).sum(dim=(2, 3, 4))
 
 
 WINDOWED = (Window, Patches)

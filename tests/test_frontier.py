@@ -85,7 +85,8 @@ def test_the_frontier_reads_the_kept_epoch_and_prints_within_100_columns():
                                                              "forget_proven_radius_median": 7.0}, 100)
     record = price.to_json()
     assert record["kept"] == {"epoch": 6, "train_gamma": 6.0, "retain_cost": 0.0, "test_cost": 0.85,
-                              "proven_radius_min": 2.5, "proven_radius_median": 7.0}
+                              "proven_radius_min": 2.5, "proven_radius_median": 7.0, "confirmed_cost": None,
+                              "confirmed_cost_upper": None, "confirm_images": None}  # nothing confirmed here
     assert [offer["override"] for offer in record["overrides"]] == [
         "method.early_stopping.retain_acc_drop_at_most=0.04", "attacks.robust_gamma=2"]
     assert record["unmeasured"] == [] and record["reads"] == "the retain images trained on"

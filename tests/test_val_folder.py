@@ -73,13 +73,20 @@ def _datamodule(compose_cfg, *overrides):
 @pytest.mark.parametrize("split", ["official", "paper"])
 def test_auto_reads_val_and_finetunes_on_the_whole_retain_set(compose_cfg, folder, split):
     datamodule = _datamodule(compose_cfg, "data=imagefolder", f"data.root={folder}", f"data.split={split}")
-    parts = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout="auto"))
+    parts = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout="auto", retain_acc_drop_at_most=0.2))
     assert parts.source == "val" and parts.reference(datamodule) == "val" and parts.key == "val/retain_holdout_acc"
-    assert len(parts.fit) == len(datamodule.retain_indices) and len(parts.holdout) == 80
+    # val/ in two halves: the rules select on one, the cost is confirmed on the other (issue 79); a 20-point
+    # budget is 8 images of a 40-image half (1 point would be 0.4 of an image: left whole)
+    whole = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout="auto"))
+    assert len(whole.holdout) == 80 and whole.confirm is None
+    assert len(parts.fit) == len(datamodule.retain_indices) and len(parts.holdout) == len(parts.confirm) == 40
+    held, confirm = _rows(parts.holdout.everything()[0]), _rows(parts.confirm.everything()[0])
+    assert not held & confirm and len(held | confirm) == 80 and parts.eval_parts[-1] == "retain_confirm"
     trained = _rows(datamodule.train_images)  # split=paper mixes train and test; val stays out of both
-    assert not _rows(parts.holdout.everything()[0]) & (trained | _rows(datamodule.test_images))
-    sliced = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout=0.2))  # a fraction is the slice asked for
-    assert sliced.source == "slice" and len(sliced.fit) + len(sliced.holdout) == len(datamodule.retain_indices)
+    assert not (held | confirm) & (trained | _rows(datamodule.test_images))
+    sliced = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout=0.2, retain_acc_drop_at_most=0.2))  # a fraction is the slice asked for
+    assert sliced.source == "slice" and \
+        len(sliced.fit) + len(sliced.holdout) + len(sliced.confirm) == len(datamodule.retain_indices)
     assert retain_parts(datamodule, EarlyStoppingSchema(retain_holdout=0.0)).holdout is None
 
 
@@ -125,8 +132,11 @@ def test_where_this_run_pretrains_the_slice_leaves_d_before_a_d_trains(compose_c
     assert len(datamodule.retain_indices) == len(retain) - len(expected)
     assert not _rows(datamodule.request_parts(1)[0].everything()[0]) & held
     assert datamodule.data_fingerprint() != fingerprint  # A(D) is another model: another cache entry
-    parts = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout=setting))
-    assert (parts.source, parts.reference(datamodule), len(parts.holdout)) == ("withheld", "val", len(expected))
+    parts = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout=setting, retain_acc_drop_at_most=0.1))
+    assert (parts.source, parts.reference(datamodule)) == ("withheld", "val")
+    assert len(parts.holdout) + len(parts.confirm) == len(expected)
+    whole = retain_parts(datamodule, EarlyStoppingSchema(retain_holdout=setting))  # 1 point: too few a half
+    assert len(whole.holdout) == len(expected) and whole.confirm is None
     assert len(parts.fit) == len(datamodule.retain_indices)
     with pytest.raises(TTPUserError, match="already has .* validation images"):
         datamodule.withhold(0.1)
@@ -146,22 +156,26 @@ def test_robust_alg1_reads_its_retain_rule_on_val_and_says_so(compose_cfg, folde
     monkeypatch.setenv("TTP_CACHE_DIR", str(tmp_path / "cache"))
     cfg = compose_cfg("data=imagefolder", f"data.root={folder}", "data.forget.size=10", "method=pareto_robust",
                       f"paths.output_dir={tmp_path}", "method.epochs=3", "attacks.enabled=false",
-                      "release_gate.require=[clean]", "method.lr=0.01")
+                      "release_gate.require=[clean]", "method.lr=0.01",
+                      "method.early_stopping.retain_acc_drop_at_most=0.2")  # 8 images of a 40-image half
     with open_dict(cfg):
         del cfg["hydra"]
     result = run(cfg, str(tmp_path)).to_json()
     metrics, history = result["metrics"]["pareto_robust"], result["history"]["pareto_robust"]
     assert result["data"]["val_size"] == 80
     assert (metrics["retain_holdout_source"], metrics["retain_holdout_size"], metrics["retain_reference"]) == \
-        ("val", 80, "val")
+        ("val", 40, "val")  # the selection half of val/; the other 40 confirm the cost
+    confirmed = metrics["retain_confirmed"]
+    assert confirmed["images"] == 40 and confirmed["paired"] and confirmed["cost_upper"] >= confirmed["cost"]
     assert metrics["retain_rule_reads"] == "retain_holdout_acc" and "retain_holdout_acc >= " in metrics["stopping_rule"]
     kept = history[metrics["best_epoch"] - 1]
     # val/ is outside the retain set: the accuracy on the images trained on is the retain set's own
     assert metrics["retain_fit_acc"] == pytest.approx(kept["retain_acc"], abs=1e-6)
     assert metrics["retain_holdout_acc"] == pytest.approx(kept["retain_holdout_acc"], abs=1e-6)
-    assert all(round(row["retain_holdout_acc"] * 80, 3) == round(row["retain_holdout_acc"] * 80) for row in history)
+    assert all(round(row["retain_holdout_acc"] * 40, 3) == round(row["retain_holdout_acc"] * 40) for row in history)
     # tau_r is relative to A(D)'s accuracy on val/, not on the test split
-    assert metrics["retain_acc_threshold"] == pytest.approx(metrics["retain_rule_start_acc"] - 0.01, abs=1e-6)
+    assert metrics["retain_acc_threshold"] == pytest.approx(metrics["retain_rule_start_acc"] - 0.2, abs=1e-6)
     folders = [f for f in tmp_path.iterdir() if f.name.startswith("release")]
     card = (folders[0] / "README.md").read_text()
-    assert f"{metrics['retain_holdout_acc']:.2%} on the 80 validation images of the provider's own (val/)" in card
+    assert f"{metrics['retain_holdout_acc']:.2%} on the 40 validation images of the provider's own (val/)" in card
+    assert f"on {confirmed['images']} more such images that no rule chose the kept epoch by" in card

@@ -2,10 +2,12 @@
 certified learners)."""
 
 import copy
+import hashlib
 import logging
 import math
 from dataclasses import dataclass, replace
 
+import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
@@ -20,6 +22,7 @@ from ttp_lightning.alg1.callbacks import (
 )
 from ttp_lightning.alg1.module import ParetoFinetuneModule
 from ttp_lightning.alg1.schema import RADIUS_RUNGS, AdversarialSettings, EarlyStoppingSchema, ParetoSchema
+from ttp_lightning.assess.confirmation import ConfirmedCost, confirm_against_reference, confirm_paired
 from ttp_lightning.assess.evaluation import evaluate
 from ttp_lightning.bounds.propagate import UnsupportedLayer
 from ttp_lightning.bounds.uniformity import proven_conf_dist
@@ -124,6 +127,7 @@ def retain_threshold(start_retain_acc: float, stopping: EarlyStoppingSchema) -> 
 
 
 HOLDOUT_PART = "retain_holdout"  # the validation part of the held-out slice (val/retain_holdout_acc)
+CONFIRM_PART = "retain_confirm"  # its confirmation half (val/retain_confirm_acc): logged, never read by a rule
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,20 @@ class RetainParts:
     key: str
     source: str = "none"  # none | slice (of the retain set) | val (the user's own val/ folder, outside D) |
     # withheld (a slice of the retain set taken out of D before pretraining: Pareto.hold_out)
+    confirm: ImageBatchDataset | None = None  # the held-out images' confirmation half (split_for_confirmation):
+    # the kept epoch's cost is read there once (assess/confirmation.py); every epoch logs its accuracy there, which
+    # no rule reads
+
+    def with_confirmation(self, budget: float | None) -> "RetainParts":
+        """The same parts with the held-out images split in two (split_for_confirmation): the rules read the
+        selection half (`holdout`), the cost is confirmed on the other (`confirm`); unsplit where a half could
+        not resolve the budget (`budget`: retain_acc_drop_at_most, a share)."""
+        if self.holdout is None:
+            return self
+        select, confirm = split_for_confirmation(self.holdout, budget)
+        if confirm is None:
+            return self
+        return replace(self, holdout=select, confirm=confirm, eval_parts=[*self.eval_parts, CONFIRM_PART])
 
     def start_accuracy(self, net: nn.Module, datamodule: TTPDataModule) -> float:
         """What tau_r is relative to: without a holdout, the starting model's accuracy on the retain set. With
@@ -163,21 +181,80 @@ class RetainParts:
         return "test" if len(datamodule.test_labels) else HOLDOUT_PART
 
     def val_dataloaders(self, datamodule: TTPDataModule) -> list:
-        extra = [] if self.holdout is None else [datamodule.eval_loader(self.holdout)]
+        extra = [datamodule.eval_loader(part) for part in (self.holdout, self.confirm) if part is not None]
         return datamodule.val_dataloader() + extra
 
+    def confirm_reference(self, net: nn.Module, datamodule: TTPDataModule) -> "ConfirmReference | None":
+        """What the kept epoch's confirmed cost is relative to, read from the starting model `net` before the
+        fit: each confirmation image's correctness under A(D) where A(D) never trained on them (or, for a slice
+        of a data set without a test split, the memorised images themselves: a cost read against them is
+        overstated), else A(D)'s accuracy on the test split; None without confirmation images."""
+        if self.confirm is None:
+            return None
+        if self.reference(datamodule) == "test":
+            test = datamodule.dataset("test")
+            return ConfirmReference(None, accuracy(net, test), len(test))
+        return ConfirmReference(correct_each(net, self.confirm), None, None)
 
-HOLDOUT_IMAGES, HOLDOUT_SHARE = 2000, 0.2  # retain_holdout=auto: holdout_fraction
+
+@dataclass(frozen=True)
+class ConfirmReference:
+    """A(D) on the confirmation images (`right`, per image) or on the test split (`acc` of `images`)."""
+
+    right: list[bool] | None
+    acc: float | None
+    images: int | None
+
+    def confirm(self, kept: nn.Module, confirm: ImageBatchDataset, stopping: EarlyStoppingSchema) -> ConfirmedCost:
+        """The kept weights' cost on the confirmation images against this reference (assess/confirmation.py)."""
+        kept_right = correct_each(kept, confirm)
+        at_least, drop = float(stopping.retain_acc_at_least), stopping.retain_acc_drop_at_most
+        if self.right is not None:
+            return confirm_paired(self.right, kept_right, at_least, drop)
+        return confirm_against_reference(kept_right, self.acc, self.images, at_least, drop)
+
+
+def correct_each(net: nn.Module, dataset: ImageBatchDataset) -> list[bool]:
+    """Whether `net` classifies each image of `dataset` right, in order (eval mode, this process alone)."""
+    _, labels = dataset.everything()
+    return (predictions(net, dataset) == labels.cpu()).tolist()
+
+
+# retain_holdout=auto: holdout_fraction. Each half (selection, confirmation) gets up to HOLDOUT_IMAGES.
+HOLDOUT_IMAGES, HOLDOUT_SHARE = 2000, 0.2
 
 
 def holdout_fraction(setting, retain_size: int) -> float:
-    """early_stopping.retain_holdout as a fraction of the retain set. auto: enough images to read an accuracy
-    near 95 % to about half a point (one standard error sqrt(0.95 x 0.05 / n) is 0.49 points at n = 2,000), and
-    never more than a fifth of the retain set, which finetuning still trains on (MNIST: 2,000 of 59,900; a
-    10,000-image set: 2,000; digits: 280 of 1,400, read to about 1.3 points)."""
+    """early_stopping.retain_holdout as a fraction of the retain set. auto: two halves (the rules select on one,
+    the cost is confirmed on the other: split_for_confirmation), each enough images to read an accuracy near
+    95 % to about half a point (one standard error sqrt(0.95 x 0.05 / n) is 0.49 points at n = 2,000), and never
+    more than a fifth of the retain set in all, which finetuning still trains on (MNIST: 4,000 of 59,900; a
+    10,000-image set: 2,000, two halves of 1,000; digits: 248 of 1,238, two halves of 124, each read to about 2
+    points)."""
     if setting != "auto":
         return float(setting)
-    return min(HOLDOUT_SHARE, HOLDOUT_IMAGES / max(retain_size, 1))
+    return min(HOLDOUT_SHARE, 2 * HOLDOUT_IMAGES / max(retain_size, 1))
+
+
+# a half is split off for confirmation only where the budget is at least this many of its images: on fewer, one
+# image is a large share of the budget (digits: 124 images a half, one image 0.81 of a 1-point budget) and the
+# rule on the half refused the default job, which on all 248 images kept an epoch 2 images (0.81 points) down
+BUDGET_IMAGES = 5
+
+
+def split_for_confirmation(holdout: ImageBatchDataset, budget: float | None = None) \
+        -> tuple[ImageBatchDataset, ImageBatchDataset | None]:
+    """(selection, confirmation): the held-out images in two halves by a permutation seeded from the data's seed
+    (its own stream: SHA-256 of it), the first (the larger, when the count is odd) for the rules, the second for
+    the confirmed cost; (holdout, None), unsplit, with fewer than two images or where the budget (`budget`, a
+    share; None: no budget, tau_r absolute) is fewer than BUDGET_IMAGES images of a half (1 point: 500 a half)."""
+    count = len(holdout)
+    if count < 2 or (budget is not None and (count // 2) * float(budget) < BUDGET_IMAGES - 1e-9):
+        return holdout, None
+    digest = hashlib.sha256(f"ttp_lightning confirmation {int(holdout.seed)}".encode()).digest()
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1))
+    half = (count + 1) // 2
+    return holdout.take(order[:half].sort().values), holdout.take(order[half:].sort().values)
 
 
 def retain_parts(datamodule: TTPDataModule, stopping: EarlyStoppingSchema | None) -> RetainParts:
@@ -187,6 +264,7 @@ def retain_parts(datamodule: TTPDataModule, stopping: EarlyStoppingSchema | None
     fraction is that slice; 0 the retain set itself (the paper). Where Pareto.hold_out took the slice out of D
     before pretraining (auto or a fraction), it is the validation part, read the same way as val/."""
     setting = "off" if stopping is None else stopping.retain_holdout
+    budget = None if stopping is None else stopping.retain_acc_drop_at_most
     has_val = len(datamodule.val_labels) > 0
     withheld = datamodule.val_source == "withheld" and setting != "off"
     if setting == "val" and not has_val:
@@ -196,14 +274,15 @@ def retain_parts(datamodule: TTPDataModule, stopping: EarlyStoppingSchema | None
     if setting == "val" or (setting == "auto" and has_val) or withheld:
         return RetainParts(datamodule.dataset("retain"), datamodule.dataset("retain", augment=True),
                            datamodule.dataset("val"), [*datamodule.eval_parts(), HOLDOUT_PART],
-                           f"val/{HOLDOUT_PART}_acc", source="val" if datamodule.val_source == "folder" else "withheld")
+                           f"val/{HOLDOUT_PART}_acc",
+                           source="val" if datamodule.val_source == "folder" else "withheld").with_confirmation(budget)
     fraction = 0.0 if setting == "off" else holdout_fraction(setting, len(datamodule.retain_indices))
     if fraction <= 0:
         return RetainParts(datamodule.dataset("retain"), None, None, datamodule.eval_parts(), "val/retain_acc")
     fit_indices, holdout_indices = datamodule.retain_split(fraction)
     return RetainParts(datamodule.subset(fit_indices), datamodule.subset(fit_indices, augment=True),
                        datamodule.subset(holdout_indices), [*datamodule.eval_parts(), HOLDOUT_PART],
-                       f"val/{HOLDOUT_PART}_acc", source="slice")
+                       f"val/{HOLDOUT_PART}_acc", source="slice").with_confirmation(budget)
 
 
 def ordered_callbacks(history, timer, best, backoff, radius) -> list:
@@ -252,6 +331,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     adversarial = cfg.robust() if isinstance(cfg, ParetoSchema) else None
     adversarial = resolve_interval_weight(adversarial, net, datamodule.dataset("forget"))
     parts = retain_parts(datamodule, stopping)
+    confirm_from = parts.confirm_reference(net, datamodule)  # A(D) on the confirmation images, before the fit
     targets = attack_targets(net, datamodule, adversarial)
     module = finetune_module(ctx, net, datamodule, cfg, parts, adversarial, targets)
     made = method_callbacks(ctx.fit_settings.callbacks)
@@ -260,7 +340,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     start_retain_acc = parts.start_accuracy(net, datamodule) if stopping is not None or backoffs else None
     best = best_model(made["best_model"], stopping, start_retain_acc, parts, adversarial)
     if best is not None and str(stopping.select) == "proven":  # the judge re-attacks only epochs that could be kept
-        module.kept_rank = best.kept_rank
+        module.kept_rank, module.could_qualify = best.kept_rank, best.could_qualify
     backoff = LrBackoff((start_retain_acc + 1 / datamodule.info.num_classes) / 2, backoffs, retain_key=parts.key) \
         if backoffs else None
     radius = radius_rule(parts, best, adversarial) \
@@ -269,27 +349,62 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     cycles = adversarial.rounds if adversarial is not None and best is not None else 1
     warmup = LrWarmup(cfg.lr_warmup, cycles) if getattr(cfg, "lr_warmup", 0) != 0 else None  # none: certified's
     callbacks += [warmup] if warmup is not None else []
-    rounds = add_rounds(callbacks, module, best, adversarial, epochs, cycles, warmup, radius)
     if cfg.mode == "fullbatch":
         train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
     else:
         forget = attack_targeted_forget(datamodule, adversarial, targets)
+        if adversarial is not None and adversarial.inner_start == "persistent":  # batches carry their positions
+            forget = (forget if forget is not None else datamodule.dataset("forget", augment=True)).with_positions()
         train_loader = datamodule.pareto_dataloader(parts.fit_augmented, forget)
+        steps = max(len(loader) for loader in train_loader.flattened)  # max_size_cycle: the retain loader's
+        epochs = round_epochs(epochs, adversarial, steps, datamodule.forget_batch_size,
+                              len(datamodule.forget_indices))
+    rounds = add_rounds(callbacks, module, best, adversarial, epochs, cycles, warmup, radius)
     wall = fit(ctx, module, epochs * cycles, "Alg 1 finetuning" if label == "alg1" else f"Alg 1 {label}", key=ctx.key_for(label), callbacks=callbacks,
                trained_by=TrainedBy(f"method {cfg.name}", "method", float(cfg.lr)), train_dataloaders=train_loader,
                val_dataloaders=parts.val_dataloaders(datamodule))
     summary, best_row = kept_summary(best, history, parts, radius, datamodule, adversarial, wall)
     summary.update(retain_rule_record(best, parts, start_retain_acc, stopping))
+    if confirm_from is not None and best is not None:
+        confirmed = confirm_from.confirm(module.net, parts.confirm, stopping)
+        summary["retain_confirmed"] = confirmed.to_json()
+        if rank_zero_only.rank == 0:
+            log.info("kept epoch %d: accuracy cost %.2f points on the %d images the retain rule read, %s",
+                     summary["best_epoch"], 100 * (start_retain_acc - summary["retain_holdout_acc"]),
+                     len(parts.holdout), confirmed_words(confirmed))
+    elif parts.holdout is not None and best is not None and rank_zero_only.rank == 0:
+        log.info("kept epoch %d: its cost is not confirmed on images no rule read: half of the %d held-out images "
+                 "would hold fewer than %d images of the budget (read the test split's cost)",
+                 summary["best_epoch"], len(parts.holdout), BUDGET_IMAGES)
     metrics = {
         **summary,
         "epochs_run": len(history.rows),
+        **({"round_epochs": epochs} if adversarial is not None else {}),
         "wall_s": round(wall, 3),
         "wall_to_best_s": best_row["elapsed_s"],
         **{k: v for k, v in timer.summary().items() if k in ("train_steps", "train_steps_per_s", "train_images_per_s")},
         **({"lr_backoffs": backoff.backoffs} if backoff else {}),
         **({"rounds_run": rounds.round, "rounds": rounds.restarts} if rounds else {}),
+        **({"rounds_ended": rounds.ended} if rounds and rounds.ended else {}),
     }
     return MethodOutput(module.net, metrics, history.rows)
+
+
+def round_epochs(epochs: int, adversarial: AdversarialSettings | None, steps_per_epoch: int, forget_batch: int,
+                 forget_images: int) -> int:
+    """A cycle's length: `epochs`, cut (visits_per_round) to the fewest epochs that visit each forget image that
+    many times at `forget_batch` forget images a step. The robust term's cost (the inner attack) and what it
+    learns both go with the visits, not with the retain set's size: on MNIST (437 steps an epoch, 44 visits of
+    each of 100 forget images) 50 epochs met the goal that 100 met, in half the time; a small retain set (digits,
+    letters: a few visits an epoch) keeps `epochs` (docs/robust-budget.md)."""
+    if adversarial is None or adversarial.visits_per_round is None or steps_per_epoch < 1 or forget_images < 1:
+        return epochs
+    per_epoch = steps_per_epoch * forget_batch / forget_images
+    cut = min(epochs, max(1, math.ceil(adversarial.visits_per_round / per_epoch)))
+    if cut < epochs and rank_zero_only.rank == 0:
+        log.info("method.adversarial.visits_per_round=%d: %d epochs a round, not %d (each of the %d forget images "
+                 "visited %.0f times an epoch)", adversarial.visits_per_round, cut, epochs, forget_images, per_epoch)
+    return cut
 
 
 def add_rounds(callbacks: list, module, best, adversarial, epochs: int, cycles: int, warmup,
@@ -313,8 +428,7 @@ def kept_summary(best, history, parts: RetainParts, radius, datamodule: TTPDataM
     best_row = history.rows[summary["best_epoch"] - 1] if history.rows else {"elapsed_s": wall}
     summary.update(robust_summary(adversarial, best_row))
     if parts.holdout is not None and "retain_holdout_acc" in best_row:
-        inside = len(parts.holdout) if parts.source == "slice" else 0  # val/ is outside the retain set
-        summary.update(accuracy_split(best_row, len(datamodule.retain_indices), inside))
+        summary.update(accuracy_split(best_row, len(datamodule.retain_indices), held_out_of_retain(parts)))
         if rank_zero_only.rank == 0:
             where = {"withheld": "withheld from D", "val": "in val/"}.get(parts.source, "held out")
             log.info("kept epoch %d: retain accuracy %.2f%% trained on, %.2f%% on %d %s", summary["best_epoch"],
@@ -332,13 +446,30 @@ def retain_rule_record(best, parts: RetainParts, start_retain_acc: float | None,
             "retain_acc_drop_at_most": stopping.retain_acc_drop_at_most}
 
 
-def accuracy_split(row: dict, retain_size: int, holdout_size: int) -> dict:
-    """The kept epoch's accuracy on the retain images finetuning trained on and on the held-out images it never
-    trained on (results.json and the card show them beside the test accuracy), the first from the whole retain
-    set's and the slice's correct counts (exact sums, under DDP too); `holdout_size` 0 where the held-out
-    images are not part of the retain set (the user's val/ folder)."""
-    correct = row["retain_acc"] * retain_size - row["retain_holdout_acc"] * holdout_size
-    return {"retain_fit_acc": round(correct / (retain_size - holdout_size), 6),
+def confirmed_words(confirmed: ConfirmedCost) -> str:
+    """The confirmed cost in words (the console and the model card)."""
+    return (f"{100 * confirmed.cost:.2f} on the {confirmed.images} it did not (confirmed; at most "
+            f"{100 * confirmed.cost_upper:.2f} at {confirmed.confidence:.0%})")
+
+
+def held_out_of_retain(parts: RetainParts) -> dict[str, int]:
+    """{history key: images} of the held-out parts that are part of the retain set (a slice of it: the selection
+    and confirmation halves); none where they lie outside it (the user's val/ folder, images withheld from D)."""
+    if parts.source != "slice":
+        return {}
+    sizes = {f"{HOLDOUT_PART}_acc": len(parts.holdout)}
+    if parts.confirm is not None:
+        sizes[f"{CONFIRM_PART}_acc"] = len(parts.confirm)
+    return sizes
+
+
+def accuracy_split(row: dict, retain_size: int, inside: dict[str, int]) -> dict:
+    """The kept epoch's accuracy on the retain images finetuning trained on and on the held-out images the rules
+    read (results.json and the card show them beside the test accuracy), the first from the whole retain set's
+    correct count less the held-out parts' that lie inside it (`inside`: {history key: images}; exact sums, under
+    DDP too)."""
+    correct = row["retain_acc"] * retain_size - sum(row[key] * size for key, size in inside.items())
+    return {"retain_fit_acc": round(correct / (retain_size - sum(inside.values())), 6),
             "retain_holdout_acc": round(row["retain_holdout_acc"], 6)}
 
 

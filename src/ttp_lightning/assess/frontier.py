@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ttp_lightning.assess.confirmation import CONFIDENCE
 from ttp_lightning.core.console import WIDTH, table, wrapped
 
 BUDGET_STEP = 0.005  # a suggested budget is the measured cost rounded up to half a point
@@ -45,11 +46,19 @@ class TrainedRadius:
     ramp_from: float | None = field(default=None, metadata={
         "doc": "for the epochs of a held radius's ramp (alg1 Rounds), the smallest radius among them; train_gamma "
                "is then the largest (null: one radius of the radius rule)"})
+    confirmed_cost: float | None = field(default=None, metadata={
+        "doc": "accuracy points that epoch lost on the confirmation images, which no rule reads "
+               "(assess/confirmation.py; null: none)"})
+
+    @property
+    def cost(self) -> float:
+        """The cost a budget must cover: the larger of the rule's reading and the confirmed one."""
+        return max(self.retain_cost, self.confirmed_cost) if self.confirmed_cost is not None else self.retain_cost
 
     def to_json(self) -> dict:
         return {"train_gamma": self.train_gamma, "epochs": self.epochs, "epoch": self.epoch,
-                "retain_cost": self.retain_cost, "exposed": self.exposed, "proven": self.proven,
-                "ramp_from": self.ramp_from}
+                "retain_cost": self.retain_cost, "confirmed_cost": self.confirmed_cost, "exposed": self.exposed,
+                "proven": self.proven, "ramp_from": self.ramp_from}
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,7 @@ def _count(value) -> int | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
 
 
+CONFIRMED = "retain_confirm_acc"  # a history row's accuracy on the confirmation images (alg1/method.CONFIRM_PART)
 RUNG_FRACTIONS = (1.0, 0.5, 0.25, 0.125, 0.0)  # the radius rule's rungs (alg1/schema.RADIUS_RUNGS; a test ties them)
 
 
@@ -126,11 +136,12 @@ def _group(radius: float, target: float | None, gamma: float) -> float | str:
 
 
 def trained_radii(history: list[dict], reads: str, start_acc: float, forget_size: int, target: float | None = None,
-                  gamma: float = math.inf) -> tuple[TrainedRadius, ...]:
+                  gamma: float = math.inf, confirm_start: float | None = None) -> tuple[TrainedRadius, ...]:
     """Per training radius in `history` (the fit's epoch rows), its best epoch; largest radius first. `reads`:
     the row key of the accuracy the retain rule reads; `start_acc`: the accuracy it is relative to; `target`: the
     full training radius (the rule's rungs are fractions of it; other radii are a ramp's, grouped around the
-    promised radius `gamma`)."""
+    promised radius `gamma`); `confirm_start`: A(D)'s accuracy the confirmation images' cost is relative to (None:
+    no confirmation images). The best epoch is chosen as the rule chooses, never by the confirmation images."""
     groups: dict[float | str, list[dict]] = {}
     for row in history:
         if "train_gamma" in row and reads in row:
@@ -140,10 +151,11 @@ def trained_radii(history: list[dict], reads: str, start_acc: float, forget_size
         radii = [round(float(row["train_gamma"]), 4) for row in rows]
         best = min(rows, key=lambda row: _order(row, start_acc, reads))
         unproven = _count(best.get("forget_unproven"))
+        confirmed = None if confirm_start is None or CONFIRMED not in best else points(confirm_start - best[CONFIRMED])
         out.append(TrainedRadius(max(radii), len(rows), int(best["epoch"]), points(start_acc - best[reads]),
                                  _count(best.get("forget_robust_exposed")),
                                  None if unproven is None else forget_size - unproven,
-                                 min(radii) if len(set(radii)) > 1 else None))
+                                 min(radii) if len(set(radii)) > 1 else None, confirmed))
     return tuple(sorted(out, key=lambda row: (row.train_gamma, row.ramp_from is None), reverse=True))
 
 
@@ -168,15 +180,18 @@ def budget_override(trained: tuple[TrainedRadius, ...], gamma: float, budget: fl
         return None, (f"no epoch at {gamma:g}/255 or above left every image unexposed (fewest: {fewest.exposed} at "
                       f"epoch {fewest.epoch}, trained at {fewest.train_gamma:g}/255): no budget was measured to "
                       f"release")
-    cheapest = min(clear, key=lambda row: row.retain_cost)
-    if budget is not None and cheapest.retain_cost <= 100.0 * budget + 1e-9:
+    cheapest = min(clear, key=lambda row: row.retain_cost)  # as the rule reads (the confirmation chooses nothing)
+    if budget is not None and cheapest.cost <= 100.0 * budget + 1e-9:
         return None, (f"epoch {cheapest.epoch} was within the budget and cleared early stopping's attack; the "
                       "gate's judge refused the epoch kept, so a larger budget is not what is missing")
-    suggested = math.ceil(cheapest.retain_cost / 100.0 / BUDGET_STEP - 1e-9) * BUDGET_STEP
-    return Override(f"method.early_stopping.retain_acc_drop_at_most={suggested:.3g}", cheapest.retain_cost,
+    suggested = math.ceil(cheapest.cost / 100.0 / BUDGET_STEP - 1e-9) * BUDGET_STEP
+    where = "on the retain rule's images" if cheapest.confirmed_cost is None else \
+        (f"{cheapest.retain_cost:g} pt on the retain rule's images, {cheapest.confirmed_cost:g} pt confirmed on "
+         "images no rule reads")
+    return Override(f"method.early_stopping.retain_acc_drop_at_most={suggested:.3g}", cheapest.cost,
                     f"epoch {cheapest.epoch} of this run (trained at {cheapest.train_gamma:g}/255): 0 exposed at "
-                    f"{gamma:g}/255 under early stopping's attack; on the retain rule's images; a rerun's radius "
-                    "rule follows the new budget too"), None
+                    f"{gamma:g}/255 under early stopping's attack; {where}; a rerun's radius rule follows the new "
+                    "budget too"), None
 
 
 def judged_radii(gammas: list[float], exposed: Callable[[float], int | None], proven: Callable[[float], int | None],
@@ -222,14 +237,20 @@ def frontier(history: list[dict], reported: dict, gamma: float, judged: tuple[Ju
     reads, start = str(reported["retain_rule_reads"]), float(reported["retain_rule_start_acc"])
     budget = reported.get("retain_acc_drop_at_most")
     target = reported.get("train_gamma_target")
-    trained = trained_radii(history, reads, start, forget_size, None if target is None else float(target), gamma)
+    confirmed = reported.get("retain_confirmed") or {}
+    confirm_start = float(confirmed["start_acc"]) if confirmed else None
+    trained = trained_radii(history, reads, start, forget_size, None if target is None else float(target), gamma,
+                            confirm_start)
     bound_on = float(reported.get("interval_weight") or 0.0) > 0
     offers = [budget_override(trained, gamma, budget, bound_on, forget_size),
               radius_override(judged, gamma, test_cost)]
     epoch = int(reported.get("best_epoch") or 0)
     row = history[epoch - 1] if 0 < epoch <= len(history) else {}
     kept = {"epoch": epoch, "train_gamma": reported.get("train_gamma_kept"),
-            "retain_cost": points(start - row[reads]) if reads in row else None, "test_cost": test_cost,
+            "retain_cost": points(start - row[reads]) if reads in row else None,
+            "confirmed_cost": points(float(confirmed["cost"])) if confirmed else None,
+            "confirmed_cost_upper": points(float(confirmed["cost_upper"])) if confirmed else None,
+            "confirm_images": confirmed.get("images"), "test_cost": test_cost,
             "proven_radius_min": radius.get("forget_proven_radius_min"),
             "proven_radius_median": radius.get("forget_proven_radius_median")}
     where = {"val": "the validation images (val/)", "withheld": "the images withheld from D"}.get(
@@ -256,16 +277,21 @@ def format_frontier(record: dict) -> str:
     budget = "none" if record["budget"] is None else \
         f"{100 * record['budget']:g} point{'' if 100 * record['budget'] == 1 else 's'}"
     lines = [f"the price of {gamma} (budget {budget} of accuracy on {record['reads']}):"]
-    rows = [["trained at", "epochs", "best epoch", "accuracy cost", f"exposed at {gamma}",
-             f"interval-proven at {gamma}"]]
-    rows += [[_radius_cell(row), str(row["epochs"]), str(row["epoch"]),
-              _cell(row["retain_cost"], " pt"), f"{_cell(row['exposed'])} of {size}",
+    confirmed = any(row.get("confirmed_cost") is not None for row in record["trained"])
+    rows = [["trained at", "epochs", "best epoch", "cost: rule / confirmed" if confirmed else "accuracy cost",
+             f"exposed at {gamma}", f"interval-proven at {gamma}"]]
+    rows += [[_radius_cell(row), str(row["epochs"]), str(row["epoch"]), _cost_cell(row),
+              f"{_cell(row['exposed'])} of {size}",
               f"{_cell(row['proven'])} of {size}" if row["proven"] is not None else "-"] for row in record["trained"]]
     lines += _indented(rows)
     kept = record["kept"]
+    confirmation = "" if kept.get("confirmed_cost") is None else \
+        (f", confirmed {_cell(kept['confirmed_cost'], ' pt')} on {kept['confirm_images']} other images (at most "
+         f"{_cell(kept['confirmed_cost_upper'], ' pt')} at {CONFIDENCE:.0%})")
     lines.append(_wrapped(f"kept epoch {kept['epoch']} (trained at {_cell(kept['train_gamma'], '/255')}): accuracy cost "
-                 f"{_cell(kept['retain_cost'], ' pt')}, test cost {_cell(kept['test_cost'], ' pt')}, proven radius "
-                 f"min / median {_cell(kept['proven_radius_min'])} / {_cell(kept['proven_radius_median'])}"))
+                 f"{_cell(kept['retain_cost'], ' pt')} as the rule read it{confirmation}, test cost "
+                 f"{_cell(kept['test_cost'], ' pt')}, proven radius min / median {_cell(kept['proven_radius_min'])} / "
+                 f"{_cell(kept['proven_radius_median'])}"))
     rows = [["judged at", "exposed", "proven", "gate"]]
     rows += [[f"{row['gamma']:g}/255" + (" (bound)" if row.get("by") == "bound" else ""),
               f"{_cell(row['exposed'])} of {size}",
@@ -277,6 +303,13 @@ def format_frontier(record: dict) -> str:
                               f"{offer['measured']})"))
     lines += [_wrapped(f"not offered: {why}") for why in record["unmeasured"]]
     return "\n".join(lines)
+
+
+def _cost_cell(row: dict) -> str:
+    """A row's cost as the rule read it, and where confirmed, on the confirmation images."""
+    if row.get("confirmed_cost") is None:
+        return _cell(row["retain_cost"], " pt")
+    return f"{_cell(row['retain_cost'])} / {_cell(row['confirmed_cost'], ' pt')}"
 
 
 def _wrapped(text: str) -> str:

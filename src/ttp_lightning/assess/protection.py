@@ -256,7 +256,27 @@ def how_obtained(reported: dict, settings: GateSettings, gamma: float) -> list[s
     fallback = radius_fallback(reported, settings, gamma)
     if fallback:
         reasons.append(fallback)
+    unconfirmed = budget_unconfirmed(reported.get("retain_confirmed"))
+    if unconfirmed and reported.get("constraint_met") is not False:  # (no epoch met the rule: said above)
+        reasons.append(unconfirmed)
     return reasons
+
+
+def budget_unconfirmed(confirmed: dict | None) -> str | None:
+    """The retain rule selected its epoch on one half of the held-out images; on the other half (the
+    confirmation images, which nothing selected by: assess/confirmation.py) the kept weights must meet it too.
+    The reason when they do not (recomputed from the accuracies, never from the record's `passes`; NaN fails);
+    None when they do or nothing was confirmed."""
+    if not confirmed:
+        return None
+    kept, threshold = float(confirmed["kept_acc"]), float(confirmed["threshold"])
+    if kept >= threshold - 1e-12:
+        return None
+    reference = "A(D)'s on them" if confirmed.get("paired") else "A(D)'s on the test split"
+    return (f"the kept epoch's accuracy on the {confirmed['images']} confirmation images (held out, never selected "
+            f"by) is {kept:.2%}, below the retain rule's {threshold:.2%} there: a cost of "
+            f"{100 * float(confirmed['cost']):.2f} points against {reference} (at most "
+            f"{100 * float(confirmed['cost_upper']):.2f} at {float(confirmed['confidence']):.0%})")
 
 
 def radius_fallback(metrics: dict, settings: GateSettings, gamma: float) -> str | None:

@@ -315,9 +315,17 @@ def _accuracy_line(after: dict) -> list[str]:
                     "trained on",
              "withheld": "training images withheld from D, which neither the model nor finetuning trained on"
              }.get(after.get("retain_holdout_source"), "held-out retain images it never trained on")
-    return [(f"- accuracy: {after['retain_fit_acc']:.2%} on the retain images finetuning trained on, "
-             f"{after['retain_holdout_acc']:.2%} on the {after['retain_holdout_size']} {where} "
-             f"(what the retain rule read){test}")]
+    lines = [(f"- accuracy: {after['retain_fit_acc']:.2%} on the retain images finetuning trained on, "
+              f"{after['retain_holdout_acc']:.2%} on the {after['retain_holdout_size']} {where} "
+              f"(what the retain rule read){test}")]
+    confirmed = after.get("retain_confirmed")
+    if confirmed:
+        against = "A(D)'s accuracy on them" if confirmed["paired"] else "A(D)'s on the test split"
+        lines.append(f"- accuracy cost, confirmed: {100 * confirmed['cost']:.2f} points ({confirmed['kept_acc']:.2%} "
+                     f"against {against}, {confirmed['start_acc']:.2%}) on {confirmed['images']} more such images "
+                     f"that no rule chose the kept epoch by; at most {100 * confirmed['cost_upper']:.2f} points at "
+                     f"{confirmed['confidence']:.0%} confidence (a one-sided exact bound)")
+    return lines
 
 
 def _unrequired_sentence(gate: dict, forget_size: int) -> str:

@@ -45,9 +45,9 @@ def relearn_table(relearn: dict[str, dict]) -> Table:
 
 def frontier_tables(frontier: dict) -> dict[str, Table]:
     """A refused robust release's price: per training radius, and the kept weights per judged radius."""
-    trained = ["train_gamma", "epochs", "epoch", "retain_cost", "exposed", "proven"]
+    trained = ["train_gamma", "epochs", "epoch", "retain_cost", "confirmed_cost", "exposed", "proven"]
     judged = ["gamma", "exposed", "proven", "passes"]
-    return {"frontier_trained": (trained, [[_number(row[k]) for k in trained] for row in frontier["trained"]]),
+    return {"frontier_trained": (trained, [[_number(row.get(k)) for k in trained] for row in frontier["trained"]]),
             "frontier_judged": (judged + ["by"], [[_number(row[k]) for k in judged] + [row.get("by", "attack")]
                                                   for row in frontier["judged"]])}
 

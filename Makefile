@@ -9,7 +9,7 @@ DATA_ROOT ?= ../shared/data
 DOCS_OUT ?= site
 ARGS ?=
 
-.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify bench-attacks bench-gpu bench-protection docs lint clean
+.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify bench-attacks bench-gpu bench-protection bench-profile docs lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
@@ -76,6 +76,9 @@ bench-attacks: $(STAMP)  ## attack evaluation time, findings and torchattacks cr
 
 bench-protection: $(STAMP)  ## per-image protection, certified shares, relearning: Alg 1 / robust / retrain into bench/protection.json (~45 min on 2 cores)
 	$(BIN)/python scripts/bench_protection.py --data-root $(DATA_ROOT) --out bench/protection.json $(ARGS)
+
+bench-profile: $(STAMP)  ## where robust Alg 1's time goes on mnist_mlp, phase by phase, into bench/profile_mnist_robust.json (~8 min on 2 cores)
+	$(BIN)/python scripts/profile_robust.py --out bench/profile_mnist_robust.json -- +experiment=mnist_mlp data.root=$(DATA_ROOT) method=pareto_robust logger=none $(ARGS)
 
 bench-certify: $(STAMP)  ## HVP cost and Alg 3 peak memory into bench/certify_<device>.json
 	$(BIN)/python scripts/bench_certify.py

@@ -116,10 +116,50 @@ def test_the_last_round_ends_the_fit_without_another():
     assert rounds.round == 1 and not rounds.restarts  # the fit's own end (max_epochs) comes next
 
 
+@pytest.mark.parametrize("rank", [None, (1.0, 0.0, 0.0, 0.05), (0.0, 4.0, 9.0, 0.4)])
+def test_a_round_that_keeps_nothing_new_ends_the_fit_and_a_resume_stays_ended(rank):
+    rounds, module = Rounds(4, 3, lambda: rank, bound_on=True), SimpleNamespace(round=1)
+    rounds.on_validation_end(_trainer(4), module)  # round 1 ends short of the goal: round 2
+    assert rounds.round == 2 and rounds.ended is None
+    trainer = _trainer(8)
+    rounds.on_validation_end(trainer, module)  # round 2 kept no better epoch than round 1: no round 3
+    assert trainer.should_stop and rounds.round == 2 and "kept no epoch better" in rounds.ended
+    resumed = Rounds(4, 3, lambda: rank, bound_on=True)
+    resumed.load_state_dict(rounds.state_dict())
+    fresh = SimpleNamespace(should_stop=False)
+    resumed.on_train_start(fresh, SimpleNamespace(round=1))
+    assert fresh.should_stop and resumed.ended == rounds.ended
+
+
+def test_a_round_that_improves_the_kept_epoch_goes_on():
+    ranks = iter([(0.0, 4.0, 9.0, 0.4), (0.0, 2.0, 9.0, 0.4)])
+    current = {}
+    rounds, module = Rounds(4, 3, lambda: current["rank"], bound_on=True), SimpleNamespace(round=1)
+    for epoch in (4, 8):
+        current["rank"] = next(ranks)
+        trainer = _trainer(epoch)
+        rounds.on_validation_end(trainer, module)
+        assert not trainer.should_stop
+    assert rounds.round == 3 and rounds.ended is None
+
+
 def test_later_rounds_cover_every_unproven_image():
     unproven = torch.tensor([True] * 6 + [False] * 14)
     assert len(stragglers(unproven)) == 0  # more than a tenth: the first round leaves them to the attack term
     assert stragglers(unproven, every=True).tolist() == list(range(6))
+
+
+def test_a_round_visits_each_forget_image_at_most_visits_per_round_times():
+    from ttp_lightning.alg1.method import round_epochs
+
+    settings = AdversarialSettings(visits_per_round=2000)
+    assert round_epochs(100, settings, 437, 10, 100) == 46  # MNIST: 43.7 visits an epoch
+    assert round_epochs(100, settings, 9, 10, 20) == 100  # a small retain set: 4.5 visits an epoch, `epochs`
+    assert round_epochs(100, settings, 100_000, 10, 100) == 1  # never below one epoch
+    assert round_epochs(100, AdversarialSettings(visits_per_round=None), 437, 10, 100) == 100
+    assert round_epochs(100, None, 437, 10, 100) == 100  # plain Alg 1
+    with pytest.raises(TTPUserError, match="method.adversarial.visits_per_round=0 is not allowed"):
+        AdversarialSettings(visits_per_round=0)
 
 
 def test_rounds_are_checked():

@@ -42,10 +42,13 @@ def targets_pretrained(settings: AdversarialSettings) -> bool:
 
 
 def worst_forget_images(net: nn.Module, images: torch.Tensor, labels: torch.Tensor, settings: AdversarialSettings,
-                        radius: float | None = None) -> torch.Tensor:
+                        radius: float | None = None, start: torch.Tensor | None = None,
+                        started: torch.Tensor | None = None) -> torch.Tensor:
     """Per image, the most confident point the inner attack finds in the ball of `radius` (in [0, 1] pixels;
     None: the training radius) (detached), `labels` the targets of `ce_pretrained`; the images themselves
-    with `steps` = 0 (no inner attack: the interval term alone makes the uniformity robust) or a radius of 0."""
+    with `steps` = 0 (no inner attack: the interval term alone makes the uniformity robust) or a radius of 0.
+    `start` (with `started`, [N] bool): where the images marked in `started` begin instead of a uniform random
+    point of the ball (projected on it: inner_start=persistent carries each image's last point over)."""
     radius = settings.train_radius if radius is None else radius
     if settings.steps == 0 or radius == 0:
         return images.detach()
@@ -57,6 +60,9 @@ def worst_forget_images(net: nn.Module, images: torch.Tensor, labels: torch.Tens
         labels = torch.randint(classes, (len(images),), device=images.device)
     lower, upper = (images - radius).clamp(0, 1), (images + radius).clamp(0, 1)
     x = (images + (torch.rand_like(images) * 2 - 1) * radius).clamp(0, 1)
+    if start is not None and started is not None and bool(started.any()):
+        carried = torch.max(torch.min(start.to(images), upper), lower)
+        x = torch.where(started.to(images.device).view((-1,) + (1,) * (images.dim() - 1)), carried, x)
     beta = settings.surrogate_betas[int(torch.randint(len(settings.surrogate_betas), ()))]
     with evaluating(net), torch.enable_grad(), smooth_relu_gradients(beta):
         for _ in range(settings.steps):

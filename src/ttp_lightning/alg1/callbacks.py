@@ -94,6 +94,14 @@ class ConstrainedBestModel(Callback):
             if self.patience is not None and self._stale_epochs >= self.patience:
                 trainer.should_stop = self.stopped = True
 
+    def could_qualify(self, value: Callable[[str], float | None]) -> bool:
+        """Whether this epoch can still qualify, from what is known before its attacks (`value(key)`: the
+        epoch's metric, None where not yet known): False once its retain accuracy is below tau_r or its clean
+        criterion at or above tau_c (NaN fails both), where no attack result can make it the kept epoch."""
+        retain, criterion = value(self.retain_acc_key), value(self.conf_dist_key)
+        return not ((retain is not None and not retain >= self.retain_acc_at_least)
+                    or (criterion is not None and not criterion < self.conf_dist_below))
+
     def kept_rank(self) -> tuple[float, ...] | None:
         """The rank of the qualifying epoch kept so far (lower is better); None before one qualifies."""
         return tuple(self.best_rank) if self.best_epoch is not None else None
@@ -320,6 +328,8 @@ class Rounds(Callback):
         self.radius = radius
         self.stopped = False
         self.restarts: list[dict] = []
+        self.ended: str | None = None  # why the fit stopped short of its rounds (a round that kept nothing new)
+        self._last_rank: list | None = None  # the kept rank at the end of the last round (None: none kept)
 
     @property
     def round(self) -> int:
@@ -327,10 +337,11 @@ class Rounds(Callback):
         return 1 + len(self.restarts)
 
     def state_dict(self) -> dict:
-        return {"stopped": self.stopped, "restarts": self.restarts}
+        return {"stopped": self.stopped, "restarts": self.restarts, "ended": self.ended, "last_rank": self._last_rank}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.stopped, self.restarts = bool(state_dict["stopped"]), list(state_dict["restarts"])
+        self.ended, self._last_rank = state_dict.get("ended"), state_dict.get("last_rank")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.round = self.round
@@ -347,6 +358,11 @@ class Rounds(Callback):
             return
         why = "no epoch qualified" if rank is None else \
             f"kept epoch: {rank[1]:g} exposed, {rank[2]:g} not proven at gamma, below the radius: {bool(rank[0])}"
+        if self.round > 1 and (None if rank is None else list(rank)) == self._last_rank:
+            self._end(trainer, f"round {self.round} kept no epoch better than the rounds before it ({why}): another "
+                               "cycle would start again from where this one began")
+            return
+        self._last_rank = None if rank is None else list(rank)
         if self.radius is not None and (rank is None or bool(rank[0])) and not self.radius.held:
             self.radius.hold(pl_module, ramp=self.cycle // 4)
             why += f"; the radius held at the full training radius from now on (a ramp of {self.radius.ramp} epochs)"
@@ -362,6 +378,13 @@ class Rounds(Callback):
             log.info("robust Alg 1: round %d of %d ends at epoch %d short of the goal (%s): round %d, the schedule "
                      "restarted, the bound term on every unproven image", self.round - 1, self.rounds, epoch, why,
                      self.round)
+
+
+    def _end(self, trainer: L.Trainer, why: str) -> None:
+        trainer.should_stop = self.stopped = True
+        self.ended = why
+        if trainer.global_rank == 0:
+            log.info("robust Alg 1: the fit ends after round %d of %d: %s", self.round, self.rounds, why)
 
 
 def check_method_callbacks(callbacks: dict[str, Part | None] | None) -> None:

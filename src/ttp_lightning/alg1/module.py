@@ -103,8 +103,12 @@ class ParetoFinetuneModule(PartsValidationMixin):
         # forget images (indices) the bound term covers every step (adversarial.interval_focus=unproven): those
         # the last validation epoch's bound did not prove at gamma; none before the first
         self._unproven = torch.empty(0, dtype=torch.long)
+        # inner_start=persistent: (each forget image's last inner-attack perturbation, whether it has one)
+        self._carried: tuple[torch.Tensor, torch.Tensor] | None = None
         # the rank of the epoch early stopping keeps so far (None: none yet); finetune() hands it the callback's
         self.kept_rank: Callable[[], tuple | None] | None = None
+        # early stopping's could_qualify (select=proven): the judge attacks no epoch that cannot be kept
+        self.could_qualify: Callable[[Callable[[str], float | None]], bool] | None = None
         # the network's traced graph, for the interval term: kept in a list so that it is not registered as a
         # submodule (its parameters would enter the state_dict a second time, and a state_dict saved before the
         # first trace would no longer load: LrBackoff's restart did exactly that)
@@ -122,7 +126,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
     def training_step(self, batch, batch_idx):
         if self.mode == "minibatch":
             retain_images, retain_labels = batch["retain"]
-            forget_images, forget_labels = batch["forget"]
+            forget_images, forget_labels, *positions = batch["forget"]  # positions: inner_start=persistent
             if self.joint_forward:  # one forward pass for both batches (BatchNorm then normalises them together)
                 logits = self(torch.cat([retain_images, forget_images]))
                 retain_logits, forget_logits = logits.split([len(retain_images), len(forget_images)])
@@ -130,30 +134,37 @@ class ParetoFinetuneModule(PartsValidationMixin):
                 forget_term = self._reduce(self._uniformity(forget_logits))
             else:
                 retain_term = self._retain_loss(retain_images, retain_labels)
-                forget_term = self._forget_loss(*self._with_replay(forget_images, forget_labels))
+                forget_term = self._forget_loss(*self._with_replay(forget_images, forget_labels, *positions))
                 forget_term = forget_term + self._unproven_bound()
             loss = self.theta * forget_term + (1 - self.theta) * retain_term
             self.log("train/pareto_loss", loss, prog_bar=True)
             return loss
         self._fullbatch_step()
 
-    def _with_replay(self, images, labels):
+    def _with_replay(self, images, labels, positions=None):
         """The forget batch and the forget images replayed in every step (adversarial.replay: those the last
-        epoch's attack left exposed, the worst first), un-augmented, labelled as the inner attack targets them."""
+        epoch's attack left exposed, the worst first), un-augmented, labelled as the inner attack targets them;
+        with the batch's `positions` in the forget set (inner_start=persistent), theirs too."""
         if not len(self._replay):
-            return images, labels
+            return images, labels, positions
         replay_images, replay_labels = self.forget_data[self._replay.tolist()]  # only the images replayed
         if self._attack_targets is not None and targets_pretrained(self.adversarial):
             replay_labels = self._attack_targets[self._replay]
-        return torch.cat([images, replay_images.to(images)]), torch.cat([labels, replay_labels.to(labels)])
+        if positions is not None:
+            positions = torch.cat([positions, self._replay.to(positions)])
+        return torch.cat([images, replay_images.to(images)]), torch.cat([labels, replay_labels.to(labels)]), positions
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["forget_replay"] = self._replay.tolist()
         checkpoint["forget_unproven"] = self._unproven.tolist()
+        if self._carried is not None:  # inner_start=persistent: every forget image's last inner-attack point
+            checkpoint["inner_carried"] = [tensor.detach().cpu() for tensor in self._carried]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._replay = torch.tensor(checkpoint.get("forget_replay", []), dtype=torch.long)
         self._unproven = torch.tensor(checkpoint.get("forget_unproven", []), dtype=torch.long)
+        carried = checkpoint.get("inner_carried")
+        self._carried = None if carried is None else (carried[0].clone(), carried[1].clone())
 
     def _uniformity(self, logits):
         """Each image's L_K of the temperature-scaled logits."""
@@ -162,20 +173,46 @@ class ParetoFinetuneModule(PartsValidationMixin):
     def _reduce(self, losses):
         return reduce_forget(losses, self.forget_reduction, self.forget_cvar_fraction, self.forget_reduction_temperature)
 
-    def _forget_loss(self, images, labels):
+    def _forget_loss(self, images, labels, positions=None):
         """L_K on a forget batch: at the images, or (robust) mixed with their worst-case perturbations and the
         interval bound over their balls; per image, then reduced over the batch. With `forget_batchnorm="eval"`
-        BatchNorm layers normalise the forget images by their running statistics and leave them unchanged."""
+        BatchNorm layers normalise the forget images by their running statistics and leave them unchanged.
+        `positions`: the batch's images' positions in the forget set, where inner_start=persistent carries each
+        image's last inner-attack point over to its next visit."""
         with batchnorm_in_eval_mode(self.net, self.forget_batchnorm == "eval"):
             losses = self._uniformity(self(images))
             settings = self.adversarial
             if settings is None:
                 return self._reduce(losses)
-            attacked = worst_forget_images(self.net, images, labels, settings, self.train_radius())
+            start, started = self._carried_start(images, positions)
+            attacked = worst_forget_images(self.net, images, labels, settings, self.train_radius(), start, started)
+            self._carry(images, positions, attacked)
             losses = settings.clean_weight * losses + (1 - settings.clean_weight) * self._uniformity(self(attacked))
         if settings.interval_weight and settings.interval_focus == "all":
             losses = losses + settings.interval_weight * self._interval_bound(images)
         return self._reduce(losses)
+
+    def _carried_start(self, images, positions):
+        """(each batch image's carried perturbation added to it, whether it has one) under inner_start=persistent
+        (the store is made at the first visit, one perturbation per forget image); (None, None) otherwise."""
+        if positions is None or self.adversarial.inner_start != "persistent":
+            return None, None
+        if self._carried is None:
+            count = len(self.forget_data)
+            self._carried = (images.new_zeros((count, *images.shape[1:])),
+                             torch.zeros(count, dtype=torch.bool, device=images.device))
+        delta, seen = self._carried
+        index = positions.to(delta.device)
+        return images + delta[index].to(images), seen[index]
+
+    def _carry(self, images, positions, attacked) -> None:
+        """Remember each batch image's inner-attack point (as its perturbation) for its next visit."""
+        if self._carried is None or positions is None:
+            return
+        delta, seen = self._carried
+        index = positions.to(delta.device)
+        delta[index] = (attacked - images).detach().to(delta)
+        seen[index] = True
 
     def _unproven_bound(self):
         """interval_focus=unproven: interval_weight x B summed over the forget images the last validation epoch
@@ -223,13 +260,13 @@ class ParetoFinetuneModule(PartsValidationMixin):
         # the radius this epoch trained at, in units of 1/255 (it moves under adversarial.radius_rule=retain)
         self.log("val/train_gamma", self.train_radius() * 255.0, on_epoch=True, sync_dist=False)
         self.log("val/below_radius", float(self._below_radius()), on_epoch=True, sync_dist=False)
-        per_image, judged = self._attacked_conf_dist()
+        proven = self._proven_conf_dist()
+        self.log("val/forget_proven_worst_conf_dist", proven.max().item(), on_epoch=True, sync_dist=False)
+        per_image, judged = self._attacked_conf_dist(proven)
         # Every rank attacks the whole (small) forget set with the same seed: the values are identical.
         self.log("val/forget_robust_judged", float(judged), on_epoch=True, sync_dist=False)
         self.log("val/forget_robust_conf_dist", per_image.mean().item(), on_epoch=True, sync_dist=False)
         self.log("val/forget_robust_worst_conf_dist", per_image.max().item(), on_epoch=True, sync_dist=False)
-        proven = self._proven_conf_dist()
-        self.log("val/forget_proven_worst_conf_dist", proven.max().item(), on_epoch=True, sync_dist=False)
         if self.exposed_above is not None and self.adversarial.replay:
             self._replay = replayed(per_image, self.exposed_above, self.adversarial.replay)
             self.log("val/forget_replayed", float(len(self._replay)), on_epoch=True, sync_dist=False)
@@ -241,22 +278,35 @@ class ParetoFinetuneModule(PartsValidationMixin):
             if self.adversarial.interval_focus == "unproven":
                 self._unproven = stragglers(unproven, every=self.round > 1)
 
-    def _attacked_conf_dist(self) -> tuple[torch.Tensor, bool]:
+    def _attacked_conf_dist(self, proven: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Each forget image's CD under early stopping's attack, and whether the judge's attack (judge_steps > 0)
         ran too (per image the worse of the two). It runs on an epoch that could be kept: trained at the radius
-        judged, and no more images exposed by the first attack than by the epoch kept so far (`kept_rank()`,
-        select=proven's (below radius, exposed, ...): an epoch ranked worse on those cannot be kept, and a kept
-        epoch at the radius was always judged)."""
+        judged, within early stopping's retain and clean thresholds (`could_qualify`), and no more images exposed
+        by the first attack than by the epoch kept so far (`kept_rank()`, select=proven's (below radius, exposed,
+        ...): an epoch ranked worse on those cannot be kept, and a kept epoch at the radius was always judged). An image the bound already proves at or below the threshold
+        (`proven`: each image's proven CD at gamma) is not attacked: no attack can take it above the threshold,
+        and its value is the proven CD, an upper bound on whatever an attack reaches (on mnist_mlp the attacks
+        on proven images were 46 % of robust Alg 1's time, scripts/profile_robust.py)."""
         settings = self.adversarial
-        screened = robust_conf_dist(self.net, self.forget_data, self._attack_targets, settings, self.device)
+        open_ = torch.ones(len(proven), dtype=torch.bool) if self.exposed_above is None else \
+            ~(proven <= self.exposed_above)  # NaN is not a proof: attacked
+        per_image = proven.clone().to(torch.float64)
+        if not bool(open_.any()):
+            return per_image, False
+        index = open_.nonzero().flatten()
+        forget = self.forget_data.take(index)
+        targets = None if self._attack_targets is None else self._attack_targets[index.to(self._attack_targets.device)]
+        screened = robust_conf_dist(self.net, forget, targets, settings, self.device)
         judge = settings.judge()
-        if judge is None or self.exposed_above is None or self._below_radius():
-            return screened, False
-        kept = self.kept_rank() if self.kept_rank is not None else None
-        if kept is not None and not kept[0] and float((screened > self.exposed_above).sum()) > kept[1]:
-            return screened, False
-        judged = robust_conf_dist(self.net, self.forget_data, self._attack_targets, judge, self.device)
-        return torch.maximum(screened, judged), True
+        judged = False
+        if judge is not None and self.exposed_above is not None and not self._below_radius() and \
+                (self.could_qualify is None or self.could_qualify(self.epoch_value)):
+            kept = self.kept_rank() if self.kept_rank is not None else None
+            if kept is None or kept[0] or float((screened > self.exposed_above).sum()) <= kept[1]:
+                screened = torch.maximum(screened, robust_conf_dist(self.net, forget, targets, judge, self.device))
+                judged = True
+        per_image[index] = screened
+        return per_image, judged
 
     def _below_radius(self) -> bool:
         """This epoch trained below the radius the release is judged at (the radius rule stepped it down)."""

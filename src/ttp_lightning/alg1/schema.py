@@ -28,6 +28,7 @@ OBJECTIVE_NAMES = list(AttackObjective)  # the attacker's objectives (attacks/ob
 BOUND_NAMES = list(BoundKind)  # the bound term's bounds (bounds/uniformity.BOUNDS)
 # radius_rule=retain: the training radius is train_gamma times one of these (the first is the start)
 RADIUS_RUNGS = (1.0, 0.5, 0.25, 0.125, 0.0)
+INNER_STARTS = ("random", "persistent")  # where each visit's inner attack starts (AdversarialSettings.inner_start)
 INTERVAL_FOCUS = ("all", "unproven")  # which forget images the bound term B covers (AdversarialSettings)
 PLAIN = "pareto"  # conf/method/pareto.yaml's name: Alg 1 without attacks
 
@@ -39,6 +40,8 @@ class AdversarialSettings:
     train_margin: float = 1.0          # train_gamma None: train at this multiple of gamma (above 1: a margin)
     steps: int = 10
     step_size: float = 0.25            # per step, as a fraction of the training radius
+    inner_start: str = "random"        # each visit of a forget image starts from a uniform random point of the
+                                       # ball | persistent: from the point its previous visit ended at
     objectives: tuple[str, ...] = ("max_softmax", "ce_pretrained", "targeted")  # one drawn per training step
     surrogate_betas: tuple[float | None, ...] = (10.0, 1.0)  # one drawn per step; None: exact gradients
     clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked) + interval_weight B(clean)
@@ -57,6 +60,8 @@ class AdversarialSettings:
     rounds: int = 1                    # at most this many cosine cycles of `epochs`: another begins while the
                                        # epoch kept leaves an image exposed at gamma, trained below it, or (bound
                                        # term on) not proven there, the bound term then on every unproven image
+    visits_per_round: int | None = None  # a cycle is at most `epochs` long and visits each forget image at most
+                                         # this many times (None: `epochs` alone)
     replay: int = 0                    # every training step's forget batch also holds up to this many forget
                                        # images the last epoch's attack left above the release threshold, the
                                        # worst first (0: off)
@@ -86,6 +91,8 @@ class AdversarialSettings:
             checks.positive_int(self.steps, "method.adversarial.steps")
         checks.whole_number(self.replay, "method.adversarial.replay")
         checks.positive_int(self.rounds, "method.adversarial.rounds")
+        if self.visits_per_round is not None:
+            checks.positive_int(self.visits_per_round, "method.adversarial.visits_per_round")
         if self.interval_ramp_epochs is not None and self.interval_ramp_epochs != 0:
             checks.positive_int(self.interval_ramp_epochs, "method.adversarial.interval_ramp_epochs")
         checks.positive(self.step_size, "method.adversarial.step_size")
@@ -98,6 +105,7 @@ class AdversarialSettings:
             checks.choice(objective, "method.adversarial.objectives", OBJECTIVE_NAMES)
         checks.choice(self.radius_rule, "method.adversarial.radius_rule", ["fixed", "retain"])
         checks.choice(self.radius_start, "method.adversarial.radius_start", ["top", "bottom"])
+        checks.choice(self.inner_start, "method.adversarial.inner_start", list(INNER_STARTS))
         checks.choice(self.bound_term, "method.adversarial.bound_term", BOUND_NAMES)
         checks.choice(self.interval_focus, "method.adversarial.interval_focus", list(INTERVAL_FOCUS))
         if not self.surrogate_betas:

@@ -74,6 +74,17 @@ class ImageBatchDataset(Dataset):
         """All images (float, [0, 1]) and labels in order, as two tensors."""
         return self[list(range(len(self)))]
 
+    def augment_name(self) -> str:
+        return next(name for name, fn in AUGMENTATIONS.items() if fn is self.augment)
+
+    def take(self, positions: torch.Tensor) -> "ImageBatchDataset":
+        """The images and labels at `positions` (a long tensor), with the same augmentation and seed."""
+        return ImageBatchDataset(self.images[positions], self.labels[positions], self.augment_name(), self.seed)
+
+    def with_positions(self) -> "PositionedBatchDataset":
+        """The same images, labels, augmentation and seed; each batch also carries its images' positions."""
+        return PositionedBatchDataset(self.images, self.labels, self.augment_name(), self.seed)
+
     def relabelled(self, labels: torch.Tensor) -> "ImageBatchDataset":
         """The same images, augmentation and seed with other labels (one per image, in order)."""
         if labels.shape != self.labels.shape:
@@ -81,6 +92,15 @@ class ImageBatchDataset(Dataset):
         view = copy.copy(self)
         view.labels, view.generator = labels, torch.Generator().manual_seed(self.seed)
         return view
+
+
+class PositionedBatchDataset(ImageBatchDataset):
+    """An ImageBatchDataset whose batches are (images, labels, positions): robust Alg 1's inner attack keeps a
+    perturbation per forget image across the steps that visit it (alg1/module.py)."""
+
+    def __getitem__(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        images, labels = super().__getitem__(positions)
+        return images, labels, torch.as_tensor(positions, dtype=torch.long)
 
 
 def _rank_and_world() -> tuple[int, int]:

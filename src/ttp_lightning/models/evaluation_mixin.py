@@ -43,3 +43,12 @@ class PartsValidationMixin(L.LightningModule):
             metric.update(logits, labels)
             # Logging the Metric object lets Lightning compute (DDP-synced) and reset it at epoch end.
             self.log(f"val/{part}_{name}", metric, on_step=False, on_epoch=True, add_dataloader_idx=False)
+
+    def epoch_value(self, key: str) -> float | None:
+        """This validation epoch's value of the logged metric `key` (val/<part>_<name>) so far, computed (DDP-
+        synced) before Lightning's epoch end; None where the key is not one of these metrics."""
+        for part, chosen in self.val_metrics.items():
+            for name, metric in chosen.items():
+                if key == f"val/{part}_{name}":
+                    return float(metric.compute())
+        return None

@@ -349,45 +349,62 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     cycles = adversarial.rounds if adversarial is not None and best is not None else 1
     warmup = LrWarmup(cfg.lr_warmup, cycles) if getattr(cfg, "lr_warmup", 0) != 0 else None  # none: certified's
     callbacks += [warmup] if warmup is not None else []
-    if cfg.mode == "fullbatch":
-        train_loader = [0]  # one optimizer step per epoch; the module reads both sets itself
-    else:
-        forget = attack_targeted_forget(datamodule, adversarial, targets)
-        if adversarial is not None and adversarial.inner_start == "persistent":  # batches carry their positions
-            forget = (forget if forget is not None else datamodule.dataset("forget", augment=True)).with_positions()
-        train_loader = datamodule.pareto_dataloader(parts.fit_augmented, forget)
-        steps = max(len(loader) for loader in train_loader.flattened)  # max_size_cycle: the retain loader's
-        epochs = round_epochs(epochs, adversarial, steps, datamodule.forget_batch_size,
-                              len(datamodule.forget_indices))
+    train_loader, epochs = fit_loader(cfg, datamodule, parts, adversarial, targets, epochs)
     rounds = add_rounds(callbacks, module, best, adversarial, epochs, cycles, warmup, radius)
-    wall = fit(ctx, module, epochs * cycles, "Alg 1 finetuning" if label == "alg1" else f"Alg 1 {label}", key=ctx.key_for(label), callbacks=callbacks,
-               trained_by=TrainedBy(f"method {cfg.name}", "method", float(cfg.lr)), train_dataloaders=train_loader,
+    wall = fit(ctx, module, epochs * cycles, "Alg 1 finetuning" if label == "alg1" else f"Alg 1 {label}",
+               key=ctx.key_for(label), callbacks=callbacks, train_dataloaders=train_loader,
+               trained_by=TrainedBy(f"method {cfg.name}", "method", float(cfg.lr)),
                val_dataloaders=parts.val_dataloaders(datamodule))
     summary, best_row = kept_summary(best, history, parts, radius, datamodule, adversarial, wall)
     summary.update(retain_rule_record(best, parts, start_retain_acc, stopping))
-    if confirm_from is not None and best is not None:
-        confirmed = confirm_from.confirm(module.net, parts.confirm, stopping)
-        summary["retain_confirmed"] = confirmed.to_json()
-        if rank_zero_only.rank == 0:
-            log.info("kept epoch %d: accuracy cost %.2f points on the %d images the retain rule read, %s",
-                     summary["best_epoch"], 100 * (start_retain_acc - summary["retain_holdout_acc"]),
-                     len(parts.holdout), confirmed_words(confirmed))
-    elif parts.holdout is not None and best is not None and rank_zero_only.rank == 0:
-        log.info("kept epoch %d: its cost is not confirmed on images no rule read: half of the %d held-out images "
-                 "would hold fewer than %d images of the budget (read the test split's cost)",
-                 summary["best_epoch"], len(parts.holdout), BUDGET_IMAGES)
-    metrics = {
-        **summary,
-        "epochs_run": len(history.rows),
-        **({"round_epochs": epochs} if adversarial is not None else {}),
-        "wall_s": round(wall, 3),
-        "wall_to_best_s": best_row["elapsed_s"],
+    if best is not None:
+        summary.update(confirmation_record(confirm_from, module.net, parts, stopping, summary, start_retain_acc))
+    metrics = {**summary, "epochs_run": len(history.rows),
+               **({"round_epochs": epochs} if adversarial is not None else {}),
+               "wall_s": round(wall, 3), "wall_to_best_s": best_row["elapsed_s"], **fit_counts(timer, backoff, rounds)}
+    return MethodOutput(module.net, metrics, history.rows)
+
+
+def fit_counts(timer, backoff: LrBackoff | None, rounds) -> dict:
+    """The fit's step counts and speed, learning-rate backoffs and robust Alg 1's rounds, for results.json."""
+    return {
         **{k: v for k, v in timer.summary().items() if k in ("train_steps", "train_steps_per_s", "train_images_per_s")},
         **({"lr_backoffs": backoff.backoffs} if backoff else {}),
         **({"rounds_run": rounds.round, "rounds": rounds.restarts} if rounds else {}),
         **({"rounds_ended": rounds.ended} if rounds and rounds.ended else {}),
     }
-    return MethodOutput(module.net, metrics, history.rows)
+
+
+def fit_loader(cfg, datamodule: TTPDataModule, parts: RetainParts, adversarial: AdversarialSettings | None,
+               targets, epochs: int):
+    """The fit's training batches and a cycle's epochs (sized by visits for robust Alg 1, see round_epochs)."""
+    if cfg.mode == "fullbatch":
+        return [0], epochs  # one optimizer step per epoch; the module reads both sets itself
+    forget = attack_targeted_forget(datamodule, adversarial, targets)
+    if adversarial is not None and adversarial.inner_start == "persistent":  # batches carry their positions
+        forget = (forget if forget is not None else datamodule.dataset("forget", augment=True)).with_positions()
+    train_loader = datamodule.pareto_dataloader(parts.fit_augmented, forget)
+    steps = max(len(loader) for loader in train_loader.flattened)  # max_size_cycle: the retain loader's
+    return train_loader, round_epochs(epochs, adversarial, steps, datamodule.forget_batch_size,
+                                      len(datamodule.forget_indices))
+
+
+def confirmation_record(confirm_from, net: nn.Module, parts: RetainParts, stopping, summary: dict,
+                        start_retain_acc: float | None) -> dict:
+    """The kept epoch's cost read once on the confirmation images (`retain_confirmed`), said on the console;
+    or, where the held-out images were too few to split, the console says the cost is not confirmed."""
+    if confirm_from is None:
+        if parts.holdout is not None and rank_zero_only.rank == 0:
+            log.info("kept epoch %d: its cost is not confirmed on images no rule read: half of the %d held-out "
+                     "images would hold fewer than %d images of the budget (read the test split's cost)",
+                     summary["best_epoch"], len(parts.holdout), BUDGET_IMAGES)
+        return {}
+    confirmed = confirm_from.confirm(net, parts.confirm, stopping)
+    if rank_zero_only.rank == 0:
+        log.info("kept epoch %d: accuracy cost %.2f points on the %d images the retain rule read, %s",
+                 summary["best_epoch"], 100 * (start_retain_acc - summary["retain_holdout_acc"]),
+                 len(parts.holdout), confirmed_words(confirmed))
+    return {"retain_confirmed": confirmed.to_json()}
 
 
 def round_epochs(epochs: int, adversarial: AdversarialSettings | None, steps_per_epoch: int, forget_batch: int,

@@ -5,24 +5,30 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LOCK := requirements.lock
 DATA_ROOT ?= ../shared/data
 DOCS_OUT ?= site
 ARGS ?=
 
-.PHONY: help install run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify bench-attacks bench-gpu bench-protection bench-profile docs lint clean
+.PHONY: help install lock run test test-slow sweep sweep-certified sweep-forget-size sweep-test-instances sweep-synthetic-k bench bench-certify bench-attacks bench-gpu bench-protection bench-profile docs lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
 
-$(STAMP): pyproject.toml
+# Every package at the version requirements.lock names (pip --constraint); pyproject.toml keeps the ranges.
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install --quiet -e '.[dev,plots,slurm,docs]'
-	$(BIN)/pip install --quiet --no-deps 'torchattacks>=3.5,<4'  # the crosscheck extra; see pyproject.toml
+	$(BIN)/pip install --quiet --constraint $(LOCK) --upgrade pip
+	$(BIN)/pip install --quiet --constraint $(LOCK) torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install --quiet --constraint $(LOCK) -e '.[dev,plots,slurm,docs]'
+	$(BIN)/pip install --quiet --constraint $(LOCK) --no-deps 'torchattacks>=3.5,<4'  # crosscheck; pyproject.toml
+	$(BIN)/python scripts/lock.py check --python $(BIN)/python
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv with torch 2.14.1 and the package (editable, dev extras)
+install: $(STAMP)  ## create .venv with the packages of requirements.lock and the package (editable, dev extras)
+
+lock:  ## refresh requirements.lock: the newest versions pyproject.toml's ranges admit, resolved in a scratch venv
+	$(PYTHON) scripts/lock.py write
 
 run: $(STAMP)  ## the default job (digits + MLP + Alg 1); extra overrides via ARGS="..."
 	$(BIN)/python -m ttp_lightning $(ARGS)

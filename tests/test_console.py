@@ -36,6 +36,29 @@ def test_make_run_redirected_to_a_file_is_under_200_readable_lines(tmp_path):
     # within 100 columns (issue 63), but for the path of results.json, which is the user's own
     wide = [line for line in lines if len(line) > 100 and not line.startswith("results: ")]
     assert wide == [], wide
+    # the samples of the README and of Getting started are what a fresh clone prints, digit for digit (issue 81;
+    # wall-clock seconds aside)
+    for page in ("README.md", "docs/getting-started.md"):
+        missing = [line for line in sample_of(page) if not any(same_row(line, printed) for printed in lines)]
+        assert missing == [], (page, missing)
+
+
+def sample_of(page: str) -> list[str]:
+    """The lines of a page's sample of `make run` (its '...' elisions left out)."""
+    text = (REPO / page).read_text(encoding="utf-8")
+    block = text.split("What a fresh clone prints", 1)[1].split("```", 2)[1]
+    sample = [line for line in block.splitlines() if line.strip() and line.strip() != "..."]
+    assert any(line.startswith("pareto ") for line in sample) and len(sample) > 10, sample
+    return sample
+
+
+def same_row(sample: str, printed: str) -> bool:
+    """`printed` is the sample's line; a stage row's last column (wall s) may differ."""
+    if sample.rstrip() == printed.rstrip():
+        return True
+    words, said = sample.split(), printed.split()
+    timed = len(words) == 10 and words[0] in ("pretrain", "pareto") and words[-1].replace(".", "").isdigit()
+    return timed and said[:-1] == words[:-1] and len(said) == len(words)
 
 
 class Tiny(L.LightningModule):

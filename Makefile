@@ -36,8 +36,8 @@ run: $(STAMP)  ## the default job (digits + MLP + Alg 1); extra overrides via AR
 test: $(STAMP)  ## the test suite without the slow tests, one worker per core (9-10 minutes on 2 cores), its 15 slowest
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -q -n auto --dist loadfile --durations=15
 
-docs: $(STAMP)  ## the documentation site (mkdocs, --strict) into DOCS_OUT (default site/); open its index.html
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d $(DOCS_OUT)
+docs: $(STAMP)  ## the documentation site (mkdocs --strict: a warning fails it; --quiet would hide them and pass) into DOCS_OUT (default site/); open its index.html
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d $(DOCS_OUT)
 
 test-slow: $(STAMP)  ## only the slow tests (DDP simulation, MNIST paper row)
 	$(BIN)/python -m pytest -m slow -q

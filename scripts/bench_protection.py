@@ -1,4 +1,4 @@
-"""Every protected image, measured (`make bench-protection`): the runs behind docs/robust-measured.md
+"""Every protected image, measured (`make bench-protection`): the runs behind docs/robust-results.md
 numbers, each a real CLI job, one at a time, into bench/protection.json.
 
   mnist_mlp_alg1     +experiment=mnist_mlp (the paper's Alg 1)

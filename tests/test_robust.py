@@ -407,7 +407,7 @@ def test_the_retain_rule_on_a_held_out_slice_never_trains_on_it(compose_cfg, tmp
 def test_a_held_out_slice_sized_by_rule_is_one_setting_away(compose_cfg):
     """retain_holdout=auto (issues 61, 79): two halves of 2,000 images, never more than a fifth of the retain set; robust Alg 1's
     default and plain Alg 1's (every rule that spends accuracy reads it where it can be seen; 0 is the paper's rule
-    on the images trained on; measured: docs/robust-measured.md); anything else outside [0, 0.5] is one line."""
+    on the images trained on; measured: docs/robust-heldout.md); anything else outside [0, 0.5] is one line."""
     from ttp_lightning.alg1.method import holdout_fraction
     from ttp_lightning.alg1.schema import EarlyStoppingSchema
     from ttp_lightning.core.errors import TTPUserError

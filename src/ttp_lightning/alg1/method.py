@@ -68,7 +68,7 @@ class Pareto(Method):
                         cfg.early_stopping if cfg.early_stopping.enabled else None, label="alg1")
 
 
-INTERVAL_WEIGHT_AUTO = 0.1  # interval_weight=auto on a network the bound term helps (docs/robust-measured.md)
+INTERVAL_WEIGHT_AUTO = 0.1  # interval_weight=auto on a network the bound term helps (docs/robust-defaults.md)
 
 
 def resolve_interval_weight(adversarial: AdversarialSettings | None, net: nn.Module,

@@ -33,7 +33,7 @@ def stragglers(unproven: torch.Tensor, every: bool = False) -> torch.Tensor:
     """The indices of the unproven forget images (`unproven`: [N] bool) while they are at most STRAGGLERS of the
     forget set (at least one image), else none: the bound term finishes a proof the attack-trained model nearly
     has; it does not push a whole forget set into a provable region (on the noisy-MNIST stand-in that cost 2.5
-    test points against 1.5 without it, docs/robust-measured.md). `every`: all the unproven images (robust Alg 1's
+    test points against 1.5 without it, docs/robust-defaults.md). `every`: all the unproven images (robust Alg 1's
     later rounds, callbacks.Rounds: the first round did not prove them)."""
     index = unproven.nonzero().flatten().cpu()
     return index if every or len(index) <= max(1, int(STRAGGLERS * len(unproven))) else index[:0]

@@ -70,6 +70,7 @@ def test_the_site_builds_strictly_with_the_readme_as_home_and_api_pages_from_doc
     proc = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", "docs", f"DOCS_OUT={site}"],
                           cwd=ROOT, capture_output=True, text=True, check=False, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "WARNING -" not in proc.stdout + proc.stderr, proc.stderr  # a broken link or anchor fails --strict
     home = text_of(site / "index.html")
     assert "Words used everywhere" in home and "Three roles" in home
     assert 'href="protect/"' in (site / "index.html").read_text(encoding="utf-8")  # docs/ links made relative
@@ -99,3 +100,39 @@ def test_results_json_reference_is_generated_from_the_run_record():
     text = (ROOT / "docs" / "results-json.md").read_text()
     assert module.BEGIN in text and module.with_table(text) == text, "run python scripts/results_table.py --write"
     assert "| `release_gate` | dict | always |" in text
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors mkdocs' toc extension gives a page's headings (its default slugify)."""
+    import unicodedata
+    anchors = set()
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            text = unicodedata.normalize("NFKD", line.lstrip("#").strip()).encode("ascii", "ignore").decode()
+            anchors.add(re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower()))
+    return anchors
+
+
+def test_every_docs_anchor_a_config_or_source_comment_names_exists():
+    """Issue 81: conf/ says what a key is and names the docs anchor where its measured reason lives."""
+    cited = re.findall(r"docs/([a-z-]+\.md)#([\w-]+)", "\n".join(
+        p.read_text(encoding="utf-8") for p in (ROOT / "src").rglob("*") if p.suffix in {".py", ".yaml"}))
+    assert len(cited) >= 5, cited
+    missing = [f"{page}#{anchor}" for page, anchor in cited if anchor not in heading_anchors(ROOT / "docs" / page)]
+    assert missing == [], missing
+
+
+def test_heading_anchors_are_mkdocs_slugs():
+    page = ROOT / "docs" / "protect.md"
+    assert "why-the-workflows-settings" in heading_anchors(page)
+    assert "key-by-key" in heading_anchors(ROOT / "docs" / "robust-defaults.md")
+    assert "no-such-heading" not in heading_anchors(page)
+
+
+def test_no_config_comment_block_retells_a_lab_notebook():
+    """Issue 81: a key's comment is one line; a file's header states the setting and its departures briefly."""
+    for path in (ROOT / "src" / "ttp_lightning" / "conf").rglob("*.yaml"):
+        run = 0
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            run = run + 1 if line.lstrip().startswith("#") else 0
+            assert run <= 20, f"{path.relative_to(ROOT)}:{number}: a comment block over 20 lines"

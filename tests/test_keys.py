@@ -115,7 +115,13 @@ def _fit_variants(fit_settings: FitSettings):
             yield item.name, item.name, replace(fit_settings, callbacks=mine)
         elif is_dataclass(value):
             for inner in fields(value):
-                changed = _edited(value, inner.name, _changed(getattr(value, inner.name)))
+                current = getattr(value, inner.name)
+                if is_dataclass(current):  # pretrain.certified: off by default, so its switch (the rest: below)
+                    current = _edited(current, "gamma", 3.0)
+                    yield f"{item.name}.{inner.name}", item.name, \
+                        replace(fit_settings, **{item.name: _edited(value, inner.name, current)})
+                    continue
+                changed = _edited(value, inner.name, _changed(current))
                 yield f"{item.name}.{inner.name}", item.name, replace(fit_settings, **{item.name: changed})
         else:
             yield item.name, item.name, replace(fit_settings, **{item.name: _changed(value)})
@@ -135,6 +141,29 @@ def test_every_fit_setting_changes_the_keys_of_the_fits_it_reaches_or_is_named(b
         assert method_key_ != before[1], label  # every other fit setting reaches the method's fits
         assert (pretrain_key == before[0]) == (name in NOT_IN_PRETRAINING), label
     assert tried >= 20, tried
+
+
+def test_certified_pretraining_settings_key_a_certified_a_d_and_leave_every_plain_key_as_it_was(base):
+    """pretrain.certified: with gamma > 0 every one of its settings changes A(D)'s key; with gamma 0 (plain ERM,
+    the default) none does, so every A(D) cached before certified pretraining existed is still found."""
+    fit_settings, method = FitSettings.of(base.settings), build_method(base.settings)
+    pretrain = fit_settings.pretrain
+
+    def key_with(**certified):
+        edited = pretrain.certified
+        for name, value in certified.items():
+            edited = _edited(edited, name, value)
+        return _keys(base, replace(fit_settings, pretrain=_edited(pretrain, "certified", edited)), method)[0]
+
+    plain = _keys(base, fit_settings, method)[0]
+    on = key_with(gamma=3.0)
+    assert on != plain
+    for inner in fields(pretrain.certified):
+        if inner.name == "gamma":
+            continue
+        value = _changed(getattr(pretrain.certified, inner.name))
+        assert key_with(**{inner.name: value}) == plain, inner.name
+        assert key_with(gamma=3.0, **{inner.name: value}) != on, inner.name
 
 
 def test_a_moved_callback_class_keeps_the_keys_written_before_the_move(base):

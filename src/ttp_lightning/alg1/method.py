@@ -71,15 +71,23 @@ class Pareto(Method):
 INTERVAL_WEIGHT_AUTO = 0.1  # interval_weight=auto on a network the bound term helps (docs/robust-defaults.md)
 
 
+def trained_for_bound(ctx: RunContext) -> bool:
+    """A(D) came from certified pretraining here (`pretrain.certified.gamma` > 0 and no provider's checkpoint)."""
+    model = ctx.fit_settings.model
+    return ctx.fit_settings.pretrain.certified.enabled and not (model is not None and model.get("checkpoint"))
+
+
 def resolve_interval_weight(adversarial: AdversarialSettings | None, net: nn.Module,
-                            forget: ImageBatchDataset) -> AdversarialSettings | None:
+                            forget: ImageBatchDataset, trained_for_bound: bool = False) -> AdversarialSettings | None:
     """interval_weight=auto for `net` (its first forget image probes the bound): INTERVAL_WEIGHT_AUTO, or 0 (the
-    bound term off) on a network with a BatchNorm layer (interval bounds through BatchNorm's running statistics proved
-    nothing on any such ResNet measured, even at 1/255, and the term flattened them) or with a layer the
-    interval bound has no rule for."""
+    bound term off) on a network with a BatchNorm layer that was not trained for the bound (interval bounds through
+    BatchNorm's running statistics proved nothing on any naturally trained ResNet measured, even at 1/255, and the
+    term flattened them; `trained_for_bound`: A(D) came from certified pretraining, whose bound runs through
+    BatchNorm) or with a layer the interval bound has no rule for."""
     if adversarial is None or adversarial.interval_weight != "auto":
         return adversarial
-    bounded = not any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in net.modules())
+    bounded = trained_for_bound or \
+        not any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in net.modules())
     if bounded:
         try:
             proven_conf_dist(net, forget[[0]][0], adversarial.gamma)
@@ -87,7 +95,7 @@ def resolve_interval_weight(adversarial: AdversarialSettings | None, net: nn.Mod
             bounded = False
     weight = INTERVAL_WEIGHT_AUTO if bounded else 0.0
     how = f"{weight}, the bound term on the {adversarial.interval_focus} forget images" if bounded else \
-        "0, the bound term off (BatchNorm, or a layer the interval bound has no rule for)"
+        "0, the bound term off (BatchNorm not trained for the bound, or a layer the interval bound has no rule for)"
     log.info("method.adversarial.interval_weight=auto: %s", how)
     return replace(adversarial, interval_weight=weight)
 
@@ -329,7 +337,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     if getattr(cfg, "adversarial", None) and not isinstance(cfg, ParetoSchema):
         raise TypeError(f"robust Alg 1 needs its settings typed (ParetoSchema), not {type(cfg).__name__}")
     adversarial = cfg.robust() if isinstance(cfg, ParetoSchema) else None
-    adversarial = resolve_interval_weight(adversarial, net, datamodule.dataset("forget"))
+    adversarial = resolve_interval_weight(adversarial, net, datamodule.dataset("forget"), trained_for_bound(ctx))
     parts = retain_parts(datamodule, stopping)
     confirm_from = parts.confirm_reference(net, datamodule)  # A(D) on the confirmation images, before the fit
     targets = attack_targets(net, datamodule, adversarial)

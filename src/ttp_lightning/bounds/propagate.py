@@ -13,7 +13,9 @@ that hold for every input in the box. Three kinds of operation cover the support
 
 Anything else (LayerNorm, softmax, attention, GELU, a product of two bounded values) is not supported and
 raises UnsupportedLayer naming it: a bound that silently skipped a layer would not be a bound. BatchNorm must
-be in eval mode (running statistics: the function a released model computes).
+be in eval mode (running statistics: the function a released model computes), except in certified training
+(bounds/training.py), which passes the clean batch's statistics of every BatchNorm in training mode: the bound
+then holds for the function that batch trains, BatchNorm affine with those statistics (Shi et al. 2021).
 
 The arithmetic is the network's own dtype; callers that need a bound to survive rounding run it in float64
 (uniformity.py does), and with `rounding` (bounds.rounding) the bounds hold for the network evaluated in float32 (or
@@ -110,17 +112,17 @@ def _monotone(function, args, kwargs) -> Box:
                function(*_pick(args, "upper"), **_pick(kwargs, "upper")))
 
 
-def _affine_module(module: nn.Module, box: Box) -> Box:
+def _affine_module(module: nn.Module, box: Box, statistics: tuple | None = None) -> Box:
     centre, radius = box.centre, box.radius
     if isinstance(module, nn.Linear):
         return Box.around(F.linear(centre, module.weight, module.bias), F.linear(radius, module.weight.abs()))
     if isinstance(module, (nn.Conv1d, nn.Conv2d)):
         return Box.around(module._conv_forward(centre, module.weight, module.bias),
                           module._conv_forward(radius, module.weight.abs(), None))
-    if module.training:
+    if module.training and statistics is None:
         raise UnsupportedLayer(f"{type(module).__name__} in training mode (batch statistics); bounds are for "
                                "eval mode")
-    scale, shift = _batchnorm_affine(module)
+    scale, shift = _batchnorm_affine(module) if statistics is None else _batch_affine(module, *statistics)
     shape = (1, -1) + (1,) * (centre.dim() - 2)
     return Box.around(centre * scale.view(shape) + shift.view(shape), radius * scale.abs().view(shape))
 
@@ -134,6 +136,14 @@ def _batchnorm_affine(module) -> tuple[torch.Tensor, torch.Tensor]:
         scale = scale * module.weight
     shift = -module.running_mean * scale + (module.bias if module.bias is not None else 0.0)
     return scale, shift
+
+
+def _batch_affine(module, mean: torch.Tensor, var: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """BatchNorm in training mode, with one batch's mean and (biased) variance, as y = scale * x + shift."""
+    scale = torch.rsqrt(var + module.eps)
+    if module.weight is not None:
+        scale = scale * module.weight
+    return scale, -mean * scale + (module.bias if module.bias is not None else 0.0)
 
 
 def _scaled(box: Box, factor) -> Box:
@@ -193,11 +203,11 @@ def _method(node: fx.Node, args, kwargs):
     raise UnsupportedLayer(f"interval bounds have no rule for the tensor method .{node.target}() (node {node.name})")
 
 
-def _module(module: nn.Module, args, kwargs, name: str):
+def _module(module: nn.Module, args, kwargs, name: str, statistics: dict | None = None):
     if not _has_box(args):
         return module(*args, **kwargs)
     if isinstance(module, AFFINE_MODULES):
-        return _affine_module(module, args[0])
+        return _affine_module(module, args[0], (statistics or {}).get(name))
     if isinstance(module, MONOTONE_MODULES):
         if isinstance(module, nn.LeakyReLU) and module.negative_slope < 0:
             raise UnsupportedLayer(f"LeakyReLU with a negative slope (module {name}) is not monotone")
@@ -220,13 +230,16 @@ def _lookup(env: dict, value):
 
 
 def run_graph(net: nn.Module, graph: fx.GraphModule, box: Box, until: fx.Node | None = None,
-              known: dict | None = None, rounding=None, noise: dict | None = None) -> dict:
+              known: dict | None = None, rounding=None, noise: dict | None = None,
+              statistics: dict | None = None) -> dict:
     """Every node's value (a Box where it depends on the input) in the graph's order, up to and including
     `until` (default: all). Modules, parameters and buffers are looked up on `net` itself, so a graph traced
     once stays right after `net` moves to another device or its weights change. `known` holds tighter boxes
     already proven for some nodes (linear bounds): each replaces the interval one where it is computed.
     With `rounding` (bounds.rounding.Rounding) the boxes are those of the network evaluated in its precision: each
-    rounding operation's box is widened by its error bound D, recorded in `noise` ({node: D}) when given."""
+    rounding operation's box is widened by its error bound D, recorded in `noise` ({node: D}) when given.
+    `statistics` ({module name: (mean, var)}, bounds.training.batch_statistics) stands for the batch statistics
+    of BatchNorm layers in training mode."""
     env: dict = {}
     known = known or {}
     for node in graph.graph.nodes:
@@ -236,7 +249,7 @@ def run_graph(net: nn.Module, graph: fx.GraphModule, box: Box, until: fx.Node | 
         elif node.op == "get_attr":
             env[node] = _attribute(net, node.target)
         elif node.op == "call_module":
-            env[node] = _module(net.get_submodule(node.target), args, kwargs, node.target)
+            env[node] = _module(net.get_submodule(node.target), args, kwargs, node.target, statistics)
         elif node.op == "call_function":
             env[node] = _function(node.target, args, kwargs, node.name) if _has_box(args) or _has_box(kwargs) \
                 else node.target(*args, **kwargs)
@@ -265,12 +278,12 @@ def _attribute(net: nn.Module, target: str):
 
 
 def interval_bounds(net: nn.Module, lower: torch.Tensor, upper: torch.Tensor,
-                    graph: fx.GraphModule | None = None, rounding=None) -> Box:
+                    graph: fx.GraphModule | None = None, rounding=None, statistics: dict | None = None) -> Box:
     """Bounds on the network's output for every input x with lower <= x <= upper (elementwise; with `rounding`,
-    of the network evaluated in that precision)."""
+    of the network evaluated in that precision; with `statistics`, training-mode BatchNorm fixed to them)."""
     graph = trace(net) if graph is None else graph
     output = next(node for node in graph.graph.nodes if node.op == "output")
-    result = run_graph(net, graph, Box(lower, upper), rounding=rounding)[output]
+    result = run_graph(net, graph, Box(lower, upper), rounding=rounding, statistics=statistics)[output]
     if not _is_box(result):
         raise UnsupportedLayer("the network's output does not depend on its input")
     return result

@@ -65,6 +65,36 @@ class TrainingSchema:
         checks.at_least_zero(self.momentum, f"{self.key}.momentum")
 
 
+Init = StrEnum("Init", [(n, n) for n in ("ibp", "default")])
+
+
+@dataclass
+class CertifiedPretrainSchema:
+    """conf/main.yaml `pretrain.certified`: A(D) trained for an interval bound (IBP training with Shi et al.
+    2021's initialisation, warm-up and regularisers; models/certified_erm.py). gamma 0: plain ERM."""
+
+    gamma: float = 0.0          # the L-inf radius trained for, in 1/255 of [0, 1] pixels (0: off)
+    robust_weight: float = 0.5  # the bound's cross entropy's weight; 1 - it on the clean cross entropy
+    warmup_epochs: Any = "auto"  # epochs of plain cross entropy first | auto (models.certified_erm.phases)
+    ramp_epochs: Any = "auto"    # epochs over which the radius grows to gamma | auto
+    regulariser: float = 0.5    # Shi's warm-up regularisers' weight lambda (fading as the radius grows)
+    tolerance: float = 0.5      # their tolerance tau
+    init: Init = Init["ibp"]    # ibp: Shi's initialisation of every weight but the last | default: PyTorch's
+
+    def __post_init__(self) -> None:
+        checks.at_least_zero(self.gamma, "pretrain.certified.gamma")
+        checks.unit_interval(checks.number(self.robust_weight, "pretrain.certified.robust_weight"),
+                             "pretrain.certified.robust_weight")
+        for key in ("warmup_epochs", "ramp_epochs"):
+            checks.auto_or(getattr(self, key), f"pretrain.certified.{key}", checks.whole_number)
+        checks.at_least_zero(self.regulariser, "pretrain.certified.regulariser")
+        checks.positive(self.tolerance, "pretrain.certified.tolerance")
+
+    @property
+    def enabled(self) -> bool:
+        return self.gamma > 0
+
+
 @dataclass
 class PretrainSchema(TrainingSchema):
     key: ClassVar[str] = "pretrain"
@@ -73,6 +103,7 @@ class PretrainSchema(TrainingSchema):
     projection: Projection = Projection["global"]
     use_cache: bool = True
     absorb_epochs: int = 5
+    certified: CertifiedPretrainSchema = field(default_factory=CertifiedPretrainSchema)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,6 +111,10 @@ class PretrainSchema(TrainingSchema):
         if self.norm_bound is not None:
             checks.positive(self.norm_bound, "pretrain.norm_bound")
         checks.at_least_zero(self.absorb_epochs, "pretrain.absorb_epochs")
+        explicit = [int(v) for v in (self.certified.warmup_epochs, self.certified.ramp_epochs) if v != "auto"]
+        if self.certified.enabled and sum(explicit) > self.epochs:
+            raise TTPUserError(f"pretrain.certified: warmup_epochs + ramp_epochs = {sum(explicit)} is more than "
+                               f"pretrain.epochs={self.epochs}; choose at most {self.epochs} in all")
 
 
 @dataclass

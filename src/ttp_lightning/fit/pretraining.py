@@ -14,12 +14,14 @@ from safetensors.torch import load as load_tensors
 from torch import nn
 
 from ttp_lightning.assess.evaluation import evaluate
+from ttp_lightning.bounds.training import ibp_initialise
 from ttp_lightning.core import proofs
 from ttp_lightning.core.files import atomic_tensors, atomic_text, sha256_of
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.fit.checkpointing import remove as remove_checkpoints
 from ttp_lightning.fit.training import RunContext, checkpoint_folder, fit
 from ttp_lightning.models.components.checkpoint import load_checkpoint
+from ttp_lightning.models.certified_erm import CertifiedERMModule, phases
 from ttp_lightning.models.erm import ERMModule
 from ttp_lightning.models.optim import optimizer_settings
 
@@ -28,10 +30,22 @@ CACHE_FORMAT = 3  # 3: augmentation reseeded per epoch (resumable); 2: safetenso
 log = logging.getLogger(__name__)
 
 
-def erm_module(ctx: RunContext, net: nn.Module, mixup_alpha: float = 0.0) -> ERMModule:
-    """The ERM LightningModule with the `pretrain` settings (also used by the baselines)."""
+def erm_module(ctx: RunContext, net: nn.Module, mixup_alpha: float = 0.0, epochs: int | None = None) -> ERMModule:
+    """The ERM LightningModule with the `pretrain` settings (also used by the baselines): certified
+    (models/certified_erm.py) where `pretrain.certified.gamma` > 0, its network initialised by Shi et al.'s rule
+    first unless `init: default` or the model starts from pretrained weights."""
     pre = ctx.fit_settings.pretrain
-    return ERMModule(net, optimizer_settings(pre, ctx.fit_settings.fused_policy()), norm_bound=pre.norm_bound, projection=pre.projection, mixup_alpha=mixup_alpha)
+    optim = optimizer_settings(pre, ctx.fit_settings.fused_policy())
+    common = {"norm_bound": pre.norm_bound, "projection": pre.projection, "mixup_alpha": mixup_alpha}
+    certified = pre.certified
+    if not certified.enabled:
+        return ERMModule(net, optim, **common)
+    if certified.init == "ibp" and not model_file(ctx, "pretrained_file"):
+        ibp_initialise(net)
+    schedule = phases(pre.epochs if epochs is None else epochs, certified.warmup_epochs, certified.ramp_epochs)
+    return CertifiedERMModule(net, optim, radius=certified.gamma / 255, schedule=schedule,
+                              robust_weight=certified.robust_weight, regulariser=certified.regulariser,
+                              tolerance=certified.tolerance, **common)
 
 
 def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0, epochs: int | None = None,
@@ -39,7 +53,7 @@ def train_erm(ctx: RunContext, net: nn.Module, loader, mixup_alpha: float = 0.0,
     """Fit `net` by ERM with the pretraining settings (`epochs` defaults to pretrain.epochs) on the loader's
     data, resumable under the checkpoint `key`; returns wall seconds."""
     epochs = ctx.fit_settings.pretrain.epochs if epochs is None else epochs
-    return fit(ctx, erm_module(ctx, net, mixup_alpha), epochs, stage, key=key, train_dataloaders=loader)
+    return fit(ctx, erm_module(ctx, net, mixup_alpha, epochs), epochs, stage, key=key, train_dataloaders=loader)
 
 
 # FitSettings fields a pretraining fit does not read, each with why (fit.training.FitSettings.identity)

@@ -92,8 +92,19 @@ class FitSettings:
                 value = {key: keyed_as(plain(part)) for key, part in (value or {}).items()}
             elif not isinstance(value, (int, float, str, bool, type(None))):
                 value = plain(value)
+            if item.name == "pretrain" and isinstance(value, dict):
+                value = without_plain_certified(value)
             values[item.name] = value
         return values
+
+
+def without_plain_certified(pretrain: dict) -> dict:
+    """`pretrain` less `certified` where it is off (gamma 0: plain ERM), so that the keys of every A(D) written
+    before certified pretraining existed still match; on, every one of its settings is in the key."""
+    certified = pretrain.get("certified")
+    if isinstance(certified, dict) and not certified.get("gamma"):
+        return {key: value for key, value in pretrain.items() if key != "certified"}
+    return pretrain
 
 
 def keyed_as(part):

@@ -222,6 +222,18 @@ def metadata_failures(card: str, cells: dict[str, str], rows: dict, protected: b
     return failures
 
 
+def starting_point(settings) -> str:
+    """What the card says the release started from: the provider's checkpoint, or A(D) pretrained here (by
+    certified pretraining, which is not the paper's ERM A(D), where `pretrain.certified` was on)."""
+    if settings.model.get("checkpoint"):
+        return "the provider's checkpoint (model.checkpoint)"
+    certified = settings.pretrain.certified
+    if certified.enabled:
+        return (f"a model pretrained by ttp_lightning for an interval bound at {certified.gamma:g}/255 (certified "
+                "pretraining, IBP with Shi et al. 2021's recipe; not the paper's ERM A(D))")
+    return "a model pretrained by ttp_lightning"
+
+
 def model_card(results: dict, method_label: str, attack_table: str | None, certificate_line: str | None,
                settings) -> str:
     """README.md: the hub's metadata (front_matter), then whether the release gate passed, what was done and
@@ -234,8 +246,7 @@ def model_card(results: dict, method_label: str, attack_table: str | None, certi
     gamma = f"{gate['gamma']:g}/255"
     rows = effect_rows(gate["gamma"], gate["conf_dist_at_most"])
     table = "\n".join(f"| {label} | {cell(before)} | {cell(after)} |" for label, cell in rows.values())
-    source = settings.model.get("checkpoint")
-    start = "the provider's checkpoint (model.checkpoint)" if source else "a model pretrained by ttp_lightning"
+    start = starting_point(settings)
     what = (f"This model was rewritten with ttp_lightning ({method_label}) so that it is maximally uncertain (a "
             f"uniform softmax) on a protected forget set of {data['forget_size']} images while keeping its "
             f"accuracy elsewhere (test-time privacy). It starts from {start}. ")

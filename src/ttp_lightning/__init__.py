@@ -1,5 +1,16 @@
 """ttp_lightning: test-time privacy for open-weight image classifiers (Lightning + Hydra)."""
 
+import os as _os
+import platform as _platform
+
+# The same digits on every x86 CPU: torch's own kernels, MKL and oneDNN each pick a code path by the CPU (AVX2,
+# AVX-512), and a path's rounding moves a fit's numbers (the default job's kept epoch moved between an AVX-512
+# machine and an AVX2 one). These pin the AVX2 path, which x86 CPUs since 2015 run, unless set already; they
+# take effect only where torch is imported after this package (the CLI, the tests). docs/getting-started.md.
+if _platform.machine().lower() in ("x86_64", "amd64"):
+    for _key, _value in (("ATEN_CPU_CAPABILITY", "avx2"), ("MKL_CBWR", "AVX2"), ("ONEDNN_MAX_CPU_ISA", "AVX2")):
+        _os.environ.setdefault(_key, _value)
+
 from ttp_lightning.alg1.schema import ParetoSchema as _ParetoSchema
 from ttp_lightning.certified.schema import CertifiedSchema as _CertifiedSchema
 from ttp_lightning.config.naming import register as _register_resolvers

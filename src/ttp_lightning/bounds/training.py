@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from ttp_lightning.bounds.propagate import ADDITIONS, Box, UnsupportedLayer, last_linear, run_graph
+from ttp_lightning.bounds.propagate import ADDITIONS, Box, UnsupportedLayer, last_linear, run_graph, trace
 
 
 def batch_statistics(net: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -137,7 +137,7 @@ def ibp_initialise(net: nn.Module, generator: torch.Generator | None = None) -> 
     """Shi et al. 2021's initialisation: every Linear and Conv weight but the network's last layer drawn from
     N(0, sigma^2), sigma = sqrt(2 pi) / fan_in, and halved where the layer reads a residual sum (through at most
     one ReLU). Biases and BatchNorm stay. Returns the names of the layers initialised."""
-    graph = fx.symbolic_trace(net)
+    graph = trace(net)
     found = last_linear(net, graph)
     last = found[0] if found else None
     after_sum = _layers_after_sum(net, graph)
@@ -168,7 +168,7 @@ def _layers_after_sum(net: nn.Module, graph: fx.GraphModule) -> set[str]:
 
     names = set()
     for node in graph.graph.nodes:
-        if node.op == "call_module" and isinstance(net.get_submodule(node.target), (nn.Linear, nn.Conv1d, nn.Conv2d)):
-            if is_sum(through_relu(node.args[0])):
-                names.add(node.target)
+        if node.op == "call_module" and isinstance(net.get_submodule(node.target), (nn.Linear, nn.Conv1d, nn.Conv2d)) \
+                and is_sum(through_relu(node.args[0])):
+            names.add(node.target)
     return names

@@ -20,8 +20,8 @@ from ttp_lightning.core.files import atomic_tensors, atomic_text, sha256_of
 from ttp_lightning.data.datamodule import TTPDataModule
 from ttp_lightning.fit.checkpointing import remove as remove_checkpoints
 from ttp_lightning.fit.training import RunContext, checkpoint_folder, fit
-from ttp_lightning.models.components.checkpoint import load_checkpoint
 from ttp_lightning.models.certified_erm import CertifiedERMModule, phases
+from ttp_lightning.models.components.checkpoint import load_checkpoint
 from ttp_lightning.models.erm import ERMModule
 from ttp_lightning.models.optim import optimizer_settings
 

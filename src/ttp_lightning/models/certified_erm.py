@@ -14,7 +14,6 @@ with eps_t 0 for `warmup_epochs`, then Shi et al.'s smoothed ramp over `ramp_epo
 import math
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 

@@ -137,36 +137,55 @@ def test_a_network_no_bound_has_a_rule_for_gets_no_proven_cd_not_a_crash():
     assert len(proven.rule["trials"]) == 3  # alpha-CROWN is not tried where nothing could be counted
 
 
-def test_the_bound_speed_benchmark_times_every_candidate_and_stops_one_past_its_budget(run_job, tmp_path):
-    """scripts/bench_bound_speed.py on a finished tiny run: a row per candidate, each bound in its own process;
-    with a budget of 0 s every bound stops before its first batch and claims no image."""
+def _speed(run_job, tmp_path):
+    """A finished tiny run and the arguments of scripts/bench_bound_speed.py on it."""
     proc, results = run_job("attacks.enabled=false", "release_gate.require=[clean]")
     assert results is not None, proc.stderr[-2000:]
     script = Path(__file__).resolve().parents[1] / "scripts" / "bench_bound_speed.py"
     run = tmp_path / "out"
-    args = [sys.executable, str(script), str(run), "--images", "3", "--batch", "2", "--threads", "1"]
-    every = ["intervals", "CROWN-IBP", "full CROWN", "alpha-CROWN", "full CROWN, dense"]
-    done = subprocess.run(args + ["--bounds", *every, "--out", str(tmp_path / "speed.json")], capture_output=True,
-                          text=True, timeout=300, check=False)
+    return script, run, [sys.executable, str(script), str(run), "--images", "3", "--batch", "2", "--threads", "1"]
+
+
+def _bench(args, out):
+    done = subprocess.run(args + ["--out", str(out)], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads((tmp_path / "speed.json").read_text())["runs"][str(run)]
-    assert [row["bound"] for row in rows] == every
-    assert rows[4]["worst"] == pytest.approx(rows[2]["worst"], abs=1e-9)  # windows change the cost, not the bound
+    return done, json.loads(out.read_text())["runs"]
+
+
+def test_the_bound_speed_benchmark_times_two_bounds_and_a_zero_budget_claims_nothing(run_job, tmp_path):
+    """scripts/bench_bound_speed.py on a finished tiny run: a row per bound asked for, each in its own process;
+    with a budget of 0 s a bound stops before its first batch and claims no image; a folder without a run is
+    one error line."""
+    script, run, args = _speed(run_job, tmp_path)
+    done, runs = _bench(args + ["--bounds", "intervals", "full CROWN"], tmp_path / "speed.json")
+    rows = runs[str(run)]
+    assert [row["bound"] for row in rows] == ["intervals", "full CROWN"]
     assert all(row["bounded"] == 3 and row["s_per_image"] > 0 and row["note"] is None for row in rows)
     assert all(0 <= row["worst"] <= 0.9 and row["peak_mib"] > 0 for row in rows)
-    assert rows[2]["proven"] >= rows[0]["proven"]  # full CROWN is never looser than intervals
-    assert done.stdout.count("| out |") >= 5
-    searched = subprocess.run(args + ["--search", "--bounds", "intervals", "full CROWN", "--out",
-                                      str(tmp_path / "search.json")], capture_output=True, text=True, timeout=300,
-                              check=False)
-    assert searched.returncode == 0, searched.stderr[-2000:]
-    intervals, crown = json.loads((tmp_path / "search.json").read_text())["runs"][str(run)]
-    assert intervals["search"] and crown["bounded"] == 3 and crown["median_radius"] >= intervals["median_radius"]
-    assert crown["worst"] >= intervals["worst"] and "radius search" in searched.stdout  # from the interval radius up
-    stopped = subprocess.run(args + ["--budget", "0", "--out", str(tmp_path / "zero.json")], capture_output=True,
-                             text=True, timeout=300, check=False)
-    rows = json.loads((tmp_path / "zero.json").read_text())["runs"][str(run)]
-    assert stopped.returncode == 0 and all(row["bounded"] == 0 and "budget" in row["note"] for row in rows)
+    assert rows[1]["proven"] >= rows[0]["proven"]  # full CROWN is never looser than intervals
+    assert done.stdout.count("| out |") >= 2
+    _, runs = _bench(args + ["--budget", "0", "--bounds", "intervals"], tmp_path / "zero.json")
+    assert all(row["bounded"] == 0 and "budget" in row["note"] for row in runs[str(run)])
     missing = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
                              check=False)
     assert missing.returncode == 2 and missing.stderr.startswith("error:")
+
+
+@pytest.mark.slow
+def test_the_bound_speed_benchmark_times_every_candidate_and_searches_radii(run_job, tmp_path):
+    """Every candidate bound (dense windows change the cost, not the bound), the zero budget on all of them,
+    and the radius search from the interval radius up."""
+    _, run, args = _speed(run_job, tmp_path)
+    every = ["intervals", "CROWN-IBP", "full CROWN", "alpha-CROWN", "full CROWN, dense"]
+    done, runs = _bench(args + ["--bounds", *every], tmp_path / "speed.json")
+    rows = runs[str(run)]
+    assert [row["bound"] for row in rows] == every
+    assert rows[4]["worst"] == pytest.approx(rows[2]["worst"], abs=1e-9)  # windows change the cost, not the bound
+    assert all(row["bounded"] == 3 and row["s_per_image"] > 0 and row["note"] is None for row in rows)
+    assert rows[2]["proven"] >= rows[0]["proven"] and done.stdout.count("| out |") >= 5
+    searched, runs = _bench(args + ["--search", "--bounds", "intervals", "full CROWN"], tmp_path / "search.json")
+    intervals, crown = runs[str(run)]
+    assert intervals["search"] and crown["bounded"] == 3 and crown["median_radius"] >= intervals["median_radius"]
+    assert crown["worst"] >= intervals["worst"] and "radius search" in searched.stdout  # from the interval radius up
+    _, runs = _bench(args + ["--budget", "0"], tmp_path / "zero.json")
+    assert all(row["bounded"] == 0 and "budget" in row["note"] for row in runs[str(run)])

@@ -342,6 +342,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     confirm_from = parts.confirm_reference(net, datamodule)  # A(D) on the confirmation images, before the fit
     targets = attack_targets(net, datamodule, adversarial)
     module = finetune_module(ctx, net, datamodule, cfg, parts, adversarial, targets)
+    module.bound_from_start = adversarial is not None and bool(adversarial.interval_weight) and trained_for_bound(ctx)
     made = method_callbacks(ctx.fit_settings.callbacks)
     history, timer = made["history"], made["timer"]
     backoffs = int(cfg.lr_backoffs or 0)

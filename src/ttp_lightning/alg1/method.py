@@ -337,12 +337,13 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     if getattr(cfg, "adversarial", None) and not isinstance(cfg, ParetoSchema):
         raise TypeError(f"robust Alg 1 needs its settings typed (ParetoSchema), not {type(cfg).__name__}")
     adversarial = cfg.robust() if isinstance(cfg, ParetoSchema) else None
-    adversarial = resolve_interval_weight(adversarial, net, datamodule.dataset("forget"), trained_for_bound(ctx))
+    bound_trained = trained_for_bound(ctx)
+    adversarial = resolve_interval_weight(adversarial, net, datamodule.dataset("forget"), bound_trained)
     parts = retain_parts(datamodule, stopping)
     confirm_from = parts.confirm_reference(net, datamodule)  # A(D) on the confirmation images, before the fit
     targets = attack_targets(net, datamodule, adversarial)
     module = finetune_module(ctx, net, datamodule, cfg, parts, adversarial, targets)
-    module.bound_from_start = adversarial is not None and bool(adversarial.interval_weight) and trained_for_bound(ctx)
+    module.bound_from_start = bound_trained
     made = method_callbacks(ctx.fit_settings.callbacks)
     history, timer = made["history"], made["timer"]
     backoffs = int(cfg.lr_backoffs or 0)

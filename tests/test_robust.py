@@ -772,8 +772,28 @@ def test_interval_focus_unproven_bounds_every_step_the_images_the_last_bound_lef
     proven[:5] = 0.9  # five unproven of 20: more than stragglers, the term is off
     module.on_validation_epoch_end()
     assert module._unproven.tolist() == [] and module._unproven_bound() == 0.0
+    module.bound_from_start = True  # A(D) trained for the bound (finetune(): trained_for_bound): no cap in round 1
+    module.on_validation_epoch_end()
+    assert module.round == 1 and module._unproven.tolist() == [0, 1, 2, 3, 4, 6]
+    assert float(module._unproven_bound()) > 0
     with pytest.raises(Exception, match="method.adversarial.interval_focus='some' is not allowed"):
         dataclasses.replace(settings, interval_focus="some")
+
+
+def test_a_network_is_trained_for_the_bound_only_where_certified_pretraining_made_it_here():
+    """trained_for_bound (which sets bound_from_start and interval_weight=auto's rule): pretrain.certified on and
+    no provider checkpoint; a provider's checkpoint was not trained here, whatever pretrain.certified says."""
+    from types import SimpleNamespace
+
+    from ttp_lightning.alg1.method import trained_for_bound
+    from ttp_lightning.config.schema import CertifiedPretrainSchema
+
+    def ctx(model, gamma):
+        pretrain = SimpleNamespace(certified=CertifiedPretrainSchema(gamma=gamma))
+        return SimpleNamespace(fit_settings=SimpleNamespace(model=model, pretrain=pretrain))
+
+    assert trained_for_bound(ctx({}, 3)) and trained_for_bound(ctx(None, 3))
+    assert not trained_for_bound(ctx({}, 0)) and not trained_for_bound(ctx({"checkpoint": "x.safetensors"}, 3))
 
 
 def test_interval_weight_auto_turns_the_bound_term_on_only_where_the_interval_bound_can_prove_something():

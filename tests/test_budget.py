@@ -54,13 +54,13 @@ def test_auto_withholds_two_halves_of_up_to_2000_images_and_never_more_than_a_fi
     assert holdout_fraction(0.3, 100) == 0.3 and holdout_fraction(0, 100) == 0.0
 
 
-def _job(compose_cfg, tmp_path, name: str, *overrides: str) -> dict:
+def _job(compose_cfg, tmp_path, name: str, *overrides: str, budget: float = 0.05) -> dict:
     from ttp_lightning.run.pipeline import run
 
     out = tmp_path / name
     out.mkdir()
     cfg = compose_cfg("method.early_stopping.retain_holdout=auto", f"paths.output_dir={out}",
-                      "attacks.relearn.enabled=false", "method.early_stopping.retain_acc_drop_at_most=0.05", *overrides)
+                      "attacks.relearn.enabled=false", f"method.early_stopping.retain_acc_drop_at_most={budget}", *overrides)
     with open_dict(cfg):
         del cfg["hydra"]
     return run(cfg, str(out)).to_json() | {"out": out}
@@ -146,3 +146,24 @@ def test_the_frontier_prices_at_the_confirmed_cost_and_chooses_by_the_rule():
     unconfirmed = copy.deepcopy(reported)
     del unconfirmed["retain_confirmed"]
     assert "confirmed" not in format_frontier(frontier(history, unconfirmed, 8.0, (), 6.5, {}, 100).to_json())
+
+
+def test_an_unsplit_holdout_bounds_the_kept_cost_over_every_epoch_compared(compose_cfg, tmp_path, monkeypatch):
+    """The default job's budget (1 point) on tiny digits: the held-out images are too few to split, so the cost
+    is read where the rule selected, and bounded by a union over every epoch the fit could compare: its
+    accuracies are the rule's own reading, and the card states it as not confirmed. Robust Alg 1, whose radius
+    rule reads those images to steer training, gets no such bound."""
+    monkeypatch.setenv("TTP_CACHE_DIR", str(tmp_path / "cache"))
+    plain = _job(compose_cfg, tmp_path, "plain", budget=0.01)
+    metrics = plain["metrics"]["pareto"]
+    assert "retain_confirmed" not in metrics
+    selected = metrics["retain_selected"]
+    assert selected["images"] == metrics["retain_holdout_size"] and selected["compared"] == 15  # TINY's epochs
+    assert selected["kept_acc"] == pytest.approx(metrics["retain_holdout_acc"], abs=1e-6)
+    assert selected["start_acc"] == pytest.approx(metrics["retain_rule_start_acc"], abs=1e-6)
+    assert selected["cost"] == pytest.approx((selected["lost"] - selected["gained"]) / selected["images"], abs=1e-6)
+    assert selected["cost"] < selected["cost_upper"] <= 1.0
+    card = next(f for f in plain["out"].iterdir() if f.name.startswith("release")) / "README.md"
+    assert f"- accuracy cost, not confirmed: {100 * selected['cost']:.2f} points" in card.read_text()
+    robust = _job(compose_cfg, tmp_path, "robust", "method=pareto_robust", "method.epochs=3", budget=0.01)
+    assert "retain_selected" not in robust["metrics"]["pareto_robust"]

@@ -22,7 +22,13 @@ from ttp_lightning.alg1.callbacks import (
 )
 from ttp_lightning.alg1.module import ParetoFinetuneModule
 from ttp_lightning.alg1.schema import RADIUS_RUNGS, AdversarialSettings, EarlyStoppingSchema, ParetoSchema
-from ttp_lightning.assess.confirmation import ConfirmedCost, confirm_against_reference, confirm_paired
+from ttp_lightning.assess.confirmation import (
+    ConfirmedCost,
+    SelectedCost,
+    bound_selected,
+    confirm_against_reference,
+    confirm_paired,
+)
 from ttp_lightning.assess.evaluation import evaluate
 from ttp_lightning.bounds.propagate import UnsupportedLayer
 from ttp_lightning.bounds.uniformity import proven_conf_dist
@@ -192,6 +198,13 @@ class RetainParts:
         extra = [datamodule.eval_loader(part) for part in (self.holdout, self.confirm) if part is not None]
         return datamodule.val_dataloader() + extra
 
+    def selection_reference(self, net: nn.Module, datamodule: TTPDataModule) -> list[bool] | None:
+        """A(D)'s correctness on each held-out image the rule reads, read before the fit, where they were too few
+        to split and A(D) never trained on them (withheld from D, or the user's val/); None otherwise."""
+        if self.holdout is None or self.confirm is not None or self.reference(datamodule) != "val":
+            return None
+        return correct_each(net, self.holdout)
+
     def confirm_reference(self, net: nn.Module, datamodule: TTPDataModule) -> "ConfirmReference | None":
         """What the kept epoch's confirmed cost is relative to, read from the starting model `net` before the
         fit: each confirmation image's correctness under A(D) where A(D) never trained on them (or, for a slice
@@ -341,6 +354,7 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     adversarial = resolve_interval_weight(adversarial, net, datamodule.dataset("forget"), bound_trained)
     parts = retain_parts(datamodule, stopping)
     confirm_from = parts.confirm_reference(net, datamodule)  # A(D) on the confirmation images, before the fit
+    select_from = parts.selection_reference(net, datamodule)  # or on the unsplit held-out images
     targets = attack_targets(net, datamodule, adversarial)
     module = finetune_module(ctx, net, datamodule, cfg, parts, adversarial, targets)
     module.bound_from_start = bound_trained
@@ -368,7 +382,10 @@ def finetune(ctx: RunContext, net: nn.Module, datamodule: TTPDataModule, cfg: Pa
     summary, best_row = kept_summary(best, history, parts, radius, datamodule, adversarial, wall)
     summary.update(retain_rule_record(best, parts, start_retain_acc, stopping))
     if best is not None:
-        summary.update(confirmation_record(confirm_from, module.net, parts, stopping, summary, start_retain_acc))
+        compared = Compared(select_from, epochs * cycles, bool(backoff and backoff.backoffs) or radius is not None
+                            or rounds is not None)
+        summary.update(confirmation_record(confirm_from, module.net, parts, stopping, summary, start_retain_acc,
+                                           compared))
     metrics = {**summary, "epochs_run": len(history.rows),
                **({"round_epochs": epochs} if adversarial is not None else {}),
                "wall_s": round(wall, 3), "wall_to_best_s": best_row["elapsed_s"], **fit_counts(timer, backoff, rounds)}
@@ -399,16 +416,38 @@ def fit_loader(cfg, datamodule: TTPDataModule, parts: RetainParts, adversarial: 
                                       len(datamodule.forget_indices))
 
 
+@dataclass(frozen=True)
+class Compared:
+    """What bounds the cost of an epoch kept from many read on the same unsplit held-out images: A(D)'s
+    correctness on each (`right`; None where the images were split, or A(D) trained on them), the most epochs the
+    fit could compare (`epochs`), and whether the training path read them (`path_read`: a learning-rate back-off
+    fired, the radius rule or robust Alg 1's rounds steered it), where no union over one fixed sequence of epochs
+    holds (assess/confirmation.py)."""
+
+    right: list[bool] | None
+    epochs: int
+    path_read: bool
+
+    def bound(self, net: nn.Module, holdout: ImageBatchDataset) -> SelectedCost | None:
+        if self.right is None or self.path_read:
+            return None
+        return bound_selected(self.right, correct_each(net, holdout), self.epochs)
+
+
 def confirmation_record(confirm_from, net: nn.Module, parts: RetainParts, stopping, summary: dict,
-                        start_retain_acc: float | None) -> dict:
+                        start_retain_acc: float | None, compared: Compared) -> dict:
     """The kept epoch's cost read once on the confirmation images (`retain_confirmed`), said on the console;
-    or, where the held-out images were too few to split, the console says the cost is not confirmed."""
+    or, where the held-out images were too few to split, the console says the cost is not confirmed and, where
+    the training path did not read them, bounds it over every epoch compared (`retain_selected`)."""
     if confirm_from is None:
-        if parts.holdout is not None and rank_zero_only.rank == 0:
+        if parts.holdout is None:
+            return {}
+        selected = compared.bound(net, parts.holdout)
+        if rank_zero_only.rank == 0:
             log.info("kept epoch %d: its cost is not confirmed on images no rule read: half of the %d held-out "
-                     "images would hold fewer than %d images of the budget (read the test split's cost)",
-                     summary["best_epoch"], len(parts.holdout), BUDGET_IMAGES)
-        return {}
+                     "images would hold fewer than %d images of the budget; %s (read the test split's cost)",
+                     summary["best_epoch"], len(parts.holdout), BUDGET_IMAGES, selected_words(selected, compared))
+        return {"retain_selected": selected.to_json()} if selected is not None else {}
     confirmed = confirm_from.confirm(net, parts.confirm, stopping)
     if rank_zero_only.rank == 0:
         log.info("kept epoch %d: accuracy cost %.2f points on the %d images the retain rule read, %s",
@@ -471,6 +510,18 @@ def retain_rule_record(best, parts: RetainParts, start_retain_acc: float | None,
         return {}
     return {"retain_rule_reads": parts.key.removeprefix("val/"), "retain_rule_start_acc": round(start_retain_acc, 6),
             "retain_acc_drop_at_most": stopping.retain_acc_drop_at_most}
+
+
+def selected_words(selected: SelectedCost | None, compared: Compared) -> str:
+    """The unsplit cost's bound in words (the console), or why there is none."""
+    if selected is not None:
+        return (f"on the {selected.images} it read, {100 * selected.cost:.2f} points, at most "
+                f"{100 * selected.cost_upper:.2f} at {selected.confidence:.0%} over the {selected.compared} epochs "
+                "it could compare")
+    if compared.right is None:
+        return "A(D) trained on them, so no paired bound"
+    return ("no bound over the epochs compared: the training path read these images (a back-off, the radius rule "
+            "or robust Alg 1's rounds)")
 
 
 def confirmed_words(confirmed: ConfirmedCost) -> str:

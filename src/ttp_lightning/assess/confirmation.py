@@ -18,6 +18,12 @@ same images, and stated with a one-sided upper confidence bound:
             A(D)'s accuracy on the test split minus the kept weights' on the confirmation images, bounded by
             the test reading's upper and the confirmation reading's lower Clopper-Pearson bound at alpha / 2 each.
 
+Where the held-out images are too few to split (alg1/method.split_for_confirmation), the cost is read on the
+images the rule selected by, and its bound must hold for whichever epoch the rule kept: a union (Bonferroni)
+bound over every epoch the fit could have compared, each at alpha / epochs (`bound_selected`). It holds when the
+training path did not itself read those images (no learning-rate back-off fired, no radius rule): the epochs
+compared are then one fixed sequence, whatever the rule kept from it.
+
 No torch here: counts in, a typed record out, tested against sampled coverage (tests/test_confirmation.py).
 """
 
@@ -112,15 +118,21 @@ def threshold_for(start_acc: float, at_least: float, drop_at_most: float | None)
     return at_least if drop_at_most is None else max(at_least, start_acc - float(drop_at_most))
 
 
+def changes(start_right: list[bool], kept_right: list[bool]) -> tuple[int, int, float, float]:
+    """(lost, gained, A(D)'s accuracy, the kept weights') from paired per-image correctness, in order."""
+    lost = sum(bool(a) and not bool(k) for a, k in zip(start_right, kept_right))
+    gained = sum(bool(k) and not bool(a) for a, k in zip(start_right, kept_right))
+    images = len(kept_right)
+    return lost, gained, sum(map(bool, start_right)) / images, sum(map(bool, kept_right)) / images
+
+
 def confirm_paired(start_right: list[bool], kept_right: list[bool], at_least: float,
                    drop_at_most: float | None) -> ConfirmedCost:
     """The cost from each confirmation image's correctness under A(D) and under the kept weights, in order."""
     if len(start_right) != len(kept_right) or not kept_right:
         raise ValueError(f"{len(start_right)} and {len(kept_right)} readings: one pair per confirmation image")
     images = len(kept_right)
-    lost = sum(bool(a) and not bool(k) for a, k in zip(start_right, kept_right))
-    gained = sum(bool(k) and not bool(a) for a, k in zip(start_right, kept_right))
-    start, kept = sum(map(bool, start_right)) / images, sum(map(bool, kept_right)) / images
+    lost, gained, start, kept = changes(start_right, kept_right)
     return ConfirmedCost(images, start, kept, start - kept, paired_cost_upper(lost, gained, images), CONFIDENCE,
                          threshold_for(start, at_least, drop_at_most), True, lost, gained)
 
@@ -138,3 +150,40 @@ def confirm_against_reference(kept_right: list[bool], reference_acc: float, refe
     return ConfirmedCost(images, reference_acc, right / images, reference_acc - right / images, upper, CONFIDENCE,
                          threshold_for(reference_acc, at_least, drop_at_most), False,
                          reference_images=reference_images)
+
+
+@dataclass(frozen=True)
+class SelectedCost:
+    """results.json `retain_selected` (a method's metrics): the kept epoch's cost on the images the retain rule
+    selected it by (too few to split), with a bound that accounts for every epoch compared (module docstring),
+    built once by bound_selected."""
+
+    images: int = field(metadata={"doc": "the held-out images the rule read every epoch"})
+    compared: int = field(metadata={"doc": "the epochs the fit could compare on them (the union's size)"})
+    start_acc: float = field(metadata={"doc": "A(D)'s accuracy on them (it never trained on them)"})
+    kept_acc: float = field(metadata={"doc": "the kept weights' accuracy on them"})
+    cost: float = field(metadata={"doc": "start_acc - kept_acc (a fraction; negative: a gain), as the rule read it"})
+    cost_upper: float = field(metadata={"doc": "its one-sided upper bound at `confidence`, over all `compared`"})
+    confidence: float = field(metadata={"doc": "the bound's confidence"})
+    lost: int = field(metadata={"doc": "images A(D) got right and the kept weights wrong"})
+    gained: int = field(metadata={"doc": "images A(D) got wrong and the kept weights right"})
+
+    def to_json(self) -> dict:
+        return {"images": self.images, "compared": self.compared, "start_acc": round(self.start_acc, 6),
+                "kept_acc": round(self.kept_acc, 6), "cost": round(self.cost, 6),
+                "cost_upper": round(self.cost_upper, 6), "confidence": self.confidence, "lost": self.lost,
+                "gained": self.gained}
+
+
+def bound_selected(start_right: list[bool], kept_right: list[bool], compared: int,
+                   alpha: float = 1.0 - CONFIDENCE) -> SelectedCost:
+    """The cost of an epoch kept from `compared` epochs, all read on the same images (each image's correctness
+    under A(D) and under the kept weights, in order): paired_cost_upper at alpha / compared."""
+    if len(start_right) != len(kept_right) or not kept_right:
+        raise ValueError(f"{len(start_right)} and {len(kept_right)} readings: one pair per held-out image")
+    if compared < 1:
+        raise ValueError(f"{compared} epochs compared: at least 1")
+    images = len(kept_right)
+    lost, gained, start, kept = changes(start_right, kept_right)
+    return SelectedCost(images, compared, start, kept, start - kept,
+                        paired_cost_upper(lost, gained, images, alpha / compared), 1.0 - alpha, lost, gained)

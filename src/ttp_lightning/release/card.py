@@ -336,6 +336,13 @@ def _accuracy_line(after: dict) -> list[str]:
                      f"against {against}, {confirmed['start_acc']:.2%}) on {confirmed['images']} more such images "
                      f"that no rule chose the kept epoch by; at most {100 * confirmed['cost_upper']:.2f} points at "
                      f"{confirmed['confidence']:.0%} confidence (a one-sided exact bound)")
+    selected = after.get("retain_selected")
+    if selected:
+        lines.append(f"- accuracy cost, not confirmed: {100 * selected['cost']:.2f} points on the "
+                     f"{selected['images']} held-out images the retain rule read (too few to split off images no "
+                     f"rule reads); at most {100 * selected['cost_upper']:.2f} points at "
+                     f"{selected['confidence']:.0%} confidence over the {selected['compared']} epochs it could "
+                     "compare (a one-sided exact bound, a union over the epochs)")
     return lines
 
 

@@ -444,8 +444,8 @@ def confirmation_record(confirm_from, net: nn.Module, parts: RetainParts, stoppi
             return {}
         selected = compared.bound(net, parts.holdout)
         if rank_zero_only.rank == 0:
-            log.info("kept epoch %d: its cost is not confirmed on images no rule read: half of the %d held-out "
-                     "images would hold fewer than %d images of the budget; %s (read the test split's cost)",
+            log.info("kept epoch %d: its cost is not confirmed on images no rule read (read the test split's): "
+                     "half of the %d held-out images would hold fewer than %d images of the budget; %s",
                      summary["best_epoch"], len(parts.holdout), BUDGET_IMAGES, selected_words(selected, compared))
         return {"retain_selected": selected.to_json()} if selected is not None else {}
     confirmed = confirm_from.confirm(net, parts.confirm, stopping)

@@ -9,6 +9,7 @@ import time
 from fault_cases.jobs import (
     BASE,
     CERTIFIED,
+    PROVABLE,
     ROBUST,
     Job,
     copy_cache,
@@ -37,6 +38,16 @@ def kill_robust_at(epoch: int):
         return kill_and_rerun(work, robust, "checkpoints/*_alg1/last.ckpt", f"kill9_robust_{epoch}", cache=cache,
                               args=ROBUST, epoch=epoch)
     return case
+
+
+def case_kill_provable(work, reference):
+    """Issue 80: robust Alg 1 on an A(D) certified-pretrained here (`pretrain.certified.gamma=12`), whose bound
+    term covers every unproven image from round 1 (`bound_from_start`), killed after epoch 35 and rerun."""
+    provable = reference_run(work, "provable_reference", PROVABLE)
+    cache = work / "cache_provable"
+    shutil.copytree(provable.cache / "pretrain", cache / "pretrain")  # A(D) cached: the kill lands in Alg 1
+    return kill_and_rerun(work, provable, "checkpoints/*_alg1/last.ckpt", "kill9_provable", cache=cache,
+                          args=PROVABLE, epoch=35)
 
 
 def case_kill_certified(work, reference):

@@ -185,6 +185,7 @@ def kill_and_rerun(work, reference, stage_pattern: str, name: str, how=signal.SI
 
 
 ROBUST = ["logger=none", "trainer.enable_progress_bar=false", "method=pareto_robust"]  # the default job's data
+PROVABLE = [*ROBUST, "pretrain.certified.gamma=12"]  # A(D) trained for the interval bound (docs/provable.md)
 
 
 CERTIFIED = [*QUICK, "model=logreg", "pretrain.norm_bound=10", "method=certified_exact", "pretrain.epochs=150"]

@@ -572,6 +572,19 @@ def test_the_bound_term_covers_the_ball_interval_gamma_names_and_grows_with_it()
         AdversarialSettings(interval_gamma=0.0)
 
 
+def test_the_bound_term_is_at_the_radius_proofs_are_judged_unless_an_experiment_pins_the_training_radius(
+        compose_cfg):
+    """pareto_robust.yaml: B's ball is gamma (the inner attack's is train_margin x gamma), and follows it; the two
+    provable CNN experiments, measured with B at the training radius, pin it there (null)."""
+    for overrides, expected in ((("method=pareto_robust",), 8), (("method=pareto_robust",
+                                                                  "method.adversarial.gamma=4"), 4),
+                                (("+experiment=digits_resnet8_provable",), None),
+                                (("+experiment=mnist_resnet8_provable",), None)):
+        adversarial = compose_cfg(*overrides).method.adversarial
+        assert adversarial.interval_gamma == expected, overrides
+        assert adversarial.train_margin == 1.5 and adversarial.train_gamma is None
+
+
 def test_robust_alg1_takes_the_same_steps_whether_pretraining_was_trained_or_read_from_the_cache(
         compose_cfg, tmp_path, monkeypatch):
     """The inner attack draws from the global generators: they are seeded before the method, so a rerun of the

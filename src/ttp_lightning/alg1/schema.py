@@ -49,7 +49,7 @@ class AdversarialSettings:
                                         # for the network by alg1.method.resolve_interval_weight)
     interval_ramp_epochs: int = 10     # B's radius grows linearly to the training radius over these epochs
     interval_gamma: float | None = None  # B's radius in 1/255 (None: the training radius, moved by the radius
-                                         # rule); a smaller one asks for proofs within a smaller ball
+                                         # rule); pareto_robust.yaml sets gamma, the ball proofs are judged on
     interval_focus: str = "all"        # B on every forget image of each batch | unproven: every step, on the
                                        # images the last validation epoch's bound did not prove at gamma
     bound_term: str = "interval"       # B by interval bounds, or linear (CROWN-IBP: tighter, about 2x the cost)

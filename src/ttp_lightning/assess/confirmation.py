@@ -21,8 +21,8 @@ same images, and stated with a one-sided upper confidence bound:
 Where the held-out images are too few to split (alg1/method.split_for_confirmation), the cost is read on the
 images the rule selected by, and its bound must hold for whichever epoch the rule kept: a union (Bonferroni)
 bound over every epoch the fit could have compared, each at alpha / epochs (`bound_selected`). It holds when the
-training path did not itself read those images (no learning-rate back-off fired, no radius rule): the epochs
-compared are then one fixed sequence, whatever the rule kept from it.
+training path did not itself read those images (no learning-rate back-off fired, no radius rule, one round):
+the epochs compared are then one fixed sequence, whatever the rule kept from it.
 
 No torch here: counts in, a typed record out, tested against sampled coverage (tests/test_confirmation.py).
 """
@@ -120,6 +120,8 @@ def threshold_for(start_acc: float, at_least: float, drop_at_most: float | None)
 
 def changes(start_right: list[bool], kept_right: list[bool]) -> tuple[int, int, float, float]:
     """(lost, gained, A(D)'s accuracy, the kept weights') from paired per-image correctness, in order."""
+    if len(start_right) != len(kept_right) or not kept_right:
+        raise ValueError(f"{len(start_right)} and {len(kept_right)} readings: one pair per image")
     lost = sum(bool(a) and not bool(k) for a, k in zip(start_right, kept_right))
     gained = sum(bool(k) and not bool(a) for a, k in zip(start_right, kept_right))
     images = len(kept_right)
@@ -129,10 +131,8 @@ def changes(start_right: list[bool], kept_right: list[bool]) -> tuple[int, int, 
 def confirm_paired(start_right: list[bool], kept_right: list[bool], at_least: float,
                    drop_at_most: float | None) -> ConfirmedCost:
     """The cost from each confirmation image's correctness under A(D) and under the kept weights, in order."""
-    if len(start_right) != len(kept_right) or not kept_right:
-        raise ValueError(f"{len(start_right)} and {len(kept_right)} readings: one pair per confirmation image")
-    images = len(kept_right)
     lost, gained, start, kept = changes(start_right, kept_right)
+    images = len(kept_right)
     return ConfirmedCost(images, start, kept, start - kept, paired_cost_upper(lost, gained, images), CONFIDENCE,
                          threshold_for(start, at_least, drop_at_most), True, lost, gained)
 
@@ -179,11 +179,9 @@ def bound_selected(start_right: list[bool], kept_right: list[bool], compared: in
                    alpha: float = 1.0 - CONFIDENCE) -> SelectedCost:
     """The cost of an epoch kept from `compared` epochs, all read on the same images (each image's correctness
     under A(D) and under the kept weights, in order): paired_cost_upper at alpha / compared."""
-    if len(start_right) != len(kept_right) or not kept_right:
-        raise ValueError(f"{len(start_right)} and {len(kept_right)} readings: one pair per held-out image")
     if compared < 1:
         raise ValueError(f"{compared} epochs compared: at least 1")
-    images = len(kept_right)
     lost, gained, start, kept = changes(start_right, kept_right)
+    images = len(kept_right)
     return SelectedCost(images, compared, start, kept, start - kept,
                         paired_cost_upper(lost, gained, images, alpha / compared), 1.0 - alpha, lost, gained)

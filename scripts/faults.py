@@ -54,13 +54,12 @@ from fault_cases.interruptions import (
     case_kill_certified,
     case_kill_finetuning,
     case_kill_pretraining,
-    case_kill_provable,
     case_sigint,
     case_sigterm,
     case_slurm_requeue,
     kill_robust_at,
 )
-from fault_cases.jobs import BASE, FINISHED, MNIST_RAW, quick_refusal, run
+from fault_cases.jobs import BASE, FINISHED, MNIST_RAW, PROVABLE, quick_refusal, run
 from fault_cases.releases import (
     _confident_with_claims,
     _corrupt_header,
@@ -143,7 +142,8 @@ CASES = {
     "kill -9 robust Alg 1 after epoch 10, rerun": kill_robust_at(10),
     "kill -9 robust Alg 1 after epoch 35, rerun": kill_robust_at(35),
     "kill -9 robust Alg 1 after epoch 70, rerun": kill_robust_at(70),
-    "kill -9 robust Alg 1 on an A(D) trained for the bound after epoch 35, rerun": case_kill_provable,
+    "kill -9 robust Alg 1 on an A(D) trained for the bound after epoch 35, rerun": kill_robust_at(35, PROVABLE,
+                                                                                                 "provable"),
     "kill -9 a certified run (pretraining epoch 40), rerun": case_kill_certified,
     "release: std [1e-300], mean [0.5] in config.json": tampered_release("std_tiny", _input(std=[1e-300], mean=[0.5])),
     "release: image_size of 5000 digits": tampered_release("digits", _huge_integer),

@@ -9,7 +9,6 @@ import time
 from fault_cases.jobs import (
     BASE,
     CERTIFIED,
-    PROVABLE,
     ROBUST,
     Job,
     copy_cache,
@@ -29,25 +28,17 @@ def case_kill_finetuning(work, reference):
                           cache=copy_cache(work, reference, "kill9_finetuning"))
 
 
-def kill_robust_at(epoch: int):
-    """Issue 36, case 4: robust Alg 1 on digits (its defaults, attacks on) killed after `epoch` epochs and rerun."""
+def kill_robust_at(epoch: int, args=ROBUST, label: str = "robust"):
+    """Issue 36, case 4: robust Alg 1 on digits (its defaults, attacks on; `args`) killed after `epoch` epochs and
+    rerun. With PROVABLE (issue 80), on an A(D) certified-pretrained here, whose bound term covers every unproven
+    image from round 1 (`bound_from_start`)."""
     def case(work, reference):
-        robust = reference_run(work, "robust_reference", ROBUST)
-        cache = work / f"cache_robust_{epoch}"
+        robust = reference_run(work, f"{label}_reference", args)
+        cache = work / f"cache_{label}_{epoch}"
         shutil.copytree(robust.cache / "pretrain", cache / "pretrain")  # A(D) cached: the kill lands in Alg 1
-        return kill_and_rerun(work, robust, "checkpoints/*_alg1/last.ckpt", f"kill9_robust_{epoch}", cache=cache,
-                              args=ROBUST, epoch=epoch)
+        return kill_and_rerun(work, robust, "checkpoints/*_alg1/last.ckpt", f"kill9_{label}_{epoch}", cache=cache,
+                              args=args, epoch=epoch)
     return case
-
-
-def case_kill_provable(work, reference):
-    """Issue 80: robust Alg 1 on an A(D) certified-pretrained here (`pretrain.certified.gamma=12`), whose bound
-    term covers every unproven image from round 1 (`bound_from_start`), killed after epoch 35 and rerun."""
-    provable = reference_run(work, "provable_reference", PROVABLE)
-    cache = work / "cache_provable"
-    shutil.copytree(provable.cache / "pretrain", cache / "pretrain")  # A(D) cached: the kill lands in Alg 1
-    return kill_and_rerun(work, provable, "checkpoints/*_alg1/last.ckpt", "kill9_provable", cache=cache,
-                          args=PROVABLE, epoch=35)
 
 
 def case_kill_certified(work, reference):

@@ -245,7 +245,7 @@ class ParetoFinetuneModule(PartsValidationMixin):
         return (self.train_radius() if fixed is None else float(fixed) / 255.0) * fraction
 
     def _interval_bound(self, images):
-        """Each image's upper bound on KL(u || p) over its training ball (by `bound_term`: interval or
+        """Each image's upper bound on KL(u || p) over its ball (`_interval_radius`; by `bound_term`: interval or
         CROWN-IBP), with BatchNorm's running statistics (the function the released model computes)."""
         if not self._graph:
             self._graph.append(trace(self.net))

@@ -45,9 +45,9 @@ class AdversarialSettings:
     objectives: tuple[str, ...] = ("max_softmax", "ce_pretrained", "targeted")  # one drawn per training step
     surrogate_betas: tuple[float | None, ...] = (10.0, 1.0)  # one drawn per step; None: exact gradients
     clean_weight: float = 0.5          # L_K = w L_K(clean) + (1 - w) L_K(attacked) + interval_weight B(clean)
-    interval_weight: float | str = 0.0  # B: the interval bound on KL(u || p) over the training ball (auto: set
+    interval_weight: float | str = 0.0  # B: the interval bound on KL(u || p) over its ball (auto: set
                                         # for the network by alg1.method.resolve_interval_weight)
-    interval_ramp_epochs: int = 10     # B's radius grows linearly to the training radius over these epochs
+    interval_ramp_epochs: int = 10     # B's radius grows linearly to its full one over these epochs
     interval_gamma: float | None = None  # B's radius in 1/255 (None: the training radius, moved by the radius
                                          # rule); pareto_robust.yaml sets gamma, the ball proofs are judged on
     interval_focus: str = "all"        # B on every forget image of each batch | unproven: every step, on the

@@ -57,14 +57,30 @@ def test_a_larger_budget_is_offered_only_for_a_measured_clear_epoch_at_the_radiu
     offer, why = budget_override(rows, 8.0, 0.01, True, 100)
     assert offer is None and "unexposed" in why or "no budget" in why
     assert budget_override(rows, 8.0, 0.01, False, 100)[0] is not None  # the bound term off: attack alone
-    # nothing trained at the promised radius: no budget measured
-    rows = trained_radii([_row(1, 6.0, 0.99, 0, 0)], "retain_acc", 0.99, 100)
+    # nothing trained at the promised radius, and nothing proven below it: no budget measured
+    rows = trained_radii([_row(1, 6.0, 0.99, 0, 1)], "retain_acc", 0.99, 100)
     offer, why = budget_override(rows, 8.0, 0.01, True, 100)
     assert offer is None and "no epoch trained at 8/255" in why
     # a clear epoch within the budget: the budget is not what refused
     rows = trained_radii([_row(1, 12.0, 0.985, 0, 0)], "retain_acc", 0.99, 100)
     offer, why = budget_override(rows, 8.0, 0.01, True, 100)
     assert offer is None and "within the budget" in why
+
+
+def test_an_epoch_below_the_radius_with_every_image_proven_is_offered_as_at_it():
+    """A proof holds whatever radius trained (the gate skips its radius fallback there): a fully proven, unexposed
+    epoch below the promise is a measured budget; one unproven image, or an unmeasured count, and it is not."""
+    history = [_row(1, 12.0, 0.90, 0, 0), _row(2, 3.0, 0.97, 0, 0), _row(3, 3.0, 0.985, 0, 1)]
+    offer, why = budget_override(trained_radii(history, "retain_acc", 0.99, 100), 8.0, 0.01, True, 100)
+    assert why is None and offer.override.endswith("=0.02") and offer.cost == 2.0
+    assert "epoch 2" in offer.measured and "trained at 3/255" in offer.measured and "all 100" in offer.measured
+    for bad in (1, math.nan):
+        history = [_row(1, 12.0, 0.90, 0, 0), _row(2, 3.0, 0.97, 0, bad)]
+        offer, _ = budget_override(trained_radii(history, "retain_acc", 0.99, 100), 8.0, 0.01, True, 100)
+        assert offer.cost == 9.0 and "epoch 1" in offer.measured, bad  # the epoch at the radius, dearer
+    exposed = [_row(1, 3.0, 0.97, 1, 0)]
+    offer, why = budget_override(trained_radii(exposed, "retain_acc", 0.99, 100), 8.0, 0.01, True, 100)
+    assert offer is None and "no epoch trained at 8/255" in why
 
 
 def test_a_smaller_radius_is_the_largest_below_the_promise_at_which_the_gate_passes_these_weights():

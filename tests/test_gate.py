@@ -105,6 +105,23 @@ def test_a_radius_rule_that_fell_back_below_the_judged_radius_fails_a_gate_that_
     assert not judge(rows, "pareto", chosen | {"train_gamma_kept": 2.5}, robust, 8).passed
 
 
+def test_a_kept_epoch_below_the_radius_passes_only_where_the_gate_recomputes_every_proof():
+    """A proof at gamma holds whatever radius trained: the radius fallback is no reason when every image's proven
+    CD (the assessment's own, in the rows) is at most the threshold. One image above it, NaN or unmeasured, and
+    the fallback fails the gate again; the method's own count of proofs (`reported`) is never read."""
+    fell = {"train_steps": 5, "train_gamma_kept": 3.0, "train_gamma_target": 10.0, "forget_unproven": 0}
+    robust = GateSettings(0.1, ("clean", "attacked"))
+    proven = _rows([0.01, 0.02], attacked=[0.05, 0.05], proven=[0.08, 0.1])
+    assert judge(proven, "pareto", fell, robust, 8).passed
+    assert judge(proven, "pareto", fell, GateSettings(0.1, ("clean", "attacked", "proven")), 8).passed
+    for bad in (0.12, math.nan, math.inf):
+        rows = _rows([0.01, 0.02], attacked=[0.05, 0.05], proven=[0.08, bad])
+        record = judge(rows, "pareto", fell, robust, 8)
+        assert not record.passed and "radius rule fell back" in record.reasons[0], bad
+    assert not judge(_rows([0.01, 0.02], attacked=[0.05, 0.05]), "pareto", fell, robust, 8).passed  # unmeasured
+    assert not judge(_rows([], attacked=[]), "pareto", fell, robust, 8).passed  # no image: nothing proven
+
+
 def test_a_required_bound_that_cannot_be_computed_fails_the_gate():
     record = judge(_rows([0.0]), "pareto", {}, GateSettings(0.1, ("clean", "proven")), 8, "LayerNorm")
     assert not record.passed and "could not be computed (LayerNorm)" in record.reasons[0]

@@ -3,6 +3,7 @@ robust uniformity term is evaluated at them, early stopping watches the attacked
 released model keeps its uniformity under the default attack better than plain Alg 1."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -155,6 +156,26 @@ def test_the_judge_re_attacks_only_an_epoch_that_could_be_kept_and_never_lowers_
 
 
 UNPROVEN = torch.ones(20, dtype=torch.float64)  # every image's proven CD above the threshold: all attacked
+
+
+def test_an_epoch_below_the_radius_counts_as_at_it_only_when_the_bound_proves_every_image():
+    """val/below_radius: a proof at gamma holds whatever radius the epoch trained at, so a fully proven epoch the
+    radius rule trained below gamma is at the radius for early stopping's rank; one image above the threshold,
+    or NaN, and it is below again; an epoch at the radius is never below."""
+    _, forget = tiny_sets(n_forget=20)
+    module = ParetoFinetuneModule(tiny_net().eval(), 0.75, OPTIM, forget_data=forget, adversarial=SETTINGS,
+                                  exposed_above=0.1)
+    proven = torch.full((20,), 0.05, dtype=torch.float64)
+    assert not module._below_radius() and not module._below_radius(UNPROVEN)
+    module.radius_scale = 0.5
+    assert module._below_radius() and module._below_radius(UNPROVEN)
+    assert not module._below_radius(proven)
+    for bad in (0.1 + 1e-9, math.nan, math.inf):
+        one = proven.clone()
+        one[7] = bad
+        assert module._below_radius(one), bad
+    module.exposed_above = None  # no threshold: nothing counts as proven
+    assert module._below_radius(proven)
 
 
 def test_images_the_bound_proves_are_not_attacked(monkeypatch):

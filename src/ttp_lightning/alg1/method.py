@@ -112,15 +112,16 @@ CRITERIA = {"worst": "val/forget_worst_conf_dist", "mean": "val/forget_conf_dist
             "worst_attacked": "val/forget_robust_worst_conf_dist", "mean_attacked": "val/forget_robust_conf_dist"}
 SELECTIONS = {"conf_dist": "val/forget_conf_dist", "robust_conf_dist": "val/forget_robust_conf_dist",
               "retain_acc": "val/retain_acc", "proven": "val/forget_robust_conf_dist"}
-PROVEN_RULE = ("trained at the radius judged first, then fewest images above the gate's threshold under attack, "
-                  "then fewest not proven below it by the interval bound, then the lowest proven worst CD (all "
-                  "proven) or attacked mean CD")
+PROVEN_RULE = ("trained at the radius judged (or every image proven there) first, then fewest images above the "
+               "gate's threshold under attack, then fewest not proven below it by the interval bound, then the "
+               "lowest proven worst CD (all proven) or attacked mean CD")
 
 
 def proven_rank(metrics) -> tuple[float, float, float, float]:
     """select=proven (robust Alg 1): a release is judged by its worst image, and a proof outranks an attack.
-    Among the qualifying epochs keep one trained at the radius the release is judged at (an epoch the radius rule
-    trained below it fails the gate whatever its numbers), then the one with the fewest forget images the
+    Among the qualifying epochs keep one trained at the radius the release is judged at or with every image proven
+    there (val/below_radius: an epoch the radius rule trained below it fails the gate unless the bound proves
+    every image, since a proof holds whatever radius trained), then the one with the fewest forget images the
     validation attack takes above the gate's threshold, then the fewest the interval bound does not prove below it
     at gamma, then, where every image is proven, the lowest proven worst CD (the strongest proof), else the lowest
     attacked mean CD. On a network whose interval bound proves nothing (a BatchNorm ResNet) the third key ties and

@@ -263,8 +263,8 @@ class ParetoFinetuneModule(PartsValidationMixin):
             return
         # the radius this epoch trained at, in units of 1/255 (it moves under adversarial.radius_rule=retain)
         self.log("val/train_gamma", self.train_radius() * 255.0, on_epoch=True, sync_dist=False)
-        self.log("val/below_radius", float(self._below_radius()), on_epoch=True, sync_dist=False)
         proven = self._proven_conf_dist()
+        self.log("val/below_radius", float(self._below_radius(proven)), on_epoch=True, sync_dist=False)
         self.log("val/forget_proven_worst_conf_dist", proven.max().item(), on_epoch=True, sync_dist=False)
         per_image, judged = self._attacked_conf_dist(proven)
         # Every rank attacks the whole (small) forget set with the same seed: the values are identical.
@@ -312,9 +312,16 @@ class ParetoFinetuneModule(PartsValidationMixin):
         per_image[index] = screened
         return per_image, judged
 
-    def _below_radius(self) -> bool:
-        """This epoch trained below the radius the release is judged at (the radius rule stepped it down)."""
-        return self.train_radius() * 255.0 < self.adversarial.gamma - 1e-9
+    def _below_radius(self, proven: torch.Tensor | None = None) -> bool:
+        """This epoch trained below the radius the release is judged at (the radius rule stepped it down) and, given
+        `proven` (each forget image's proven CD at gamma), the interval bound does not prove every forget image at
+        or below the threshold there. A proof holds whatever radius the epoch trained at, so a fully proven epoch
+        counts as at the radius for every rule that reads this (early stopping's rank, the rounds' goal, the
+        frontier); the gate recomputes the proofs itself (assess/protection.py radius_fallback). NaN is no proof."""
+        below = self.train_radius() * 255.0 < self.adversarial.gamma - 1e-9
+        if not below or proven is None or self.exposed_above is None:
+            return below
+        return not bool((proven <= self.exposed_above).all())
 
     def _proven_conf_dist(self) -> torch.Tensor:
         """[N]: each forget image's interval-bound proven CD at gamma (cheap: one bound pass; a network the

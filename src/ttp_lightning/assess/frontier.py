@@ -169,11 +169,13 @@ def _order(row: dict, start_acc: float, reads: str) -> tuple[float, float, float
 def budget_override(trained: tuple[TrainedRadius, ...], gamma: float, budget: float | None, bound_on: bool,
                     forget_size: int) -> tuple[Override | None, str | None]:
     """The larger budget that the fit measured would release: the cheapest best epoch trained at the promised
-    radius or above with no image exposed (and, with the bound term on, every image proven), when it cost more
+    radius or above with no image exposed (and, with the bound term on, every image proven), or trained below it
+    with every image proven (a proof holds whatever radius trained: the gate's radius_fallback), when it cost more
     than the budget. (override, None) or (None, why not)."""
-    at_radius = [row for row in trained if row.train_gamma >= gamma - 1e-9]
+    at_radius = [row for row in trained if row.train_gamma >= gamma - 1e-9 or _proven_clear(row, forget_size)]
     if not at_radius:
-        return None, f"no epoch trained at {gamma:g}/255 or above (the radius rule kept below it)"
+        return None, (f"no epoch trained at {gamma:g}/255 or above (the radius rule kept below it), and none below "
+                      "it with every image proven there")
     clear = [row for row in at_radius if row.exposed == 0 and (not bound_on or row.proven == forget_size)]
     if not clear:
         fewest = min(at_radius, key=lambda row: math.inf if row.exposed is None else row.exposed)
@@ -184,14 +186,20 @@ def budget_override(trained: tuple[TrainedRadius, ...], gamma: float, budget: fl
     if budget is not None and cheapest.cost <= 100.0 * budget + 1e-9:
         return None, (f"epoch {cheapest.epoch} was within the budget and cleared early stopping's attack; the "
                       "gate's judge refused the epoch kept, so a larger budget is not what is missing")
+    proof = f", all {forget_size} interval-proven there" if cheapest.proven == forget_size else ""
     suggested = math.ceil(cheapest.cost / 100.0 / BUDGET_STEP - 1e-9) * BUDGET_STEP
     where = "on the retain rule's images" if cheapest.confirmed_cost is None else \
         (f"{cheapest.retain_cost:g} pt on the retain rule's images, {cheapest.confirmed_cost:g} pt confirmed on "
          "images no rule reads")
     return Override(f"method.early_stopping.retain_acc_drop_at_most={suggested:.3g}", cheapest.cost,
                     f"epoch {cheapest.epoch} of this run (trained at {cheapest.train_gamma:g}/255): 0 exposed at "
-                    f"{gamma:g}/255 under early stopping's attack; {where}; a rerun's radius rule follows the new "
-                    "budget too"), None
+                    f"{gamma:g}/255 under early stopping's attack{proof}; {where}; a rerun's radius rule follows the "
+                    "new budget too"), None
+
+
+def _proven_clear(row: TrainedRadius, forget_size: int) -> bool:
+    """Every forget image proven at the promised radius and none exposed there (unmeasured is neither)."""
+    return row.proven == forget_size and row.exposed == 0
 
 
 def judged_radii(gammas: list[float], exposed: Callable[[float], int | None], proven: Callable[[float], int | None],

@@ -11,11 +11,12 @@ this module records three confidence distances (CD):
              and the image can recompute it (`python -m ttp_lightning.verify robust`).
 
 The gate (`release_gate` in conf/main.yaml) then decides whether the method's model is released as protected:
-every forget image must have each CD named in `release_gate.require` at most `release_gate.conf_dist_at_most`,
-the method must have taken a training step when it trains (Alg 1), its early-stopping rule must have been
-met, and, where the gate judges the ball, robust Alg 1's kept epoch must not have trained below the radius the
-release is judged at (radius_fallback). Otherwise the weights go to release_not_protected/, the model card says so and the command exits with
-EXIT_NOT_PROTECTED after one line naming how many images failed, which, and why.
+every forget image must have each CD named in `release_gate.require` at most `release_gate.conf_dist_at_most`, the
+method must have taken a training step when it trains (Alg 1), its early-stopping rule must have been met, and,
+where the gate judges the ball, robust Alg 1's kept epoch must not have trained below the radius the release is
+judged at unless the bound proves every image there (radius_fallback). Otherwise the weights go to
+release_not_protected/, the model card says so and the command exits with EXIT_NOT_PROTECTED after one line naming
+how many images failed, which, and why.
 """
 
 import logging
@@ -211,9 +212,9 @@ def judge(rows: list[dict], stage: str, reported: dict, settings: GateSettings, 
     """The release gate's verdict on `stage`'s model from every forget image's `rows` and the numbers the method
     reported about how it got the model (`reported`: training steps, whether its weights changed, its
     early-stopping rule, robust Alg 1's radius rule)."""
-    reasons = how_obtained(reported, settings, gamma)
-    failing: list[str] = []
     threshold = settings.conf_dist_at_most
+    reasons = how_obtained(reported, settings, gamma, all_proven(rows, stage, threshold))
+    failing: list[str] = []
     if settings.min_proven_radius is not None:
         least = settings.min_proven_radius
         radii = [row[stage]["proven_radius"] for row in rows]
@@ -242,9 +243,17 @@ def judge(rows: list[dict], stage: str, reported: dict, settings: GateSettings, 
                        failing_images=tuple(failing), unrequired_above=unrequired_above(rows, stage, settings))
 
 
-def how_obtained(reported: dict, settings: GateSettings, gamma: float) -> list[str]:
+def all_proven(rows: list[dict], stage: str, threshold: float) -> bool:
+    """Whether the bound proves every forget image's CD at most `threshold` in the ball judged (`stage`'s proven
+    CDs in `rows`, as this assessment recomputed them; unmeasured and NaN are no proof)."""
+    values = [row[stage]["proven"] for row in rows]
+    return bool(values) and all(value is not None and value <= threshold for value in values)
+
+
+def how_obtained(reported: dict, settings: GateSettings, gamma: float, proven: bool = False) -> list[str]:
     """The gate's reasons about how the method got its model rather than about any image: no training step, no
-    weight changed, the early-stopping rule never met, robust Alg 1's radius fallback."""
+    weight changed, the early-stopping rule never met, robust Alg 1's radius fallback (none when `proven`: every
+    forget image proven at `gamma`)."""
     reasons = []
     if reported.get("train_steps") == 0:
         reasons.append("the method took 0 training steps")
@@ -253,7 +262,7 @@ def how_obtained(reported: dict, settings: GateSettings, gamma: float) -> list[s
     if reported.get("constraint_met") is False:
         rule = reported.get("stopping_rule")
         reasons.append("no epoch met the early-stopping rule" + (f" ({rule})" if rule else ""))
-    fallback = radius_fallback(reported, settings, gamma)
+    fallback = None if proven else radius_fallback(reported, settings, gamma)
     if fallback:
         reasons.append(fallback)
     unconfirmed = budget_unconfirmed(reported.get("retain_confirmed"))
@@ -283,7 +292,9 @@ def radius_fallback(metrics: dict, settings: GateSettings, gamma: float) -> str 
     """Robust Alg 1's radius rule trades the training radius for retain accuracy; a release whose kept epoch
     trained below both its training radius and the radius it is judged at (`gamma`) gave the robustness away to
     keep the rule, and is not judged at a smaller radius in silence: that is a gate failure whenever the gate
-    judges the ball (attacked or proven CDs), even if the attack at `gamma` found nothing."""
+    judges the ball (attacked or proven CDs), even if the attack at `gamma` found nothing. The one exception is
+    the gate's (how_obtained's `proven`): where the bound proves every image at `gamma`, no attack can exceed the
+    threshold whatever radius the epoch trained at, and robustness was not given away."""
     kept, target = metrics.get("train_gamma_kept"), metrics.get("train_gamma_target")
     if kept is None or target is None or not set(settings.require) & {"attacked", "proven"}:
         return None

@@ -147,6 +147,37 @@ def test_later_rounds_cover_every_unproven_image():
     unproven = torch.tensor([True] * 6 + [False] * 14)
     assert len(stragglers(unproven)) == 0  # more than a tenth: the first round leaves them to the attack term
     assert stragglers(unproven, every=True).tolist() == list(range(6))
+    # once covered, an image stays covered in later rounds (a proven image no longer pulled back out of the
+    # provable region by dropping its term: the alternate-epoch flip of docs/robust-budget.md)
+    covered = torch.tensor([2, 9, 15])
+    assert stragglers(unproven, every=True, covered=covered).tolist() == [0, 1, 2, 3, 4, 5, 9, 15]
+    assert stragglers(torch.zeros(20, dtype=torch.bool), every=True, covered=covered).tolist() == [2, 9, 15]
+    assert len(stragglers(unproven, covered=covered)) == 0  # the first round: the cap, nothing kept on
+    assert stragglers(unproven, every=True, covered=torch.empty(0, dtype=torch.long)).tolist() == list(range(6))
+
+
+def test_later_rounds_take_their_weight_decay_and_the_first_keeps_the_methods():
+    """adversarial.later_weight_decay: set on every parameter group when round 2 begins (the optimizer's state,
+    which a checkpoint saves, carries it on); 0 leaves the method's own."""
+    rank = (0.0, 2.0, 5.0, 0.3)
+    for decay, expected in ((1e-4, 1e-4), (0.0, 0.5)):
+        trainer = _trainer(4)
+        optimizer = trainer.lr_scheduler_configs[0].scheduler.optimizer
+        optimizer.param_groups[0]["weight_decay"] = 0.5
+        trainer.optimizers = [optimizer]
+        rounds = Rounds(4, 3, lambda: rank, bound_on=True, weight_decay=decay)
+        rounds.on_validation_end(_trainer_like(trainer, 3), SimpleNamespace(round=1))  # not a cycle's end
+        assert optimizer.param_groups[0]["weight_decay"] == 0.5
+        rounds.on_validation_end(trainer, SimpleNamespace(round=1))
+        assert rounds.round == 2 and optimizer.param_groups[0]["weight_decay"] == expected
+    with pytest.raises(TTPUserError, match="later_weight_decay=-0.1 is not allowed"):
+        AdversarialSettings(later_weight_decay=-0.1)
+    with pytest.raises(TTPUserError, match="later_weight_decay=nan"):
+        AdversarialSettings(later_weight_decay=math.nan)
+
+
+def _trainer_like(trainer, epoch: int):
+    return SimpleNamespace(**{**vars(trainer), "current_epoch": epoch - 1})
 
 
 def test_a_round_visits_each_forget_image_at_most_visits_per_round_times():

@@ -319,13 +319,14 @@ class Rounds(Callback):
     run that meets the goal there has the same numbers; `restarts` records (epoch, round begun, why). With the
     radius rule (`radius`), a round that ends with no epoch kept, or the kept one trained below the promised
     radius, is followed by rounds that hold the full radius (RadiusFromRetainRule.hold): the rule does not fall
-    back twice, and what the promise costs is measured where it is made. Saved in checkpoints: a resumed fit is
-    in the same round."""
+    back twice, and what the promise costs is measured where it is made. From the second round on the optimizer's
+    weight decay is `weight_decay` where that is set (adversarial.later_weight_decay). Saved in checkpoints: a
+    resumed fit is in the same round."""
 
     def __init__(self, cycle: int, rounds: int, kept_rank, bound_on: bool, warmup: "LrWarmup | None" = None,
-                 radius: "RadiusFromRetainRule | None" = None):
+                 radius: "RadiusFromRetainRule | None" = None, weight_decay: float = 0.0):
         self.cycle, self.rounds, self.kept_rank, self.bound_on, self.warmup = cycle, rounds, kept_rank, bound_on, warmup
-        self.radius = radius
+        self.radius, self.weight_decay = radius, weight_decay
         self.stopped = False
         self.restarts: list[dict] = []
         self.ended: str | None = None  # why the fit stopped short of its rounds (a round that kept nothing new)
@@ -372,6 +373,10 @@ class Rounds(Callback):
             config.scheduler.last_epoch = 0        # follows gives the rate of the cycle's second epoch
             for group in config.scheduler.optimizer.param_groups:
                 group["lr"] = group.get("initial_lr", group["lr"])
+        if self.weight_decay:  # (saved with the optimizer's state: a resumed later round keeps it)
+            for optimizer in trainer.optimizers:
+                for group in optimizer.param_groups:
+                    group["weight_decay"] = self.weight_decay
         if self.warmup is not None:
             self.warmup.origin = trainer.global_step
         if trainer.global_rank == 0:

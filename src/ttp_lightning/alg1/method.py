@@ -482,7 +482,8 @@ def add_rounds(callbacks: list, module, best, adversarial, epochs: int, cycles: 
     if cycles <= 1:
         return None
     module.schedule_epochs = epochs
-    rounds = Rounds(epochs, cycles, best.kept_rank, float(adversarial.interval_weight) > 0, warmup, radius)
+    rounds = Rounds(epochs, cycles, best.kept_rank, float(adversarial.interval_weight) > 0, warmup, radius,
+                    float(adversarial.later_weight_decay))
     callbacks.insert(callbacks.index(best) + 1, rounds)
     return rounds
 

@@ -29,13 +29,18 @@ def replayed(attacked_conf_dist: torch.Tensor, threshold: float, limit: int) -> 
 STRAGGLERS = 0.1  # interval_focus=unproven: B only while at most this share of the forget set is unproven
 
 
-def stragglers(unproven: torch.Tensor, every: bool = False) -> torch.Tensor:
+def stragglers(unproven: torch.Tensor, every: bool = False, covered: torch.Tensor | None = None) -> torch.Tensor:
     """The indices of the unproven forget images (`unproven`: [N] bool) while they are at most STRAGGLERS of the
     forget set (at least one image), else none: the bound term finishes a proof the attack-trained model nearly
     has; it does not push a whole forget set into a provable region (on the noisy-MNIST stand-in that cost 2.5
     test points against 1.5 without it, docs/robust-defaults.md). `every`: all the unproven images (robust Alg 1's
-    later rounds, callbacks.Rounds: the first round did not prove them)."""
+    later rounds, callbacks.Rounds: the first round did not prove them), and with them every image in `covered`
+    (the indices B was on: in later rounds B stays on an image once it has covered it, since switching it off
+    the moment the image is proven let whole forget sets flip between proven and unproven on alternate epochs,
+    docs/robust-budget.md)."""
     index = unproven.nonzero().flatten().cpu()
+    if every and covered is not None and len(covered):
+        return torch.unique(torch.cat([index, covered.cpu().to(index.dtype)]))
     return index if every or len(index) <= max(1, int(STRAGGLERS * len(unproven))) else index[:0]
 
 
@@ -280,7 +285,8 @@ class ParetoFinetuneModule(PartsValidationMixin):
             unproven = ~(proven <= self.exposed_above)  # NaN is not a proof
             self.log("val/forget_unproven", float(unproven.sum()), on_epoch=True, sync_dist=False)
             if self.adversarial.interval_focus == "unproven":
-                self._unproven = stragglers(unproven, every=self.round > 1 or self.bound_from_start)
+                self._unproven = stragglers(unproven, every=self.round > 1 or self.bound_from_start,
+                                            covered=self._unproven if self.round > 1 else None)
 
     def _attacked_conf_dist(self, proven: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """Each forget image's CD under early stopping's attack, and whether the judge's attack (judge_steps > 0)

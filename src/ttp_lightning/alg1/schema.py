@@ -60,6 +60,9 @@ class AdversarialSettings:
     rounds: int = 1                    # at most this many cosine cycles of `epochs`: another begins while the
                                        # epoch kept leaves an image exposed at gamma, trained below it, or (bound
                                        # term on) not proven there, the bound term then on every unproven image
+    later_weight_decay: float = 0.0    # the optimizer's weight decay from the second round on (the first
+                                       # keeps the method's own): rounds 2+ train the whole forget set for the
+                                       # bound at the full radius, and regularising them keeps held-out accuracy
     visits_per_round: int | None = None  # a cycle is at most `epochs` long and visits each forget image at most
                                          # this many times (None: `epochs` alone)
     replay: int = 0                    # every training step's forget batch also holds up to this many forget
@@ -91,6 +94,7 @@ class AdversarialSettings:
             checks.positive_int(self.steps, "method.adversarial.steps")
         checks.whole_number(self.replay, "method.adversarial.replay")
         checks.positive_int(self.rounds, "method.adversarial.rounds")
+        checks.at_least_zero(self.later_weight_decay, "method.adversarial.later_weight_decay")
         if self.visits_per_round is not None:
             checks.positive_int(self.visits_per_round, "method.adversarial.visits_per_round")
         if self.interval_ramp_epochs is not None and self.interval_ramp_epochs != 0:

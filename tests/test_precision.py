@@ -88,13 +88,14 @@ def test_fused_and_channels_last_switches(tmp_path):
 
 def test_joint_forward_alg1_takes_the_same_steps_without_batchnorm(run_job):
     """One forward pass for the retain and forget batches (method.joint_forward): for a network without
-    BatchNorm the same steps as the paper's two passes, so the same model to float rounding."""
+    BatchNorm the same steps as the paper's two passes, so the same model to float rounding (five epochs amplify
+    it: forget CD 0.221975 against 0.221954 on one 2-core CPU, equal to 1e-5 on another)."""
     common = [*TINY_WITHOUT_METHOD, "method.epochs=5", "attacks.enabled=false", "method.early_stopping.enabled=false"]
     _, two = run_job(*common, tiny=False)
     proc, one = run_job(*common, "method.joint_forward=true", tiny=False)
     finished(proc.returncode, one, proc.stderr)
     for key in ("retain_acc", "test_acc", "forget_conf_dist", "forget_l2_dist"):
-        assert one["metrics"]["pareto"][key] == pytest.approx(two["metrics"]["pareto"][key], abs=1e-5), key
+        assert one["metrics"]["pareto"][key] == pytest.approx(two["metrics"]["pareto"][key], abs=1e-4), key
     proc, _ = run_job(*common, "method=pareto_robust", "method.joint_forward=true", tiny=False)
     assert proc.returncode == 2 and "method.joint_forward=true is not allowed" in proc.stderr
 

@@ -125,6 +125,7 @@ class PerformanceSchema:
     fused_optimizer: Any = "auto"
     compile: bool = False
     data_on_device: Any = "auto"
+    flush_denormals: bool = True
 
     def __post_init__(self) -> None:
         for key in ("channels_last", "fused_optimizer", "data_on_device"):

@@ -1,6 +1,7 @@
 """Builds Trainers from the `trainer` config group and fits a module, timing the fit."""
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -218,6 +219,25 @@ def choose_threads(cfg: MainSchema, macs: int | None = None) -> int:
         threads = max(1, (os.cpu_count() or 1) // max(processes, 1))
     torch.set_num_threads(max(1, threads))
     return torch.get_num_threads()
+
+
+@contextmanager
+def denormals_flushed(on: bool):
+    """performance.flush_denormals: inside the block the CPU flushes subnormal floats to zero (x86's FTZ and DAZ,
+    set by torch for this thread; threads started inside inherit it), and restores IEEE gradual underflow after.
+    Training drifts into numbers below float32's smallest normal (1.2e-38), and each operation on one costs about
+    a hundred normal ones: robust Alg 1 on the letters stand-in took 8-16 s an epoch from round 2 instead of 1.4
+    (docs/robust-budget.md). Only this process's own arithmetic changes, by less than 1.2e-38 an operation; the
+    bounds model the released float32 network as IEEE arithmetic runs it, whichever mode its user is in
+    (bounds/rounding.py). On a CPU without the switch (torch returns False) nothing changes."""
+    import torch
+
+    flushed = bool(on) and torch.set_flush_denormal(True)
+    try:
+        yield flushed
+    finally:
+        if flushed:
+            torch.set_flush_denormal(False)
 
 
 class TrainedBy(NamedTuple):

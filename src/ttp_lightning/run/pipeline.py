@@ -34,7 +34,7 @@ from ttp_lightning.fit.pretraining import (
     retrained_model,
 )
 from ttp_lightning.fit.progress import quiet_lightning
-from ttp_lightning.fit.training import RunContext, choose_threads, multiply_accumulates
+from ttp_lightning.fit.training import RunContext, choose_threads, denormals_flushed, multiply_accumulates
 from ttp_lightning.models.components import build_classifier
 from ttp_lightning.release import (
     CARD,
@@ -152,7 +152,8 @@ def run(cfg: Node, output_dir: str) -> RunRecord | None:
     ctx = RunContext.of(settings, logger=build_logger(validated.logger, record, identity), output_dir=output_dir,
                         identity=identity)
     try:
-        return _stages(settings, record, ctx, method, attacks, datamodule, make_net, gate)
+        with denormals_flushed(settings.performance.flush_denormals):
+            return _stages(settings, record, ctx, method, attacks, datamodule, make_net, gate)
     except BaseException:
         abort_logger(ctx.logger)
         raise

@@ -40,3 +40,19 @@ def test_a_value_that_is_not_a_boolean_is_refused_before_anything_runs(run_job):
     line = job.stderr.strip()
     assert line.startswith("error:") and "\n" not in line
     assert "performance.flush_denormals=sometimes" in line and "not a valid bool" in line
+
+
+def test_worker_threads_started_inside_the_block_flush_too():
+    """A fresh process whose first parallel operation runs inside the block: both intra-op threads flush (a
+    worker started before the block would keep gradual underflow, which is why run() enters it first)."""
+    import subprocess
+    import sys
+
+    script = ("import torch\nfrom ttp_lightning.fit.training import denormals_flushed\ntorch.set_num_threads(2)\n"
+              "with denormals_flushed(True) as flushed:\n"
+              "    kept = int((torch.full((4_000_000,), 1e-39) * 1.0).ne(0).sum())\n"
+              "print(flushed, kept)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    if out[0] != "True":
+        pytest.skip("this CPU has no flush-to-zero switch torch can set")
+    assert out[1] == "0"

@@ -224,7 +224,9 @@ def choose_threads(cfg: MainSchema, macs: int | None = None) -> int:
 @contextmanager
 def denormals_flushed(on: bool):
     """performance.flush_denormals: inside the block the CPU flushes subnormal floats to zero (x86's FTZ and DAZ,
-    set by torch for this thread; threads started inside inherit it), and restores IEEE gradual underflow after.
+    set by torch for this thread), and restores IEEE gradual underflow after. Intra-op worker threads take the
+    mode when they start and keep it: one started before the block keeps gradual underflow (measured: half of
+    a two-thread product of subnormals survived), so enter it before the run's first parallel operation.
     Training drifts into numbers below float32's smallest normal (1.2e-38), and each operation on one costs about
     a hundred normal ones: robust Alg 1 on the letters stand-in took 8-16 s an epoch from round 2 instead of 1.4
     (docs/robust-budget.md). Only this process's own arithmetic changes, by less than 1.2e-38 an operation; the

@@ -65,7 +65,7 @@ from ttp_lightning.reporting.run_logger import (
 from ttp_lightning.reporting.tables import method_label
 from ttp_lightning.run.assessment import Assessment, assess, run_relearn_sources
 from ttp_lightning.run.record import Release, RunRecord, StageMetrics, Weights
-from ttp_lightning.run.validation import build_method, validate
+from ttp_lightning.run.validation import Validated, build_method, validate
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,13 @@ def run(cfg: Node, output_dir: str) -> RunRecord | None:
     route_lightning_logs_to_hydra()
     quiet_lightning()
     validated = validate(cfg)  # every value checked once, as typed objects (config.schema.MainSchema)
+    # before the data is loaded: torch's worker threads take the mode when they start and keep it after
+    with denormals_flushed(validated.settings.performance.flush_denormals):
+        return _job(validated, output_dir)
+
+
+def _job(validated: Validated, output_dir: str) -> RunRecord | None:
+    """run()'s job from its checked settings: the data, the method, the logger, then the stages."""
     settings, record, identity = validated.settings, validated.record, validated.identity
     method = build_method(settings)  # from method._target_, given its typed settings; checks its own
     attacks = build_suite(settings.attacks.suite) if settings.attacks.enabled else {}  # conf/attack, by _target_
@@ -152,8 +159,7 @@ def run(cfg: Node, output_dir: str) -> RunRecord | None:
     ctx = RunContext.of(settings, logger=build_logger(validated.logger, record, identity), output_dir=output_dir,
                         identity=identity)
     try:
-        with denormals_flushed(settings.performance.flush_denormals):
-            return _stages(settings, record, ctx, method, attacks, datamodule, make_net, gate)
+        return _stages(settings, record, ctx, method, attacks, datamodule, make_net, gate)
     except BaseException:
         abort_logger(ctx.logger)
         raise

@@ -238,10 +238,13 @@ def test_help_and_cfg_job():
     # usage and examples first, the groups, no composed config (--cfg job shows it), one screen or so
     lines = helped.stdout.splitlines()
     assert len(lines) <= 80 and "Composed config" not in helped.stdout and "experiment_name:" not in helped.stdout
-    assert lines.index("Examples:") < next(i for i, line in enumerate(lines) if line.startswith("method: "))
+    examples = next(i for i, line in enumerate(lines) if line.startswith("Examples"))
+    assert examples < next(i for i, line in enumerate(lines) if line.startswith("method: "))
+    assert max(len(line) for line in lines) <= 100  # a 100-column terminal, Hydra's group lines folded
+    unfolded = " ".join(line.strip() for line in lines)
     for word in ("experiment:", "mnist_mlp", "method:", "pareto, pareto_robust, retrain", "ddp_sim",
                  "attacks: adaptive, paper"):
-        assert word in helped.stdout
+        assert word in unfolded
     job = subprocess.run([sys.executable, "-m", "ttp_lightning", "+experiment=mnist_mlp", "--cfg", "job"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert job.returncode == 0 and "experiment_name: mnist_mlp" in job.stdout and "patience: 20" in job.stdout

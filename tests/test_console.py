@@ -206,3 +206,17 @@ def test_a_heartbeat_resets_the_interval_but_not_the_pace():
     assert pace.beat() == 130.0
     assert pace.due(3, 6) is None  # 10 s after the heartbeat
     assert pace.due(4, 6) == (200.0, 139.0)  # (200 - 61) / 2 a step since the last progress line, 2 left
+
+
+def test_long_help_lines_fold_under_their_first_value_and_never_break_a_word():
+    from ttp_lightning.core.console import fold_long_lines
+
+    names = ", ".join(f"option_{i}" for i in range(30))
+    folded = fold_long_lines(f"short\ngroup: {names}\n  prose " + "word " * 40 + "\n", width=60)
+    lines = folded.splitlines()
+    assert lines[0] == "short" and folded.endswith("\n") and max(map(len, lines)) <= 60
+    group = [line for line in lines if "option_" in line]
+    assert group[0].startswith("group: option_0,") and all(line.startswith(" " * 7 + "o") for line in group[1:])
+    assert " ".join(line.strip() for line in group) == f"group: {names}"  # every word whole, in order
+    assert all(line.startswith("      word") for line in lines[len(group) + 2:])  # its own indent + 4
+    assert fold_long_lines("x" * 80, width=60) == "x" * 80  # a word longer than the width stays whole

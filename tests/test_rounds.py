@@ -176,6 +176,30 @@ def test_later_rounds_take_their_weight_decay_and_the_first_keeps_the_methods():
         AdversarialSettings(later_weight_decay=math.nan)
 
 
+def test_later_rounds_start_their_cycle_at_a_decayed_top_rate():
+    """adversarial.later_lr_scale: round k's cosine starts at lr x scale^(k-1) and anneals from there; 1 keeps
+    every round at the method's rate; the first round is never scaled."""
+    ranks = [(0.0, 2.0, 5.0, 0.3)]
+    for scale in (0.1, 1.0):
+        ranks[0] = (0.0, 2.0, 5.0, 0.3)
+        rounds, module = Rounds(4, 3, lambda: ranks[0], bound_on=True, lr_scale=scale), SimpleNamespace(round=1)
+        trainer = _trainer(4)
+        scheduler = trainer.lr_scheduler_configs[0].scheduler
+        rounds.on_validation_end(trainer, module)
+        assert rounds.round == 2 and scheduler.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * scale)
+        for t in (1, 2, 3):
+            scheduler.step()
+            expected = 1e-2 * scale * (1 + math.cos(math.pi * t / 4)) / 2
+            assert scheduler.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+        scheduler.step()
+        ranks[0] = (0.0, 1.0, 5.0, 0.3)  # a better kept epoch: round 3 begins
+        rounds.on_validation_end(_trainer_like(trainer, 8), module)
+        assert rounds.round == 3 and scheduler.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * scale ** 2)
+    for bad in (0.0, -0.5, 1.5, math.nan):
+        with pytest.raises(TTPUserError, match="later_lr_scale="):
+            AdversarialSettings(later_lr_scale=bad)
+
+
 def _trainer_like(trainer, epoch: int):
     return SimpleNamespace(**{**vars(trainer), "current_epoch": epoch - 1})
 

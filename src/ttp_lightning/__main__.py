@@ -1,5 +1,7 @@
 """`python -m ttp_lightning`: the Hydra entry point. Thin: compose config, run the pipeline."""
 
+import contextlib
+import io
 import os
 import signal
 import sys
@@ -18,6 +20,7 @@ from ttp_lightning.config.choices import (
     check_unknown_additions,
     normalize_overrides,
 )
+from ttp_lightning.core.console import fold_long_lines
 from ttp_lightning.core.errors import EXIT_NOT_PROTECTED, TTPUserError
 from ttp_lightning.core.files import run_folder_lock
 from ttp_lightning.fit import interrupts
@@ -84,6 +87,17 @@ def _hydra_main(cfg: DictConfig) -> None:
         raise
 
 
+def _help() -> None:
+    """Hydra's --help, with the config-group lines it writes (one line a group, however many options) folded
+    within the console's 100 columns."""
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(text):
+            _hydra_main()
+    finally:
+        print(fold_long_lines(text.getvalue()), end="", flush=True)
+
+
 def main() -> None:
     _NOT_PROTECTED.clear()
     os.environ.setdefault("WANDB_SILENT", "true")
@@ -103,6 +117,9 @@ def main() -> None:
         check_composition(sys.argv[1:])
     except TTPUserError as exc:
         _fail(exc)
+    if {"--help", "-h"} & set(sys.argv[1:]):
+        _help()
+        return
     _hydra_main()
     if _NOT_PROTECTED:  # a sweep whose every job ran, some of them leaving a forget image unprotected
         print(f"error: {len(_NOT_PROTECTED)} job(s) of the sweep are not protected: {', '.join(_NOT_PROTECTED)}",

@@ -320,13 +320,14 @@ class Rounds(Callback):
     radius rule (`radius`), a round that ends with no epoch kept, or the kept one trained below the promised
     radius, is followed by rounds that hold the full radius (RadiusFromRetainRule.hold): the rule does not fall
     back twice, and what the promise costs is measured where it is made. From the second round on the optimizer's
-    weight decay is `weight_decay` where that is set (adversarial.later_weight_decay). Saved in checkpoints: a
+    weight decay is `weight_decay` where that is set (adversarial.later_weight_decay), and round k's cycle starts
+    at the first one's rate times lr_scale ** (k - 1) (adversarial.later_lr_scale). Saved in checkpoints: a
     resumed fit is in the same round."""
 
     def __init__(self, cycle: int, rounds: int, kept_rank, bound_on: bool, warmup: "LrWarmup | None" = None,
-                 radius: "RadiusFromRetainRule | None" = None, weight_decay: float = 0.0):
+                 radius: "RadiusFromRetainRule | None" = None, weight_decay: float = 0.0, lr_scale: float = 1.0):
         self.cycle, self.rounds, self.kept_rank, self.bound_on, self.warmup = cycle, rounds, kept_rank, bound_on, warmup
-        self.radius, self.weight_decay = radius, weight_decay
+        self.radius, self.weight_decay, self.lr_scale = radius, weight_decay, lr_scale
         self.stopped = False
         self.restarts: list[dict] = []
         self.ended: str | None = None  # why the fit stopped short of its rounds (a round that kept nothing new)
@@ -369,10 +370,11 @@ class Rounds(Callback):
             why += f"; the radius held at the full training radius from now on (a ramp of {self.radius.ramp} epochs)"
         self.restarts.append({"epoch": epoch, "round": self.round + 1, "why": why})
         pl_module.round = self.round
+        top = self.lr_scale ** (self.round - 1)  # the cosine's recursive step scales with the group's rate
         for config in trainer.lr_scheduler_configs:  # at the cycle's top again: the epoch's own step() that
             config.scheduler.last_epoch = 0        # follows gives the rate of the cycle's second epoch
             for group in config.scheduler.optimizer.param_groups:
-                group["lr"] = group.get("initial_lr", group["lr"])
+                group["lr"] = group.get("initial_lr", group["lr"]) * top
         if self.weight_decay:  # (saved with the optimizer's state: a resumed later round keeps it)
             for optimizer in trainer.optimizers:
                 for group in optimizer.param_groups:

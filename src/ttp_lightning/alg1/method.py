@@ -483,7 +483,7 @@ def add_rounds(callbacks: list, module, best, adversarial, epochs: int, cycles: 
         return None
     module.schedule_epochs = epochs
     rounds = Rounds(epochs, cycles, best.kept_rank, float(adversarial.interval_weight) > 0, warmup, radius,
-                    float(adversarial.later_weight_decay))
+                    float(adversarial.later_weight_decay), float(adversarial.later_lr_scale))
     callbacks.insert(callbacks.index(best) + 1, rounds)
     return rounds
 

@@ -63,6 +63,8 @@ class AdversarialSettings:
     later_weight_decay: float = 0.0    # the optimizer's weight decay from the second round on (the first
                                        # keeps the method's own): rounds 2+ train the whole forget set for the
                                        # bound at the full radius, and regularising them keeps held-out accuracy
+    later_lr_scale: float = 1.0        # each later round's cosine cycle starts at the previous one's top rate
+                                       # times this (a warm restart with a decaying peak; 1: the same top)
     visits_per_round: int | None = None  # a cycle is at most `epochs` long and visits each forget image at most
                                          # this many times (None: `epochs` alone)
     replay: int = 0                    # every training step's forget batch also holds up to this many forget
@@ -95,6 +97,9 @@ class AdversarialSettings:
         checks.whole_number(self.replay, "method.adversarial.replay")
         checks.positive_int(self.rounds, "method.adversarial.rounds")
         checks.at_least_zero(self.later_weight_decay, "method.adversarial.later_weight_decay")
+        if not 0.0 < checks.number(self.later_lr_scale, "method.adversarial.later_lr_scale") <= 1.0:
+            raise TTPUserError(f"method.adversarial.later_lr_scale={self.later_lr_scale} is not allowed; choose a "
+                               "value in (0, 1]")
         if self.visits_per_round is not None:
             checks.positive_int(self.visits_per_round, "method.adversarial.visits_per_round")
         if self.interval_ramp_epochs is not None and self.interval_ramp_epochs != 0:

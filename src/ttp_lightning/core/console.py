@@ -4,6 +4,7 @@ WIDTH), so a 100-column terminal, a cluster log and `make run > log.txt` read th
 
 import io
 import logging
+import re
 import shutil
 import textwrap
 import threading
@@ -24,6 +25,22 @@ RULE_UNDER_HEADER = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", 
 def console_width() -> int:
     """The terminal's columns, at most WIDTH (WIDTH when stdout is not a terminal: COLUMNS, then WIDTH)."""
     return max(NARROWEST, min(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns))
+
+
+def fold_long_lines(text: str, width: int = WIDTH) -> str:
+    """`text` with every line wider than `width` folded at spaces: a `name: a, b, c` line (Hydra's config groups)
+    continues under its first value, any other under its own indent plus four; words are never broken."""
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = len(line) - len(line.lstrip())
+        head = re.match(r"\s*[\w/@.-]+: ", line)
+        hang = " " * (len(head.group(0)) if head else indent + 4)
+        out.extend(textwrap.wrap(line, width, initial_indent=" " * indent, subsequent_indent=hang,
+                                 break_long_words=False, break_on_hyphens=False))
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 def table(rows: list[list[str]], width: int | None = None) -> str:
